@@ -1,0 +1,18 @@
+// Package archive writes and reads the tar.gz streams that hold snapshots
+// of directory volumes, in-process: a walk of the tree that is fd-relative
+// and never follows a symlink, a tar stream with PAX headers (long names,
+// nanosecond times, extended attributes, owners), and parallel gzip.
+//
+// Extraction confines every entry to the destination with openat2(2)
+// (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), so an archive with absolute
+// names, "..", or links that lead out cannot write outside it.
+//
+// It knows nothing of CSI, never logs, and returns errors that unwrap to
+// the errno; a stream that is not a valid archive gives ErrFormat.
+package archive
+
+import "errors"
+
+// ErrFormat marks a stream that is not a complete, valid tar.gz archive:
+// corrupt, truncated, or with an entry this package refuses.
+var ErrFormat = errors.New("invalid or truncated archive")

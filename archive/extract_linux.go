@@ -1,0 +1,270 @@
+package archive
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/mholt/archives"
+	"golang.org/x/sys/unix"
+
+	"github.com/hostpath-csi/hostpath/fsops"
+)
+
+// Extract restores a tar.gz stream into the existing directory dir:
+// regular files (with holes where the data is zero), directories, symlinks,
+// hard links, fifos and device nodes, with owners, modes, nanosecond times
+// (directories' after their contents) and extended attributes.
+//
+// Every entry is created through a parent opened with openat2 beneath dir
+// without crossing a symlink, and names that are absolute or contain ".."
+// are refused, so nothing is written outside dir whatever the archive
+// holds. A corrupt or truncated stream gives an error wrapping ErrFormat.
+func Extract(ctx context.Context, r io.Reader, dir string) (Stats, error) {
+	gz, err := archives.Gz{Multithreaded: true}.OpenReader(r)
+	if err != nil {
+		return Stats{}, fmt.Errorf("%w: %v", ErrFormat, err)
+	}
+	defer gz.Close()
+	root, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return Stats{}, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer unix.Close(root)
+	x := &extractor{root: root, parentFD: -1, buf: make([]byte, 1<<20)}
+	defer x.closeParent()
+	tr := tar.NewReader(gz)
+	for {
+		if err := ctx.Err(); err != nil {
+			return x.stats, err
+		}
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return x.stats, formatErr(err)
+		}
+		if err := x.entry(h, tr); err != nil {
+			return x.stats, err
+		}
+	}
+	x.closeParent()
+	for i := len(x.dirs) - 1; i >= 0; i-- {
+		if err := fsops.ApplyMeta(root, x.dirs[i].rel, x.dirs[i].meta, false); err != nil {
+			return x.stats, err
+		}
+	}
+	return x.stats, nil
+}
+
+// formatErr tags errors of the stream itself (bad gzip, bad tar, early
+// end) as ErrFormat; errors of the file system keep their errno.
+func formatErr(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return fmt.Errorf("%w: %v", ErrFormat, err)
+}
+
+type dirMeta struct {
+	rel  string
+	meta fsops.Meta
+}
+
+type extractor struct {
+	root  int
+	stats Stats
+	dirs  []dirMeta
+	buf   []byte
+	// The parent directory of the last entry stays open: archives list a
+	// directory's files together, so most entries reuse it.
+	parentRel string
+	parentFD  int
+}
+
+func (x *extractor) closeParent() {
+	if x.parentFD >= 0 {
+		unix.Close(x.parentFD)
+		x.parentFD = -1
+	}
+}
+
+// cleanName checks an entry name and returns it relative to the root.
+func cleanName(name string) (string, error) {
+	if strings.ContainsRune(name, 0) {
+		return "", fmt.Errorf("%w: entry name contains NUL", ErrFormat)
+	}
+	if strings.HasPrefix(name, "/") {
+		return "", fmt.Errorf("%w: entry %q has an absolute name", ErrFormat, name)
+	}
+	for _, part := range strings.Split(name, "/") {
+		if part == ".." {
+			return "", fmt.Errorf("%w: entry %q leads out with ..", ErrFormat, name)
+		}
+	}
+	return path.Clean(name), nil
+}
+
+// parent opens the directory that will hold rel, beneath the root, and
+// returns it with the entry's base name.
+func (x *extractor) parent(rel string) (int, string, error) {
+	dir, base := path.Split(rel)
+	dir = path.Clean(dir)
+	if x.parentFD >= 0 && x.parentRel == dir {
+		return x.parentFD, base, nil
+	}
+	x.closeParent()
+	fd, err := fsops.OpenBeneath(x.root, dir, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return -1, "", err
+	}
+	x.parentFD, x.parentRel = fd, dir
+	return fd, base, nil
+}
+
+func metaOf(h *tar.Header) fsops.Meta {
+	ts := func(t time.Time) unix.Timespec {
+		if t.IsZero() {
+			t = h.ModTime
+		}
+		return unix.NsecToTimespec(t.UnixNano())
+	}
+	return fsops.Meta{Mode: uint32(h.Mode) & 0o7777, UID: h.Uid, GID: h.Gid, Atime: ts(h.AccessTime), Mtime: ts(h.ModTime)}
+}
+
+func xattrsOf(h *tar.Header) map[string][]byte {
+	var out map[string][]byte
+	for k, v := range h.PAXRecords {
+		if name, ok := strings.CutPrefix(k, xattrPrefix); ok {
+			if out == nil {
+				out = map[string][]byte{}
+			}
+			out[name] = []byte(v)
+		}
+	}
+	return out
+}
+
+func (x *extractor) entry(h *tar.Header, r io.Reader) error {
+	rel, err := cleanName(h.Name)
+	if err != nil {
+		return err
+	}
+	meta := metaOf(h)
+	if rel == "." {
+		if h.Typeflag != tar.TypeDir {
+			return fmt.Errorf("%w: root entry is not a directory", ErrFormat)
+		}
+		if err := fsops.SetXattrs(x.root, xattrsOf(h)); err != nil {
+			return err
+		}
+		x.dirs = append(x.dirs, dirMeta{rel: ".", meta: meta})
+		return nil
+	}
+	pfd, base, err := x.parent(rel)
+	if err != nil {
+		return err
+	}
+	switch h.Typeflag {
+	case tar.TypeDir:
+		if err := unix.Mkdirat(pfd, base, 0o700); err != nil && err != unix.EEXIST {
+			return &os.PathError{Op: "mkdirat", Path: rel, Err: err}
+		}
+		fd, err := fsops.OpenDirAt(pfd, base)
+		if err != nil {
+			return err
+		}
+		err = fsops.SetXattrs(fd, xattrsOf(h))
+		unix.Close(fd)
+		if err != nil {
+			return err
+		}
+		x.stats.Dirs++
+		x.dirs = append(x.dirs, dirMeta{rel: rel, meta: meta})
+		return nil
+	case tar.TypeReg, tar.TypeRegA:
+		return x.file(pfd, base, rel, h, r, meta)
+	case tar.TypeSymlink:
+		if err := x.replace(pfd, base); err != nil {
+			return err
+		}
+		if err := unix.Symlinkat(h.Linkname, pfd, base); err != nil {
+			return &os.PathError{Op: "symlinkat", Path: rel, Err: err}
+		}
+		x.stats.Symlinks++
+		return fsops.ApplyMeta(pfd, base, meta, true)
+	case tar.TypeLink:
+		target, err := cleanName(h.Linkname)
+		if err != nil {
+			return err
+		}
+		// The link target is resolved beneath the root too, and linkat
+		// without AT_SYMLINK_FOLLOW links the entry itself, never what a
+		// symlink points to.
+		tdir, tbase := path.Split(target)
+		tfd, err := fsops.OpenBeneath(x.root, path.Clean(tdir), unix.O_RDONLY|unix.O_DIRECTORY)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(tfd)
+		if err := x.replace(pfd, base); err != nil {
+			return err
+		}
+		if err := unix.Linkat(tfd, tbase, pfd, base, 0); err != nil {
+			return &os.PathError{Op: "linkat", Path: rel, Err: err}
+		}
+		x.stats.Hardlinks++
+		return nil
+	case tar.TypeFifo, tar.TypeChar, tar.TypeBlock:
+		mode := map[byte]uint32{tar.TypeFifo: unix.S_IFIFO, tar.TypeChar: unix.S_IFCHR, tar.TypeBlock: unix.S_IFBLK}[h.Typeflag]
+		if err := x.replace(pfd, base); err != nil {
+			return err
+		}
+		dev := unix.Mkdev(uint32(h.Devmajor), uint32(h.Devminor))
+		if err := unix.Mknodat(pfd, base, mode|0o600, int(dev)); err != nil {
+			return &os.PathError{Op: "mknodat", Path: rel, Err: err}
+		}
+		x.stats.Special++
+		return fsops.ApplyMeta(pfd, base, meta, false)
+	case tar.TypeXGlobalHeader:
+		return nil
+	}
+	return fmt.Errorf("%w: entry %q has unsupported type %q", ErrFormat, h.Name, h.Typeflag)
+}
+
+// replace removes a non-directory entry that an earlier entry of the same
+// name left, as tar does; a directory is refused.
+func (x *extractor) replace(pfd int, base string) error {
+	if err := unix.Unlinkat(pfd, base, 0); err != nil && err != unix.ENOENT {
+		return &os.PathError{Op: "unlinkat", Path: base, Err: err}
+	}
+	return nil
+}
+
+func (x *extractor) file(pfd int, base, rel string, h *tar.Header, r io.Reader, meta fsops.Meta) error {
+	if err := x.replace(pfd, base); err != nil {
+		return err
+	}
+	fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return &os.PathError{Op: "openat", Path: rel, Err: err}
+	}
+	defer unix.Close(fd)
+	if err := fsops.WriteSparse(fd, r, h.Size, x.buf); err != nil {
+		return formatErr(err)
+	}
+	if err := fsops.SetXattrs(fd, xattrsOf(h)); err != nil {
+		return err
+	}
+	x.stats.Files++
+	x.stats.Bytes += h.Size
+	return fsops.ApplyMeta(pfd, base, meta, false)
+}

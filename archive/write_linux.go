@@ -1,0 +1,223 @@
+package archive
+
+import (
+	"archive/tar"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"time"
+
+	"github.com/mholt/archives"
+	"golang.org/x/sys/unix"
+
+	"github.com/hostpath-csi/hostpath/fsops"
+)
+
+// DefaultLevel is the gzip level snapshots use: gzip -6, the level tar czf
+// uses, so archives are the size users expect.
+const DefaultLevel = 6
+
+// Stats counts what was archived or extracted.
+type Stats struct {
+	Files, Dirs, Symlinks, Special, Hardlinks int64
+	SkippedSockets                            int64
+	Bytes                                     int64 // regular file content
+}
+
+const xattrPrefix = "SCHILY.xattr."
+
+// Write streams a tar.gz of the tree below dir into w, compressing on all
+// cores (mholt/archives' multithreaded gzip, which is klauspost/pgzip) in
+// bounded memory. level 0 means DefaultLevel.
+func Write(ctx context.Context, dir string, w io.Writer, level int) (Stats, error) {
+	if level == 0 {
+		level = DefaultLevel
+	}
+	gz, err := archives.Gz{CompressionLevel: level, Multithreaded: true}.OpenWriter(w)
+	if err != nil {
+		return Stats{}, err
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		gz.Close()
+		return Stats{}, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	aw := &writer{ctx: ctx, tw: tar.NewWriter(gz), links: map[[2]uint64]string{}, buf: make([]byte, 1<<20)}
+	err = aw.root(fd)
+	if err == nil {
+		err = aw.tw.Close()
+	}
+	if cerr := gz.Close(); err == nil {
+		err = cerr
+	}
+	return aw.stats, err
+}
+
+type writer struct {
+	ctx   context.Context
+	tw    *tar.Writer
+	stats Stats
+	links map[[2]uint64]string
+	buf   []byte
+}
+
+func (a *writer) root(fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return &os.PathError{Op: "fstat", Path: ".", Err: err}
+	}
+	x, err := fsops.ListXattrs(fd)
+	if err != nil {
+		unix.Close(fd)
+		return err
+	}
+	if err := a.tw.WriteHeader(header("./", tar.TypeDir, &st, x)); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	return a.dir(fd, "")
+}
+
+// dir archives the entries of the open directory fd and closes it.
+func (a *writer) dir(fd int, rel string) error {
+	defer unix.Close(fd)
+	names, err := fsops.ReadDirNames(fd)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		if err := a.ctx.Err(); err != nil {
+			return err
+		}
+		if err := a.entry(fd, rel, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func header(name string, typ byte, st *unix.Stat_t, xattrs map[string][]byte) *tar.Header {
+	h := &tar.Header{
+		Typeflag:   typ,
+		Name:       name,
+		Mode:       int64(st.Mode & 0o7777),
+		Uid:        int(st.Uid),
+		Gid:        int(st.Gid),
+		ModTime:    time.Unix(st.Mtim.Unix()),
+		AccessTime: time.Unix(st.Atim.Unix()),
+		Format:     tar.FormatPAX,
+	}
+	if len(xattrs) > 0 {
+		h.PAXRecords = map[string]string{}
+		for k, v := range xattrs {
+			h.PAXRecords[xattrPrefix+k] = string(v)
+		}
+	}
+	return h
+}
+
+func (a *writer) entry(dirfd int, rel, name string) error {
+	p := path.Join(rel, name)
+	var st unix.Stat_t
+	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if err == unix.ENOENT {
+			return nil
+		}
+		return &os.PathError{Op: "fstatat", Path: p, Err: err}
+	}
+	kind := st.Mode & unix.S_IFMT
+	if kind != unix.S_IFDIR && st.Nlink > 1 {
+		key := [2]uint64{st.Dev, st.Ino}
+		if first, ok := a.links[key]; ok {
+			h := header(p, tar.TypeLink, &st, nil)
+			h.Linkname = first
+			a.stats.Hardlinks++
+			return a.tw.WriteHeader(h)
+		}
+		a.links[key] = p
+	}
+	switch kind {
+	case unix.S_IFDIR:
+		sub, err := fsops.OpenDirAt(dirfd, name)
+		if err != nil {
+			return err
+		}
+		x, err := fsops.ListXattrs(sub)
+		if err != nil {
+			unix.Close(sub)
+			return err
+		}
+		if err := a.tw.WriteHeader(header(p+"/", tar.TypeDir, &st, x)); err != nil {
+			unix.Close(sub)
+			return err
+		}
+		a.stats.Dirs++
+		return a.dir(sub, p)
+	case unix.S_IFREG:
+		return a.file(dirfd, name, p, &st)
+	case unix.S_IFLNK:
+		target, err := fsops.ReadlinkAt(dirfd, name)
+		if err != nil {
+			return &os.PathError{Op: "readlinkat", Path: p, Err: err}
+		}
+		h := header(p, tar.TypeSymlink, &st, nil)
+		h.Linkname = target
+		a.stats.Symlinks++
+		return a.tw.WriteHeader(h)
+	case unix.S_IFIFO, unix.S_IFCHR, unix.S_IFBLK:
+		typ := map[uint32]byte{unix.S_IFIFO: tar.TypeFifo, unix.S_IFCHR: tar.TypeChar, unix.S_IFBLK: tar.TypeBlock}[kind]
+		h := header(p, typ, &st, nil)
+		h.Devmajor, h.Devminor = int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))
+		a.stats.Special++
+		return a.tw.WriteHeader(h)
+	case unix.S_IFSOCK:
+		a.stats.SkippedSockets++
+	}
+	return nil
+}
+
+func (a *writer) file(dirfd int, name, p string, st *unix.Stat_t) error {
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return &os.PathError{Op: "openat", Path: p, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	var st2 unix.Stat_t
+	if err := unix.Fstat(fd, &st2); err != nil || st2.Ino != st.Ino || st2.Dev != st.Dev {
+		return &os.PathError{Op: "open", Path: p, Err: unix.ESTALE} // swapped since fstatat
+	}
+	x, err := fsops.ListXattrs(fd)
+	if err != nil {
+		return err
+	}
+	h := header(p, tar.TypeReg, &st2, x)
+	h.Size = st2.Size
+	if err := a.tw.WriteHeader(h); err != nil {
+		return err
+	}
+	// The file may shrink while we read it; the header promised Size
+	// bytes, so pad with zeros rather than write a broken archive.
+	n, err := io.CopyBuffer(a.tw, io.LimitReader(f, h.Size), a.buf)
+	if err != nil {
+		return fmt.Errorf("archiving %s: %w", p, err)
+	}
+	if n < h.Size {
+		if _, err := io.CopyBuffer(a.tw, io.LimitReader(zeroReader{}, h.Size-n), a.buf); err != nil {
+			return err
+		}
+	}
+	a.stats.Files++
+	a.stats.Bytes += h.Size
+	return nil
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(b []byte) (int, error) {
+	clear(b)
+	return len(b), nil
+}

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+	"strings"
+
+	"k8s.io/klog/v2"
+
+	"github.com/hostpath-csi/hostpath/csi"
+)
+
+// baseVersion is the release this tree is heading for; a build from a
+// module version (go install ...@vX) reports that version instead.
+const baseVersion = "v0.1.0"
+
+// version comes from the build info, so a plain go build gives a working
+// GetPluginInfo with no ldflags.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return baseVersion + "-dev"
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	v := baseVersion + "-dev"
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			v += "+" + s.Value[:12]
+		}
+	}
+	return v
+}
+
+// options is the command line.
+type options struct {
+	cfg         csi.Config
+	showVersion bool
+}
+
+// capacityFlag collects repeated --capacity kind=quantity.
+type capacityFlag map[string]int64
+
+func (c capacityFlag) String() string { return fmt.Sprint(map[string]int64(c)) }
+
+func (c capacityFlag) Set(s string) error {
+	kind, qty, ok := strings.Cut(s, "=")
+	if !ok || kind == "" {
+		return fmt.Errorf("want kind=quantity (for example fast=100Gi), got %q", s)
+	}
+	n, err := parseQuantity(qty)
+	if err != nil {
+		return err
+	}
+	if _, dup := c[kind]; dup {
+		return fmt.Errorf("kind %q given twice", kind)
+	}
+	c[kind] = n
+	return nil
+}
+
+// quantityFlag is a size flag that takes Kubernetes quantities.
+type quantityFlag struct{ v *int64 }
+
+func (q quantityFlag) String() string {
+	if q.v == nil {
+		return "0"
+	}
+	return fmt.Sprint(*q.v)
+}
+func (q quantityFlag) Set(s string) error {
+	n, err := parseQuantity(s)
+	if err == nil {
+		*q.v = n
+	}
+	return err
+}
+
+// parseFlags parses args (without the program name). Every problem comes
+// back as one error line that says what to fix.
+func parseFlags(args []string) (options, error) {
+	o := options{cfg: csi.Config{
+		DriverName:            "hostpath.csi.k8s.io",
+		StateDir:              "/csi-data-dir",
+		Endpoint:              "unix:///tmp/csi.sock",
+		MaxVolumeSize:         1 << 40,
+		EnableTopology:        true,
+		EnableVolumeExpansion: true,
+		Version:               version(),
+	}}
+	capacity := capacityFlag{}
+	fs := flag.NewFlagSet("hostpathplugin", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&o.cfg.Endpoint, "endpoint", o.cfg.Endpoint, "CSI endpoint: unix:///path/to/csi.sock or a path")
+	fs.StringVar(&o.cfg.NodeID, "nodeid", "", "node id (required)")
+	fs.StringVar(&o.cfg.DriverName, "drivername", o.cfg.DriverName, "name of the driver")
+	fs.StringVar(&o.cfg.StateDir, "statedir", o.cfg.StateDir, "directory for volumes, snapshots and state")
+	fs.Int64Var(&o.cfg.MaxVolumesPerNode, "maxvolumespernode", 0, "volumes this node may have published, 0 for no limit")
+	fs.Var(quantityFlag{&o.cfg.MaxVolumeSize}, "max-volume-size", "largest volume to create (quantity, e.g. 1Ti)")
+	fs.Var(capacity, "capacity", "simulate capacity for a StorageClass kind: kind=quantity (repeatable)")
+	fs.BoolVar(&o.cfg.EnableTopology, "enable-topology", true, "report node topology")
+	fs.BoolVar(&o.cfg.EnableVolumeExpansion, "enable-volume-expansion", true, "offer volume expansion")
+	fs.BoolVar(&o.cfg.EnableAttach, "enable-attach", false, "offer ControllerPublish/Unpublish")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	klogFlags.VisitAll(func(f *flag.Flag) { fs.Var(f.Value, f.Name, f.Usage) })
+
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(os.Stdout)
+			fs.PrintDefaults()
+			os.Exit(0)
+		}
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q (flags start with -)", fs.Arg(0))
+	}
+	if o.showVersion {
+		return o, nil
+	}
+	if len(capacity) > 0 {
+		o.cfg.Capacity = capacity
+	}
+	switch {
+	case o.cfg.NodeID == "":
+		return o, errors.New("--nodeid is required: give the Kubernetes node name (for example --nodeid=$(hostname))")
+	case o.cfg.StateDir == "":
+		return o, errors.New("--statedir must not be empty")
+	case o.cfg.MaxVolumesPerNode < 0:
+		return o, fmt.Errorf("--maxvolumespernode=%d: must be 0 (no limit) or more", o.cfg.MaxVolumesPerNode)
+	case o.cfg.MaxVolumeSize <= 0:
+		return o, fmt.Errorf("--max-volume-size must be positive")
+	case o.cfg.DriverName == "":
+		return o, errors.New("--drivername must not be empty")
+	}
+	if _, err := csi.SocketPath(o.cfg.Endpoint); err != nil {
+		return o, fmt.Errorf("--endpoint: %v", err)
+	}
+	return o, nil
+}

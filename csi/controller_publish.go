@@ -1,0 +1,142 @@
+package csi
+
+import (
+	"context"
+	"slices"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// ControllerPublishVolume "attaches" a volume to its node. A node-local
+// volume can only be attached to the node it lives on; the attachment is
+// recorded so ListVolumes can report it and a conflicting read-only flag is
+// caught, as the spec asks.
+func (d *Driver) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
+	if !d.cfg.EnableAttach {
+		return nil, status.Error(codes.Unimplemented, "attach is disabled (start with --enable-attach)")
+	}
+	id, node := req.GetVolumeId(), req.GetNodeId()
+	if err := checkID("volume_id", id); err != nil {
+		return nil, err
+	}
+	if err := checkID("node_id", node); err != nil {
+		return nil, err
+	}
+	if req.GetVolumeCapability() == nil {
+		return nil, invalid("volume_capability is required")
+	}
+	access, err := capabilityAccessType(req.GetVolumeCapability())
+	if err != nil {
+		return nil, err
+	}
+	unlock, err := d.locks.lock("volume "+id, volIDKey(id))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	v, ok := d.st.getVolume(id)
+	if !validVolumeID(id) || !ok || v.Phase != phaseReady {
+		return nil, status.Errorf(codes.NotFound, "volume %q does not exist", id)
+	}
+	if node != d.cfg.NodeID {
+		return nil, status.Errorf(codes.NotFound, "node %q is not this driver's node %q; a local volume can only be attached where it lives", node, d.cfg.NodeID)
+	}
+	if access != v.AccessType {
+		return nil, invalid("volume %s is a %s volume; the capability asks for %s", id, v.AccessType, access)
+	}
+	readOnly := req.GetReadonly()
+	key := attachKey(node, readOnly)
+	if slices.Contains(v.AttachedNodes, key) {
+		return &csi.ControllerPublishVolumeResponse{}, nil
+	}
+	if slices.Contains(v.AttachedNodes, attachKey(node, !readOnly)) {
+		return nil, status.Errorf(codes.AlreadyExists, "volume %s is already attached to %s with readonly=%v", id, node, !readOnly)
+	}
+	if max := d.cfg.MaxVolumesPerNode; max > 0 && d.attachedCount(node) >= max {
+		return nil, status.Errorf(codes.ResourceExhausted, "node %s already has %d volumes attached, its limit (--maxvolumespernode)", node, max)
+	}
+	v.AttachedNodes = append(v.AttachedNodes, key)
+	if err := d.st.putVolume(v); err != nil {
+		return nil, toStatus(err, "recording attachment of volume %s", id)
+	}
+	return &csi.ControllerPublishVolumeResponse{}, nil
+}
+
+// attachKey records an attachment with its read-only flag; the node id
+// comes back from nodeOfAttachment.
+func attachKey(node string, readOnly bool) string {
+	if readOnly {
+		return node + "\x00ro"
+	}
+	return node
+}
+
+func nodeOfAttachment(key string) string {
+	if n, ok := cutSuffix(key, "\x00ro"); ok {
+		return n
+	}
+	return key
+}
+
+func cutSuffix(s, suffix string) (string, bool) {
+	if len(s) >= len(suffix) && s[len(s)-len(suffix):] == suffix {
+		return s[:len(s)-len(suffix)], true
+	}
+	return s, false
+}
+
+func (d *Driver) attachedCount(node string) int64 {
+	var n int64
+	for _, v := range d.st.allVolumes() {
+		if slices.ContainsFunc(v.AttachedNodes, func(k string) bool { return nodeOfAttachment(k) == node }) {
+			n++
+		}
+	}
+	return n
+}
+
+// attachedNodes lists the node ids a volume is attached to.
+func attachedNodes(v volumeRecord) []string {
+	var out []string
+	for _, k := range v.AttachedNodes {
+		if n := nodeOfAttachment(k); !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// ControllerUnpublishVolume detaches; what is not attached is success.
+func (d *Driver) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
+	if !d.cfg.EnableAttach {
+		return nil, status.Error(codes.Unimplemented, "attach is disabled (start with --enable-attach)")
+	}
+	id := req.GetVolumeId()
+	if err := checkID("volume_id", id); err != nil {
+		return nil, err
+	}
+	unlock, err := d.locks.lock("volume "+id, volIDKey(id))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	v, ok := d.st.getVolume(id)
+	if !ok {
+		return &csi.ControllerUnpublishVolumeResponse{}, nil
+	}
+	kept := v.AttachedNodes[:0:0]
+	for _, k := range v.AttachedNodes {
+		if req.GetNodeId() != "" && nodeOfAttachment(k) != req.GetNodeId() {
+			kept = append(kept, k)
+		}
+	}
+	if len(kept) != len(v.AttachedNodes) {
+		v.AttachedNodes = kept
+		if err := d.st.putVolume(v); err != nil {
+			return nil, toStatus(err, "recording detachment of volume %s", id)
+		}
+	}
+	return &csi.ControllerUnpublishVolumeResponse{}, nil
+}

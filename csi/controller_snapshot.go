@@ -1,0 +1,237 @@
+package csi
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/klog/v2"
+
+	"github.com/hostpath-csi/hostpath/archive"
+	"github.com/hostpath-csi/hostpath/fsops"
+)
+
+const formatTarGz = "tar.gz"
+
+// CreateSnapshot archives a volume. The archive is written under a
+// temporary name, fsynced and checksummed, and only then renamed into place
+// and recorded ready: a snapshot is listed only when it is complete and
+// durable. A retry while the first request still runs gets Aborted and
+// never starts a second archive.
+func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
+	name, srcID := req.GetName(), req.GetSourceVolumeId()
+	if err := checkName("name", name); err != nil {
+		return nil, err
+	}
+	if err := checkID("source_volume_id", srcID); err != nil {
+		return nil, err
+	}
+	for k := range req.GetParameters() {
+		if !strings.HasPrefix(k, coParamPrefix) {
+			return nil, invalid("unknown snapshot parameter %q", k)
+		}
+	}
+	unlock, err := d.locks.lock(fmt.Sprintf("snapshot %q or its source volume", name), snapNameKey(name), volIDKey(srcID))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if old, ok := d.st.snapshotByName(name); ok {
+		if old.SourceVolume != srcID {
+			return nil, status.Errorf(codes.AlreadyExists, "snapshot %q already exists as %s of volume %s, not of %s", name, old.ID, old.SourceVolume, srcID)
+		}
+		return &csi.CreateSnapshotResponse{Snapshot: d.csiSnapshot(old)}, nil
+	}
+	v, ok := d.st.getVolume(srcID)
+	if !validVolumeID(srcID) || !ok || v.Phase != phaseReady {
+		return nil, status.Errorf(codes.NotFound, "source volume %q does not exist", srcID)
+	}
+	s := snapshotRecord{
+		ID: newID(snapshotIDPrefix), Name: name, SourceVolume: srcID, AccessType: v.AccessType,
+		Phase: phaseCreating, CreatedAt: time.Now().UTC(), VolumeBytes: v.CapacityBytes, Format: formatTarGz,
+	}
+	if v.AccessType == accessBlock {
+		s.Format = formatImage
+	}
+	if err := d.st.reserveSnapshot(s); err != nil {
+		return nil, err
+	}
+	if err := d.st.putSnapshot(s); err != nil {
+		_ = d.st.dropSnapshot(s.ID)
+		return nil, toStatus(err, "recording snapshot %s", s.ID)
+	}
+	size, sum, err := d.writeSnapshot(ctx, v, s)
+	if err != nil {
+		if rmErr := d.removeSnapshotData(s); rmErr != nil {
+			klog.ErrorS(rmErr, "cleaning up after failed snapshot", "snapshot_id", s.ID)
+			return nil, toStatus(err, "snapshotting volume %s", srcID)
+		}
+		_ = d.st.dropSnapshot(s.ID)
+		return nil, toStatus(err, "snapshotting volume %s", srcID)
+	}
+	s.Phase, s.SizeBytes, s.SHA256 = phaseReady, size, sum
+	if err := d.st.putSnapshot(s); err != nil {
+		return nil, toStatus(err, "recording snapshot %s", s.ID)
+	}
+	return &csi.CreateSnapshotResponse{Snapshot: d.csiSnapshot(s)}, nil
+}
+
+// writeSnapshot archives the volume to a temporary file and renames it
+// into place once it is on disk. It returns the size and sha256.
+func (d *Driver) writeSnapshot(ctx context.Context, v volumeRecord, s snapshotRecord) (int64, string, error) {
+	if v.AccessType == accessBlock {
+		return d.writeBlockSnapshot(ctx, v, s)
+	}
+	tmp := d.snapshotTempPath(s)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return 0, "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	cw := &countWriter{w: io.MultiWriter(f, h)}
+	if _, err := archive.Write(ctx, d.volumeDataPath(v), cw, archive.DefaultLevel); err != nil {
+		return 0, "", err
+	}
+	if err := f.Sync(); err != nil {
+		return 0, "", err
+	}
+	if err := f.Close(); err != nil {
+		return 0, "", err
+	}
+	if err := os.Rename(tmp, d.snapshotDataPath(s)); err != nil {
+		return 0, "", err
+	}
+	if err := fsops.SyncDir(d.paths.snapshots()); err != nil {
+		return 0, "", err
+	}
+	return cw.n, hex.EncodeToString(h.Sum(nil)), nil
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(b []byte) (int, error) {
+	n, err := c.w.Write(b)
+	c.n += int64(n)
+	return n, err
+}
+
+// restoreSnapshot fills dir from a snapshot and checks the archive's
+// checksum; a mismatch or a damaged archive is DataLoss.
+func (d *Driver) restoreSnapshot(ctx context.Context, snapID, dir string) error {
+	s, ok := d.st.getSnapshot(snapID)
+	if !ok {
+		return status.Errorf(codes.NotFound, "snapshot %s disappeared", snapID)
+	}
+	f, err := os.Open(d.snapshotDataPath(s))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := sha256.New()
+	tee := io.TeeReader(f, h)
+	if _, err := archive.Extract(ctx, tee, dir); err != nil {
+		return err
+	}
+	if _, err := io.Copy(io.Discard, tee); err != nil {
+		return err
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); s.SHA256 != "" && got != s.SHA256 {
+		return fmt.Errorf("%w: %s has sha256 %s, recorded %s", errCorrupt, s.ID, got, s.SHA256)
+	}
+	return nil
+}
+
+func (d *Driver) csiSnapshot(s snapshotRecord) *csi.Snapshot {
+	out := &csi.Snapshot{
+		SnapshotId:     s.ID,
+		SourceVolumeId: s.SourceVolume,
+		SizeBytes:      s.SizeBytes,
+		CreationTime:   timestamppb.New(s.CreatedAt),
+		ReadyToUse:     s.Phase == phaseReady,
+	}
+	return out
+}
+
+// DeleteSnapshot removes a snapshot; unknown or malformed ids are success.
+func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
+	id := req.GetSnapshotId()
+	if err := checkID("snapshot_id", id); err != nil {
+		return nil, err
+	}
+	if !validSnapshotID(id) {
+		return &csi.DeleteSnapshotResponse{}, nil
+	}
+	unlock, err := d.locks.lock("snapshot "+id, snapIDKey(id))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	s, ok := d.st.getSnapshot(id)
+	if !ok {
+		return &csi.DeleteSnapshotResponse{}, nil
+	}
+	s.Phase = phaseDeleting
+	if err := d.st.putSnapshot(s); err != nil {
+		return nil, toStatus(err, "recording deletion of snapshot %s", id)
+	}
+	if err := d.removeSnapshotData(s); err != nil {
+		return nil, toStatus(err, "removing snapshot %s", id)
+	}
+	if err := d.st.dropSnapshot(id); err != nil {
+		return nil, toStatus(err, "removing record of snapshot %s", id)
+	}
+	return &csi.DeleteSnapshotResponse{}, nil
+}
+
+// ListSnapshots pages through ready snapshots in id order, filtered by
+// snapshot id or source volume (every match), with the same tokens as
+// ListVolumes.
+func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
+	var match []snapshotRecord
+	for _, s := range d.st.allSnapshots() {
+		if s.Phase != phaseReady {
+			continue
+		}
+		if req.GetSnapshotId() != "" && s.ID != req.GetSnapshotId() {
+			continue
+		}
+		if req.GetSourceVolumeId() != "" && s.SourceVolume != req.GetSourceVolumeId() {
+			continue
+		}
+		match = append(match, s)
+	}
+	page, next, err := paginate(match, req.GetStartingToken(), req.GetMaxEntries(), validSnapshotID, func(s snapshotRecord) string { return s.ID })
+	if err != nil {
+		return nil, err
+	}
+	resp := &csi.ListSnapshotsResponse{NextToken: next}
+	for _, s := range page {
+		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: d.csiSnapshot(s)})
+	}
+	return resp, nil
+}
+
+// GetSnapshot reports one snapshot.
+func (d *Driver) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (*csi.GetSnapshotResponse, error) {
+	if err := checkID("snapshot_id", req.GetSnapshotId()); err != nil {
+		return nil, err
+	}
+	s, ok := d.st.getSnapshot(req.GetSnapshotId())
+	if !ok || s.Phase == phaseDeleting {
+		return nil, status.Errorf(codes.NotFound, "snapshot %q does not exist", req.GetSnapshotId())
+	}
+	return &csi.GetSnapshotResponse{Snapshot: d.csiSnapshot(s)}, nil
+}

@@ -1,0 +1,469 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	"github.com/hostpath-csi/hostpath/fsops"
+)
+
+// CreateVolume makes a directory or block volume, empty or filled from a
+// snapshot or another volume. It is idempotent by name.
+func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	name := req.GetName()
+	if err := checkName("name", name); err != nil {
+		return nil, err
+	}
+	access, err := checkCapabilities(req.GetVolumeCapabilities())
+	if err != nil {
+		return nil, err
+	}
+	kind, err := d.checkVolumeParameters(req.GetParameters())
+	if err != nil {
+		return nil, err
+	}
+	if err := d.checkTopology(req.GetAccessibilityRequirements()); err != nil {
+		return nil, err
+	}
+	if req.GetMutableParameters() != nil && len(req.GetMutableParameters()) > 0 {
+		return nil, invalid("mutable_parameters are not supported: this driver does not offer ControllerModifyVolume")
+	}
+	srcSnap, srcVol := req.GetVolumeContentSource().GetSnapshot(), req.GetVolumeContentSource().GetVolume()
+	if req.GetVolumeContentSource() != nil && srcSnap == nil && srcVol == nil {
+		return nil, invalid("volume_content_source names neither a snapshot nor a volume")
+	}
+	if srcSnap != nil {
+		if err := checkID("volume_content_source.snapshot.snapshot_id", srcSnap.GetSnapshotId()); err != nil {
+			return nil, err
+		}
+	}
+	if srcVol != nil {
+		if err := checkID("volume_content_source.volume.volume_id", srcVol.GetVolumeId()); err != nil {
+			return nil, err
+		}
+	}
+
+	keys := []string{volNameKey(name)}
+	// The source may not be deleted or changed while it is copied.
+	if srcVol != nil {
+		keys = append(keys, volIDKey(srcVol.GetVolumeId()))
+	}
+	if srcSnap != nil {
+		keys = append(keys, snapIDKey(srcSnap.GetSnapshotId()))
+	}
+	unlock, err := d.locks.lock(fmt.Sprintf("volume %q or its source", name), keys...)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	// The floor is the source's size: a restore or clone is never smaller.
+	var floor int64
+	rec := volumeRecord{Name: name, AccessType: access, Kind: kind, Parameters: req.GetParameters()}
+	switch {
+	case srcSnap != nil:
+		s, ok := d.st.getSnapshot(srcSnap.GetSnapshotId())
+		if !validSnapshotID(srcSnap.GetSnapshotId()) || !ok || s.Phase != phaseReady {
+			return nil, status.Errorf(codes.NotFound, "source snapshot %q does not exist", srcSnap.GetSnapshotId())
+		}
+		if s.AccessType != access {
+			return nil, invalid("source snapshot %s is of a %s volume; it cannot restore a %s volume", s.ID, s.AccessType, access)
+		}
+		floor, rec.SourceSnapshot = s.VolumeBytes, s.ID
+	case srcVol != nil:
+		v, ok := d.st.getVolume(srcVol.GetVolumeId())
+		if !validVolumeID(srcVol.GetVolumeId()) || !ok || v.Phase != phaseReady {
+			return nil, status.Errorf(codes.NotFound, "source volume %q does not exist", srcVol.GetVolumeId())
+		}
+		if v.AccessType != access {
+			return nil, invalid("source volume %s is a %s volume; it cannot be cloned into a %s volume", v.ID, v.AccessType, access)
+		}
+		floor, rec.SourceVolume = v.CapacityBytes, v.ID
+	}
+	if req.GetCapacityRange().GetRequiredBytes() > 0 && req.GetCapacityRange().GetRequiredBytes() < floor {
+		return nil, status.Errorf(codes.OutOfRange, "requested %d bytes is smaller than the source's %d bytes", req.GetCapacityRange().GetRequiredBytes(), floor)
+	}
+	size, err := d.resolveSize(req.GetCapacityRange(), access, floor)
+	if err != nil {
+		return nil, err
+	}
+	rec.CapacityBytes = size
+
+	if old, ok := d.st.volumeByName(name); ok {
+		return d.existingVolume(old, rec, req.GetCapacityRange())
+	}
+
+	rec.ID = newID(volumeIDPrefix)
+	rec.Phase = phaseCreating
+	rec.CreatedAt = time.Now().UTC()
+	if err := d.st.reserveVolume(&rec, d.checkCapacity); err != nil {
+		return nil, err
+	}
+	if err := d.st.putVolume(rec); err != nil {
+		_ = d.st.dropVolume(rec.ID)
+		return nil, toStatus(err, "recording volume %s", rec.ID)
+	}
+	if err := d.createVolumeData(ctx, rec); err != nil {
+		if rmErr := d.removeVolumeData(rec); rmErr != nil {
+			// The record stays "creating": the next start clears it.
+			klog.ErrorS(rmErr, "cleaning up after failed create", "volume_id", rec.ID)
+			return nil, toStatus(err, "creating volume %s", rec.ID)
+		}
+		_ = d.st.dropVolume(rec.ID)
+		return nil, toStatus(err, "creating volume %q", name)
+	}
+	rec.Phase = phaseReady
+	if err := d.st.putVolume(rec); err != nil {
+		return nil, toStatus(err, "recording volume %s", rec.ID)
+	}
+	return &csi.CreateVolumeResponse{Volume: d.csiVolume(rec)}, nil
+}
+
+// existingVolume answers a repeated CreateVolume: the same volume if the
+// request is compatible, AlreadyExists saying what differs if not.
+func (d *Driver) existingVolume(old, want volumeRecord, cr *csi.CapacityRange) (*csi.CreateVolumeResponse, error) {
+	if old.Phase != phaseReady {
+		return nil, status.Errorf(codes.Aborted, "volume %q is being %s; retry later", old.Name, old.Phase)
+	}
+	var diff string
+	switch {
+	case old.AccessType != want.AccessType:
+		diff = fmt.Sprintf("it is a %s volume, the request asks for %s", old.AccessType, want.AccessType)
+	case old.CapacityBytes < cr.GetRequiredBytes():
+		diff = fmt.Sprintf("it has %d bytes, the request requires %d", old.CapacityBytes, cr.GetRequiredBytes())
+	case cr.GetLimitBytes() > 0 && old.CapacityBytes > cr.GetLimitBytes():
+		diff = fmt.Sprintf("it has %d bytes, the request limits it to %d", old.CapacityBytes, cr.GetLimitBytes())
+	case old.SourceSnapshot != want.SourceSnapshot || old.SourceVolume != want.SourceVolume:
+		diff = "it was created from a different content source"
+	case old.Kind != want.Kind && want.Kind != "":
+		diff = fmt.Sprintf("it is of kind %q, the request asks for %q", old.Kind, want.Kind)
+	default:
+		return &csi.CreateVolumeResponse{Volume: d.csiVolume(old)}, nil
+	}
+	return nil, status.Errorf(codes.AlreadyExists, "volume %q already exists as %s and is incompatible: %s", old.Name, old.ID, diff)
+}
+
+// checkCapacity runs under the store's lock when a volume is reserved, so
+// concurrent creates cannot overcommit. It picks a --capacity kind when the
+// request named none.
+func (d *Driver) checkCapacity(v *volumeRecord, all map[string]volumeRecord) error {
+	if len(d.cfg.Capacity) > 0 {
+		used := map[string]int64{}
+		for _, o := range all {
+			used[o.Kind] += o.CapacityBytes
+		}
+		kinds := []string{v.Kind}
+		if v.Kind == "" {
+			kinds = kinds[:0]
+			for k := range d.cfg.Capacity {
+				kinds = append(kinds, k)
+			}
+			sort.Strings(kinds)
+		}
+		for _, k := range kinds {
+			if d.cfg.Capacity[k]-used[k] >= v.CapacityBytes {
+				v.Kind = k
+				return nil
+			}
+		}
+		return status.Errorf(codes.ResourceExhausted, "no simulated capacity left for %d bytes (kinds %v)", v.CapacityBytes, kinds)
+	}
+	avail, err := d.availableBytes(all)
+	if err != nil {
+		return toStatus(err, "reading the state dir's free space")
+	}
+	if v.CapacityBytes > avail {
+		return status.Errorf(codes.ResourceExhausted, "%d bytes requested but only %d are free on %s after what existing volumes reserve", v.CapacityBytes, avail, d.paths.root)
+	}
+	return nil
+}
+
+// availableBytes is the state dir's free space minus what directory
+// volumes have been promised. A block volume's file is preallocated, so its
+// space is already out of the free count. The space directory volumes
+// already use is counted twice: GetCapacity errs on the side of caution.
+func (d *Driver) availableBytes(all map[string]volumeRecord) (int64, error) {
+	fs, err := fsops.Statfs(d.paths.root)
+	if err != nil {
+		return 0, err
+	}
+	avail := fs.AvailableBytes
+	for _, o := range all {
+		if o.AccessType == accessMount {
+			avail -= o.CapacityBytes
+		}
+	}
+	return max(avail, 0), nil
+}
+
+// csiVolume is the CSI view of a record.
+func (d *Driver) csiVolume(v volumeRecord) *csi.Volume {
+	out := &csi.Volume{VolumeId: v.ID, CapacityBytes: v.CapacityBytes}
+	switch {
+	case v.SourceSnapshot != "":
+		out.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: v.SourceSnapshot}}}
+	case v.SourceVolume != "":
+		out.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: v.SourceVolume}}}
+	}
+	if d.cfg.EnableTopology {
+		out.AccessibleTopology = []*csi.Topology{d.nodeTopology()}
+	}
+	return out
+}
+
+// DeleteVolume removes a volume. An unknown or malformed id is success and
+// touches nothing; a volume still mounted on this node is refused.
+func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if err := checkID("volume_id", id); err != nil {
+		return nil, err
+	}
+	if !validVolumeID(id) {
+		return &csi.DeleteVolumeResponse{}, nil
+	}
+	unlock, err := d.locks.lock("volume "+id, volIDKey(id))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	v, ok := d.st.getVolume(id)
+	if !ok {
+		return &csi.DeleteVolumeResponse{}, nil
+	}
+	if where := d.mountedAt(v); where != "" {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still mounted at %s; unpublish and unstage it first", id, where)
+	}
+	v.Phase = phaseDeleting
+	if err := d.st.putVolume(v); err != nil {
+		return nil, toStatus(err, "recording deletion of volume %s", id)
+	}
+	if err := d.removeVolumeData(v); err != nil {
+		return nil, toStatus(err, "removing data of volume %s", id)
+	}
+	if err := d.st.dropVolume(id); err != nil {
+		return nil, toStatus(err, "removing record of volume %s", id)
+	}
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
+// ValidateVolumeCapabilities confirms the capabilities only if this volume
+// can really honour them.
+func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, invalid("volume_capabilities is required")
+	}
+	v, ok := d.st.getVolume(req.GetVolumeId())
+	if !ok || v.Phase != phaseReady {
+		return nil, status.Errorf(codes.NotFound, "volume %q does not exist", req.GetVolumeId())
+	}
+	if _, err := d.checkVolumeParameters(req.GetParameters()); err != nil {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
+	}
+	access, err := checkCapabilities(req.GetVolumeCapabilities())
+	if err != nil {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
+	}
+	if access != v.AccessType {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: fmt.Sprintf("volume %s is a %s volume, not %s", v.ID, v.AccessType, access)}, nil
+	}
+	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
+		VolumeContext:      req.GetVolumeContext(),
+		VolumeCapabilities: req.GetVolumeCapabilities(),
+		Parameters:         req.GetParameters(),
+	}}, nil
+}
+
+// ListVolumes pages through the ready volumes in id order. The token is
+// the last id of the previous page, so it stays valid when volumes before
+// it are deleted; anything else is answered with Aborted.
+func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+	all := d.st.allVolumes()
+	ready := all[:0]
+	for _, v := range all {
+		if v.Phase == phaseReady {
+			ready = append(ready, v)
+		}
+	}
+	page, next, err := paginate(ready, req.GetStartingToken(), req.GetMaxEntries(), validVolumeID, func(v volumeRecord) string { return v.ID })
+	if err != nil {
+		return nil, err
+	}
+	resp := &csi.ListVolumesResponse{NextToken: next}
+	for _, v := range page {
+		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{
+			Volume: d.csiVolume(v),
+			Status: &csi.ListVolumesResponse_VolumeStatus{PublishedNodeIds: attachedNodes(v)},
+		})
+	}
+	return resp, nil
+}
+
+// paginate cuts one page from items sorted by key.
+func paginate[T any](items []T, token string, maxEntries int32, valid func(string) bool, key func(T) string) ([]T, string, error) {
+	if maxEntries < 0 {
+		return nil, "", invalid("max_entries must not be negative")
+	}
+	start := 0
+	if token != "" {
+		if !valid(token) {
+			return nil, "", status.Errorf(codes.Aborted, "starting_token %q was not issued by this driver; list again from the start", token)
+		}
+		start = sort.Search(len(items), func(i int) bool { return key(items[i]) > token })
+	}
+	end := len(items)
+	if maxEntries > 0 && start+int(maxEntries) < end {
+		end = start + int(maxEntries)
+	}
+	next := ""
+	if end < len(items) {
+		next = key(items[end-1])
+	}
+	return items[start:end], next, nil
+}
+
+// ControllerGetVolume reports one volume and the nodes it is attached to.
+func (d *Driver) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
+	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	v, ok := d.st.getVolume(req.GetVolumeId())
+	if !ok || v.Phase != phaseReady {
+		return nil, status.Errorf(codes.NotFound, "volume %q does not exist", req.GetVolumeId())
+	}
+	return &csi.ControllerGetVolumeResponse{
+		Volume: d.csiVolume(v),
+		Status: &csi.ControllerGetVolumeResponse_VolumeStatus{PublishedNodeIds: attachedNodes(v)},
+	}, nil
+}
+
+// GetCapacity reports what a new volume may still take: the real free
+// space of the state dir's file system less what volumes reserved, or the
+// rest of a simulated --capacity kind.
+func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
+	kind, err := d.checkVolumeParameters(req.GetParameters())
+	if err != nil {
+		return nil, err
+	}
+	zero := &csi.GetCapacityResponse{}
+	if len(req.GetVolumeCapabilities()) > 0 {
+		if _, err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+			return zero, nil // capabilities this driver cannot serve have no capacity
+		}
+	}
+	if d.cfg.EnableTopology && req.GetAccessibleTopology() != nil && !d.onThisNode(req.GetAccessibleTopology()) {
+		return zero, nil
+	}
+	all := map[string]volumeRecord{}
+	for _, v := range d.st.allVolumes() {
+		all[v.ID] = v
+	}
+	var avail int64
+	if len(d.cfg.Capacity) > 0 {
+		kinds := []string{kind}
+		if kind == "" {
+			kinds = kinds[:0]
+			for k := range d.cfg.Capacity {
+				kinds = append(kinds, k)
+			}
+		}
+		for _, k := range kinds {
+			left := d.cfg.Capacity[k]
+			for _, v := range all {
+				if v.Kind == k {
+					left -= v.CapacityBytes
+				}
+			}
+			avail = max(avail, left)
+		}
+	} else if avail, err = d.availableBytes(all); err != nil {
+		return nil, toStatus(err, "reading the state dir's free space")
+	}
+	resp := &csi.GetCapacityResponse{AvailableCapacity: avail}
+	if d.cfg.MaxVolumeSize > 0 {
+		resp.MaximumVolumeSize = wrapInt64(min(d.cfg.MaxVolumeSize, avail))
+	}
+	return resp, nil
+}
+
+// ControllerGetCapabilities lists what the controller does, following the
+// flags it was started with.
+func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
+	types := []csi.ControllerServiceCapability_RPC_Type{
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
+		csi.ControllerServiceCapability_RPC_GET_VOLUME,
+		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+		csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
+		csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	}
+	if d.cfg.EnableVolumeExpansion {
+		types = append(types, csi.ControllerServiceCapability_RPC_EXPAND_VOLUME)
+	}
+	if d.cfg.EnableAttach {
+		types = append(types,
+			csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
+			csi.ControllerServiceCapability_RPC_PUBLISH_READONLY,
+			csi.ControllerServiceCapability_RPC_LIST_VOLUMES_PUBLISHED_NODES)
+	}
+	resp := &csi.ControllerGetCapabilitiesResponse{}
+	for _, t := range types {
+		resp.Capabilities = append(resp.Capabilities, &csi.ControllerServiceCapability{
+			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}},
+		})
+	}
+	return resp, nil
+}
+
+// ControllerExpandVolume grows a volume. A request below the current size
+// is already satisfied; a limit below it would be a shrink and is refused.
+func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	if !d.cfg.EnableVolumeExpansion {
+		return nil, status.Error(codes.Unimplemented, "volume expansion is disabled (--enable-volume-expansion=false)")
+	}
+	id := req.GetVolumeId()
+	if err := checkID("volume_id", id); err != nil {
+		return nil, err
+	}
+	if req.GetCapacityRange() == nil {
+		return nil, invalid("capacity_range is required")
+	}
+	unlock, err := d.locks.lock("volume "+id, volIDKey(id))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	v, ok := d.st.getVolume(id)
+	if !ok || v.Phase != phaseReady {
+		return nil, status.Errorf(codes.NotFound, "volume %q does not exist", id)
+	}
+	if lim := req.GetCapacityRange().GetLimitBytes(); lim > 0 && lim < v.CapacityBytes {
+		return nil, status.Errorf(codes.OutOfRange, "volume %s has %d bytes; shrinking to limit_bytes %d is not supported", id, v.CapacityBytes, lim)
+	}
+	size, err := d.resolveSize(req.GetCapacityRange(), v.AccessType, v.CapacityBytes)
+	if err != nil {
+		return nil, err
+	}
+	if size > v.CapacityBytes {
+		if err := d.growVolume(ctx, v, size); err != nil {
+			return nil, toStatus(err, "expanding volume %s to %d bytes", id, size)
+		}
+		v.CapacityBytes = size
+		if err := d.st.putVolume(v); err != nil {
+			return nil, toStatus(err, "recording the new size of volume %s", id)
+		}
+	}
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.CapacityBytes, NodeExpansionRequired: false}, nil
+}

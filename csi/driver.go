@@ -1,0 +1,170 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"k8s.io/klog/v2"
+
+	"github.com/hostpath-csi/hostpath/fsops"
+)
+
+// TopologyKey is the topology segment every volume of this driver carries:
+// volumes live on one node.
+const TopologyKey = "topology.hostpath.csi/node"
+
+// Config is everything the driver is told at start.
+type Config struct {
+	DriverName string
+	Version    string
+	NodeID     string
+	StateDir   string
+	Endpoint   string
+
+	MaxVolumesPerNode int64
+	MaxVolumeSize     int64
+	// Capacity simulates storage pools per StorageClass "kind" parameter,
+	// as the reference driver's --capacity does. Empty means real capacity.
+	Capacity map[string]int64
+
+	EnableTopology        bool
+	EnableVolumeExpansion bool
+	EnableAttach          bool
+}
+
+// Driver serves the CSI Identity, Controller and Node services.
+type Driver struct {
+	csi.UnimplementedIdentityServer
+	csi.UnimplementedControllerServer
+	csi.UnimplementedNodeServer
+
+	cfg   Config
+	paths layout
+	st    *store
+	locks *keyLocks
+	ready atomic.Bool
+}
+
+// layout names the driver's directories under the state dir. Every path the
+// driver builds comes from here and a validated id.
+type layout struct{ root string }
+
+func (l layout) volumes() string            { return filepath.Join(l.root, "volumes") }
+func (l layout) snapshots() string          { return filepath.Join(l.root, "snapshots") }
+func (l layout) tmp() string                { return filepath.Join(l.root, "tmp") }
+func (l layout) meta() string               { return filepath.Join(l.root, "meta") }
+func (l layout) volumeDir(id string) string { return filepath.Join(l.volumes(), id) }
+func (l layout) snapshotFile(id string) string {
+	return filepath.Join(l.snapshots(), id+".tar.gz")
+}
+
+// New checks the configuration, prepares the state dir and loads and
+// reconciles the state. The driver is ready when it returns.
+func New(cfg Config) (*Driver, error) {
+	if cfg.NodeID == "" {
+		return nil, fmt.Errorf("a node id is required (--nodeid)")
+	}
+	if cfg.DriverName == "" {
+		return nil, fmt.Errorf("a driver name is required (--drivername)")
+	}
+	root, err := filepath.Abs(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	cfg.StateDir = root
+	d := &Driver{cfg: cfg, paths: layout{root: root}, locks: newKeyLocks()}
+	if err := d.prepareStateDir(); err != nil {
+		return nil, err
+	}
+	if d.st, err = newStore(d.paths.meta()); err != nil {
+		return nil, fmt.Errorf("state dir %s: %w", root, err)
+	}
+	if err := d.st.load(); err != nil {
+		return nil, err
+	}
+	if err := d.reconcile(); err != nil {
+		return nil, fmt.Errorf("reconciling state with %s: %w", root, err)
+	}
+	if err := d.reattachBlockVolumes(); err != nil {
+		return nil, fmt.Errorf("re-attaching block volumes: %w", err)
+	}
+	d.ready.Store(true)
+	return d, nil
+}
+
+// prepareStateDir creates the layout and proves the directory is writable,
+// so a read-only or missing state dir stops the driver at start with a
+// message naming it rather than failing the first CreateVolume.
+func (d *Driver) prepareStateDir() error {
+	root := d.paths.root
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return fmt.Errorf("state dir %s cannot be created: %w", root, err)
+	}
+	for _, dir := range []string{d.paths.volumes(), d.paths.snapshots(), d.paths.tmp(), d.paths.meta()} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("state dir %s is not usable: %w", root, err)
+		}
+	}
+	probe := filepath.Join(d.paths.tmp(), ".write-probe")
+	if err := fsops.WriteFileAtomic(probe, []byte("ok"), 0o600); err != nil {
+		return fmt.Errorf("state dir %s is not writable: %w", root, err)
+	}
+	return os.Remove(probe)
+}
+
+// Serve listens on the endpoint (unix://path or a bare path; a stale socket
+// is replaced) and serves until ctx is done, then stops gracefully.
+func (d *Driver) Serve(ctx context.Context) error {
+	path, err := socketPath(d.cfg.Endpoint)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("removing stale socket %s: %w", path, err)
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(path)
+	srv := grpc.NewServer(grpc.UnaryInterceptor(logInterceptor))
+	csi.RegisterIdentityServer(srv, d)
+	csi.RegisterControllerServer(srv, d)
+	csi.RegisterNodeServer(srv, d)
+	klog.InfoS("serving CSI", "endpoint", path, "driver", d.cfg.DriverName, "version", d.cfg.Version, "node", d.cfg.NodeID, "stateDir", d.paths.root)
+	go func() {
+		<-ctx.Done()
+		srv.GracefulStop()
+	}()
+	return srv.Serve(lis)
+}
+
+// socketPath accepts unix:///abs, unix://abs, unix:abs or a bare path.
+func socketPath(endpoint string) (string, error) {
+	p := endpoint
+	switch {
+	case strings.HasPrefix(p, "unix://"):
+		p = strings.TrimPrefix(p, "unix://")
+	case strings.HasPrefix(p, "unix:"):
+		p = strings.TrimPrefix(p, "unix:")
+	case strings.Contains(p, "://"):
+		return "", fmt.Errorf("endpoint %q: only unix sockets are supported (unix:///path or a path)", endpoint)
+	}
+	if p == "" {
+		return "", fmt.Errorf("endpoint %q names no socket path", endpoint)
+	}
+	return filepath.Abs(p)
+}
+
+// SocketPath is socketPath for the command line's validation.
+func SocketPath(endpoint string) (string, error) { return socketPath(endpoint) }

@@ -1,0 +1,392 @@
+package csi
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hostpath-csi/hostpath/fsops"
+	"github.com/hostpath-csi/hostpath/loop"
+)
+
+// nodeVolume validates the common fields of node requests, takes the
+// volume's lock and returns its record.
+func (d *Driver) nodeVolume(id string) (volumeRecord, func(), error) {
+	unlock, err := d.locks.lock("volume "+id, volIDKey(id))
+	if err != nil {
+		return volumeRecord{}, nil, err
+	}
+	v, ok := d.st.getVolume(id)
+	if !validVolumeID(id) || !ok || v.Phase != phaseReady {
+		unlock()
+		return volumeRecord{}, nil, status.Errorf(codes.NotFound, "volume %q does not exist on this node", id)
+	}
+	return v, unlock, nil
+}
+
+// mountSource is what gets bind-mounted for a volume: its directory, or
+// the device node of its loop device.
+func (d *Driver) mountSource(v volumeRecord) (string, error) {
+	if v.AccessType == accessMount {
+		return d.volumeDataPath(v), nil
+	}
+	dev, err := d.attachBlock(v)
+	if err != nil {
+		return "", err
+	}
+	return dev.Path(), nil
+}
+
+// NodeStageVolume bind-mounts a directory volume at the staging path. A
+// block volume needs no staging mount: its loop device already exists.
+func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	staging, err := d.checkCOPath("staging_target_path", req.GetStagingTargetPath())
+	if err != nil {
+		return nil, err
+	}
+	if req.GetVolumeCapability() == nil {
+		return nil, invalid("volume_capability is required")
+	}
+	access, err := capabilityAccessType(req.GetVolumeCapability())
+	if err != nil {
+		return nil, err
+	}
+	v, unlock, err := d.nodeVolume(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if access != v.AccessType {
+		return nil, invalid("volume %s is a %s volume; the capability asks for %s", v.ID, v.AccessType, access)
+	}
+	if !slices.Contains(v.Staged, staging) {
+		v.Staged = append(v.Staged, staging)
+		if err := d.st.putVolume(v); err != nil {
+			return nil, toStatus(err, "recording staging of volume %s", v.ID)
+		}
+	}
+	if v.AccessType == accessBlock {
+		if _, err := d.attachBlock(v); err != nil {
+			return nil, toStatus(err, "attaching block volume %s", v.ID)
+		}
+		return &csi.NodeStageVolumeResponse{}, nil
+	}
+	if err := d.bindVolume(v, staging, 0, true); err != nil {
+		return nil, err
+	}
+	return &csi.NodeStageVolumeResponse{}, nil
+}
+
+// bindVolume mounts the volume at path unless it is already there. A
+// different mount at path is FailedPrecondition; path is created (a
+// directory, or a file for a block volume) if it does not exist.
+func (d *Driver) bindVolume(v volumeRecord, path string, flags uintptr, dir bool) error {
+	mp, err := fsops.GetMountPoint(path)
+	if err != nil && !os.IsNotExist(err) {
+		return toStatus(err, "inspecting %s", path)
+	}
+	if mp != nil {
+		ours, err := d.showsVolume(path, v)
+		if err != nil {
+			return toStatus(err, "inspecting %s", path)
+		}
+		if !ours {
+			return status.Errorf(codes.FailedPrecondition, "%s already has another mount (%s on %s); it cannot also show volume %s", path, mp.Source, mp.Root, v.ID)
+		}
+		if mp.ReadOnly != (flags&unix.MS_RDONLY != 0) {
+			return status.Errorf(codes.AlreadyExists, "volume %s is already mounted at %s with read-only=%v; the request asks read-only=%v", v.ID, path, mp.ReadOnly, !mp.ReadOnly)
+		}
+		return nil
+	}
+	if err := makeTarget(path, dir); err != nil {
+		return toStatus(err, "creating %s", path)
+	}
+	src, err := d.mountSource(v)
+	if err != nil {
+		return toStatus(err, "finding the source of volume %s", v.ID)
+	}
+	if err := fsops.BindMount(src, path, flags); err != nil {
+		return toStatus(err, "mounting volume %s at %s", v.ID, path)
+	}
+	return nil
+}
+
+// makeTarget creates a mount point: a directory, or an empty file for a
+// block device. What exists already is used as it is.
+func makeTarget(path string, dir bool) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return err
+	}
+	if dir {
+		if err := os.Mkdir(path, 0o750); err != nil && !os.IsExist(err) {
+			return err
+		}
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|unix.O_NOFOLLOW, 0o640)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// NodeUnstageVolume undoes NodeStageVolume. A staging path that is not
+// mounted is already unstaged.
+func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
+	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	staging, err := d.checkCOPath("staging_target_path", req.GetStagingTargetPath())
+	if err != nil {
+		return nil, err
+	}
+	v, unlock, err := d.nodeVolume(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if err := d.unbindVolume(v, staging, false); err != nil {
+		return nil, err
+	}
+	if i := slices.Index(v.Staged, staging); i >= 0 {
+		v.Staged = slices.Delete(v.Staged, i, i+1)
+		if err := d.st.putVolume(v); err != nil {
+			return nil, toStatus(err, "recording unstaging of volume %s", v.ID)
+		}
+	}
+	return &csi.NodeUnstageVolumeResponse{}, nil
+}
+
+// unbindVolume unmounts the volume from path if it is mounted there, and
+// removes path if asked. A mount of something else is refused.
+func (d *Driver) unbindVolume(v volumeRecord, path string, remove bool) error {
+	mp, err := fsops.GetMountPoint(path)
+	if err != nil && !os.IsNotExist(err) {
+		return toStatus(err, "inspecting %s", path)
+	}
+	if mp != nil {
+		ours, err := d.showsVolume(path, v)
+		if err != nil {
+			return toStatus(err, "inspecting %s", path)
+		}
+		if !ours {
+			return status.Errorf(codes.FailedPrecondition, "%s shows another mount (%s on %s), not volume %s; not unmounting it", path, mp.Source, mp.Root, v.ID)
+		}
+		if err := fsops.Unmount(path); err != nil {
+			return toStatus(err, "unmounting %s", path)
+		}
+	}
+	if remove {
+		if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+			return toStatus(err, "removing %s", path)
+		}
+	}
+	return nil
+}
+
+// NodePublishVolume bind-mounts the volume at the target path, read-only
+// and with the capability's mount flags where asked.
+func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	target, err := d.checkCOPath("target_path", req.GetTargetPath())
+	if err != nil {
+		return nil, err
+	}
+	if req.GetStagingTargetPath() != "" {
+		if _, err := d.checkCOPath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+			return nil, err
+		}
+	}
+	c := req.GetVolumeCapability()
+	if c == nil {
+		return nil, invalid("volume_capability is required")
+	}
+	access, err := capabilityAccessType(c)
+	if err != nil {
+		return nil, err
+	}
+	flags, _ := fsops.ParseMountOptions(c.GetMount().GetMountFlags())
+	mode := c.GetAccessMode().GetMode()
+	readOnly := req.GetReadonly() || mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
+	if readOnly {
+		flags |= unix.MS_RDONLY
+	}
+	v, unlock, err := d.nodeVolume(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if access != v.AccessType {
+		return nil, invalid("volume %s is a %s volume; the capability asks for %s", v.ID, v.AccessType, access)
+	}
+	single := mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
+	for _, p := range v.Published {
+		if p.Target == target || !(single || p.SingleWriter) {
+			continue
+		}
+		if ours, _ := d.showsVolume(p.Target, v); ours {
+			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is SINGLE_NODE_SINGLE_WRITER and already published at %s", v.ID, p.Target)
+		}
+	}
+	if !slices.ContainsFunc(v.Published, func(p publication) bool { return p.Target == target }) {
+		// Record first: a crash after the mount still knows the target.
+		v.Published = append(v.Published, publication{Target: target, ReadOnly: readOnly, SingleWriter: single})
+		if err := d.st.putVolume(v); err != nil {
+			return nil, toStatus(err, "recording publication of volume %s", v.ID)
+		}
+	}
+	if err := d.bindVolume(v, target, flags, v.AccessType == accessMount); err != nil {
+		return nil, err
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// NodeUnpublishVolume unmounts the target and removes it. A target that
+// is not mounted is already unpublished.
+func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	target, err := d.checkCOPath("target_path", req.GetTargetPath())
+	if err != nil {
+		return nil, err
+	}
+	v, unlock, err := d.nodeVolume(req.GetVolumeId())
+	if status.Code(err) == codes.NotFound {
+		// The volume is gone; so must its mount be. Clean up an empty
+		// target, refuse to touch a mounted one.
+		if mp, _ := fsops.GetMountPoint(target); mp != nil {
+			return nil, err
+		}
+		if rmErr := os.Remove(target); rmErr != nil && !os.IsNotExist(rmErr) {
+			return nil, toStatus(rmErr, "removing %s", target)
+		}
+		return &csi.NodeUnpublishVolumeResponse{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if err := d.unbindVolume(v, target, true); err != nil {
+		return nil, err
+	}
+	if i := slices.IndexFunc(v.Published, func(p publication) bool { return p.Target == target }); i >= 0 {
+		v.Published = slices.Delete(v.Published, i, i+1)
+		if err := d.st.putVolume(v); err != nil {
+			return nil, toStatus(err, "recording unpublication of volume %s", v.ID)
+		}
+	}
+	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// NodeGetInfo names this node, its volume limit and its topology.
+func (d *Driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	resp := &csi.NodeGetInfoResponse{NodeId: d.cfg.NodeID, MaxVolumesPerNode: d.cfg.MaxVolumesPerNode}
+	if d.cfg.EnableTopology {
+		resp.AccessibleTopology = d.nodeTopology()
+	}
+	return resp, nil
+}
+
+// NodeGetCapabilities lists what the node service does.
+func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+	types := []csi.NodeServiceCapability_RPC_Type{
+		csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
+		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
+		csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	}
+	if d.cfg.EnableVolumeExpansion {
+		types = append(types, csi.NodeServiceCapability_RPC_EXPAND_VOLUME)
+	}
+	resp := &csi.NodeGetCapabilitiesResponse{}
+	for _, t := range types {
+		resp.Capabilities = append(resp.Capabilities, &csi.NodeServiceCapability{
+			Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: t}},
+		})
+	}
+	return resp, nil
+}
+
+// NodeGetVolumeStats reports this volume's own usage (not the host file
+// system's): the bytes and inodes in its tree against its capacity, or a
+// block volume's device size.
+func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	if req.GetVolumePath() == "" {
+		return nil, invalid("volume_path is required")
+	}
+	v, ok := d.st.getVolume(req.GetVolumeId())
+	if !validVolumeID(req.GetVolumeId()) || !ok || v.Phase != phaseReady {
+		return nil, status.Errorf(codes.NotFound, "volume %q does not exist on this node", req.GetVolumeId())
+	}
+	if ours, _ := d.showsVolume(req.GetVolumePath(), v); !ours {
+		return nil, status.Errorf(codes.NotFound, "volume %s is not mounted at %s", v.ID, req.GetVolumePath())
+	}
+	if v.AccessType == accessBlock {
+		dev, err := d.attachBlock(v)
+		if err != nil {
+			return nil, toStatus(err, "finding the device of volume %s", v.ID)
+		}
+		size, err := loop.Size(dev.Path())
+		if err != nil {
+			return nil, toStatus(err, "reading the size of %s", dev.Path())
+		}
+		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, nil
+	}
+	u, err := fsops.TreeUsage(d.volumeDataPath(v))
+	if err != nil {
+		return nil, toStatus(err, "measuring volume %s", v.ID)
+	}
+	fs, err := fsops.Statfs(d.volumeDataPath(v))
+	if err != nil {
+		return nil, toStatus(err, "reading the file system of volume %s", v.ID)
+	}
+	avail := min(max(v.CapacityBytes-u.Bytes, 0), fs.AvailableBytes)
+	return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
+		{Unit: csi.VolumeUsage_BYTES, Total: v.CapacityBytes, Used: u.Bytes, Available: avail},
+		{Unit: csi.VolumeUsage_INODES, Total: u.Inodes + fs.FreeInodes, Used: u.Inodes, Available: fs.FreeInodes},
+	}}, nil
+}
+
+// NodeExpandVolume makes the node see a volume's new size: a block
+// volume's loop device re-reads its file's size; a directory volume has
+// nothing to do on the node.
+func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	if req.GetVolumePath() == "" {
+		return nil, invalid("volume_path is required")
+	}
+	v, unlock, err := d.nodeVolume(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if ours, _ := d.showsVolume(req.GetVolumePath(), v); !ours {
+		return nil, status.Errorf(codes.NotFound, "volume %s is not mounted at %s", v.ID, req.GetVolumePath())
+	}
+	if v.AccessType == accessBlock {
+		dev, err := d.attachBlock(v)
+		if err == nil {
+			err = loop.Resize(dev)
+		}
+		if err != nil {
+			return nil, toStatus(err, "resizing the device of volume %s", v.ID)
+		}
+	}
+	return &csi.NodeExpandVolumeResponse{CapacityBytes: v.CapacityBytes}, nil
+}

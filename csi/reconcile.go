@@ -1,0 +1,105 @@
+package csi
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+
+	"k8s.io/klog/v2"
+
+	"github.com/hostpath-csi/hostpath/fsops"
+)
+
+// reconcile makes the state and the disk agree after a restart or a crash,
+// and logs every repair. The create and delete protocols write a record
+// before touching data, so:
+//   - a record still "creating" or "deleting" is an operation the crash
+//     interrupted: its data is removed and so is the record (a retried
+//     CreateVolume starts again from nothing);
+//   - a ready record whose data is gone cannot be served: it is dropped;
+//   - data under a valid id with no record belongs to no volume: removed;
+//   - tmp/ holds only unfinished work: emptied.
+func (d *Driver) reconcile() error {
+	for _, v := range d.st.allVolumes() {
+		switch v.Phase {
+		case phaseCreating, phaseDeleting:
+			klog.InfoS("repair: finishing interrupted volume operation", "volume_id", v.ID, "name", v.Name, "phase", v.Phase)
+			if err := d.removeVolumeData(v); err != nil {
+				return err
+			}
+			if err := d.st.dropVolume(v.ID); err != nil {
+				return err
+			}
+		case phaseReady:
+			if _, err := os.Lstat(d.volumeDataPath(v)); os.IsNotExist(err) {
+				klog.InfoS("repair: volume data is missing, dropping its record", "volume_id", v.ID, "name", v.Name, "path", d.volumeDataPath(v))
+				if err := d.st.dropVolume(v.ID); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for _, s := range d.st.allSnapshots() {
+		switch s.Phase {
+		case phaseCreating, phaseDeleting:
+			klog.InfoS("repair: finishing interrupted snapshot operation", "snapshot_id", s.ID, "name", s.Name, "phase", s.Phase)
+			if err := d.removeSnapshotData(s); err != nil {
+				return err
+			}
+			if err := d.st.dropSnapshot(s.ID); err != nil {
+				return err
+			}
+		case phaseReady:
+			if _, err := os.Lstat(d.snapshotDataPath(s)); os.IsNotExist(err) {
+				klog.InfoS("repair: snapshot data is missing, dropping its record", "snapshot_id", s.ID, "name", s.Name)
+				if err := d.st.dropSnapshot(s.ID); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if err := d.removeOrphans(d.paths.volumes(), func(id string) bool { _, ok := d.st.getVolume(id); return ok }, validVolumeID); err != nil {
+		return err
+	}
+	if err := d.removeOrphans(d.paths.snapshots(), func(id string) bool { _, ok := d.st.getSnapshot(id); return ok }, validSnapshotID); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(d.paths.tmp())
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		p := filepath.Join(d.paths.tmp(), e.Name())
+		klog.InfoS("repair: removing unfinished temporary data", "path", p)
+		if err := fsops.RemoveAll(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// removeOrphans deletes entries named by a valid id (with any extension)
+// that have no record. Anything else in the directory is left alone and
+// reported: it was not made by the driver.
+func (d *Driver) removeOrphans(dir string, known func(string) bool, valid func(string) bool) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		id, _, _ := strings.Cut(e.Name(), ".")
+		p := filepath.Join(dir, e.Name())
+		if !valid(id) {
+			klog.InfoS("unexpected entry in state dir left alone", "path", p)
+			continue
+		}
+		if known(id) {
+			continue
+		}
+		klog.InfoS("repair: removing data that no record owns", "path", p)
+		if err := fsops.RemoveAll(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}

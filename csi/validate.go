@@ -1,0 +1,231 @@
+package csi
+
+import (
+	"path/filepath"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hostpath-csi/hostpath/fsops"
+)
+
+const (
+	// maxNameLen bounds volume and snapshot names. The spec asks for at
+	// least 128 bytes; Kubernetes sends "pvc-<uuid>" (40).
+	maxNameLen = 256
+	// maxPathLen is PATH_MAX.
+	maxPathLen = 4096
+	// defaultVolumeSize is used when a request names no size.
+	defaultVolumeSize = 1 << 30
+	// blockSectorSize is the logical block size of a loop device: block
+	// volume sizes are rounded up to it, never down.
+	blockSectorSize = 512
+
+	// paramKind selects a simulated --capacity pool, as in the reference.
+	paramKind = "kind"
+	// coParamPrefix marks parameters the external-provisioner adds
+	// (csi.storage.k8s.io/pvc/name, ...): accepted and kept as metadata.
+	coParamPrefix = "csi.storage.k8s.io/"
+)
+
+func invalid(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, format, args...)
+}
+
+// checkName validates a CO-chosen name: required, UTF-8, no control bytes,
+// at most maxNameLen bytes. Names are never used in paths, but they are
+// logged and stored, so garbage is refused at the door.
+func checkName(field, name string) error {
+	if name == "" {
+		return invalid("%s is required", field)
+	}
+	if len(name) > maxNameLen {
+		return invalid("%s is %d bytes long; at most %d are accepted", field, len(name), maxNameLen)
+	}
+	if !utf8.ValidString(name) {
+		return invalid("%s is not valid UTF-8", field)
+	}
+	for _, r := range name {
+		if r < 0x20 || r == 0x7f {
+			return invalid("%s contains control character %U", field, r)
+		}
+	}
+	return nil
+}
+
+// checkID requires a non-empty id of sane size; whether it names anything is
+// the handler's business (NotFound or, for deletes, success).
+func checkID(field, id string) error {
+	if id == "" {
+		return invalid("%s is required", field)
+	}
+	if len(id) > maxNameLen || !utf8.ValidString(id) || strings.ContainsRune(id, 0) {
+		return invalid("%s is malformed", field)
+	}
+	return nil
+}
+
+// supportedModes are the access modes a node-local volume can honour. Every
+// MULTI_NODE mode needs the volume on more than one node, which a local
+// directory or loop device cannot give.
+var supportedModes = map[csi.VolumeCapability_AccessMode_Mode]bool{
+	csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER:        true,
+	csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY:   true,
+	csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER: true,
+	csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:  true,
+}
+
+// capabilityAccessType checks one capability and returns its access type.
+func capabilityAccessType(c *csi.VolumeCapability) (string, error) {
+	if c == nil {
+		return "", invalid("a volume capability is empty")
+	}
+	mode := c.GetAccessMode().GetMode()
+	if c.GetAccessMode() == nil || mode == csi.VolumeCapability_AccessMode_UNKNOWN {
+		return "", invalid("volume capability has no access mode")
+	}
+	if !supportedModes[mode] {
+		return "", invalid("access mode %s is not supported: volumes of this driver live on one node", mode)
+	}
+	switch at := c.GetAccessType().(type) {
+	case *csi.VolumeCapability_Mount:
+		if _, err := fsops.ParseMountOptions(at.Mount.GetMountFlags()); err != nil {
+			return "", invalid("mount flags %q: %v (bind mounts take ro, nosuid, nodev, noexec, noatime, relatime, sync, ...)", at.Mount.GetMountFlags(), err)
+		}
+		return accessMount, nil
+	case *csi.VolumeCapability_Block:
+		return accessBlock, nil
+	default:
+		return "", invalid("volume capability has neither block nor mount access type")
+	}
+}
+
+// checkCapabilities validates a list of capabilities and returns the one
+// access type they agree on.
+func checkCapabilities(caps []*csi.VolumeCapability) (string, error) {
+	if len(caps) == 0 {
+		return "", invalid("volume_capabilities is required")
+	}
+	access := ""
+	for _, c := range caps {
+		at, err := capabilityAccessType(c)
+		if err != nil {
+			return "", err
+		}
+		if access != "" && at != access {
+			return "", invalid("volume capabilities ask for both block and mount access; a volume is one or the other")
+		}
+		access = at
+	}
+	return access, nil
+}
+
+// resolveSize turns a capacity range into the size to create. Block sizes
+// round up to the sector size; nothing is ever rounded down.
+func (d *Driver) resolveSize(cr *csi.CapacityRange, access string, floor int64) (int64, error) {
+	req, lim := cr.GetRequiredBytes(), cr.GetLimitBytes()
+	if req < 0 || lim < 0 {
+		return 0, invalid("capacity_range has a negative value (required %d, limit %d)", req, lim)
+	}
+	if lim > 0 && req > lim {
+		return 0, invalid("capacity_range required_bytes %d exceeds limit_bytes %d", req, lim)
+	}
+	size := req
+	if size == 0 {
+		size = max(floor, defaultVolumeSize)
+		if lim > 0 && size > lim {
+			size = lim
+		}
+	}
+	if size < floor {
+		size = floor
+	}
+	if access == accessBlock && size%blockSectorSize != 0 {
+		size += blockSectorSize - size%blockSectorSize
+	}
+	if lim > 0 && size > lim {
+		return 0, status.Errorf(codes.OutOfRange, "volume must be at least %d bytes (its source's size, rounded up to %d-byte sectors for block), above limit_bytes %d", size, blockSectorSize, lim)
+	}
+	if d.cfg.MaxVolumeSize > 0 && size > d.cfg.MaxVolumeSize {
+		return 0, status.Errorf(codes.OutOfRange, "requested %d bytes exceeds the largest volume this driver creates (--max-volume-size %d)", size, d.cfg.MaxVolumeSize)
+	}
+	return size, nil
+}
+
+// checkVolumeParameters accepts only parameters the driver understands and
+// returns the capacity kind.
+func (d *Driver) checkVolumeParameters(params map[string]string) (string, error) {
+	kind := ""
+	for k, v := range params {
+		switch {
+		case k == paramKind:
+			if len(d.cfg.Capacity) == 0 {
+				return "", invalid("parameter %s=%q: no simulated capacity is configured (--capacity %s=SIZE)", k, v, v)
+			}
+			if _, ok := d.cfg.Capacity[v]; !ok {
+				return "", invalid("parameter %s=%q names no configured --capacity kind", k, v)
+			}
+			kind = v
+		case strings.HasPrefix(k, coParamPrefix):
+		default:
+			return "", invalid("unknown parameter %q; this driver accepts %q and the %s* metadata the provisioner adds", k, paramKind, coParamPrefix)
+		}
+	}
+	return kind, nil
+}
+
+// nodeTopology is this node's one segment.
+func (d *Driver) nodeTopology() *csi.Topology {
+	return &csi.Topology{Segments: map[string]string{TopologyKey: d.cfg.NodeID}}
+}
+
+// onThisNode reports whether a topology names this node.
+func (d *Driver) onThisNode(t *csi.Topology) bool {
+	v, ok := t.GetSegments()[TopologyKey]
+	return ok && v == d.cfg.NodeID
+}
+
+// checkTopology refuses a requisite topology that excludes this node, with
+// ResourceExhausted so the provisioner tries another node.
+func (d *Driver) checkTopology(req *csi.TopologyRequirement) error {
+	if !d.cfg.EnableTopology || len(req.GetRequisite()) == 0 {
+		return nil
+	}
+	for _, t := range req.GetRequisite() {
+		if d.onThisNode(t) {
+			return nil
+		}
+	}
+	return status.Errorf(codes.ResourceExhausted, "the requisite topology does not include this node (%s=%s); volumes are created only on the node that serves the request", TopologyKey, d.cfg.NodeID)
+}
+
+// checkCOPath validates a path the CO hands over (target or staging path):
+// absolute, no NUL, and not inside the driver's state dir, so no request can
+// make the driver mount over its own data.
+func (d *Driver) checkCOPath(field, p string) (string, error) {
+	if p == "" {
+		return "", invalid("%s is required", field)
+	}
+	if len(p) > maxPathLen || strings.ContainsRune(p, 0) || !utf8.ValidString(p) {
+		return "", invalid("%s is malformed", field)
+	}
+	if !filepath.IsAbs(p) {
+		return "", invalid("%s %q is not an absolute path", field, p)
+	}
+	clean := filepath.Clean(p)
+	if d.insideStateDir(clean) {
+		return "", invalid("%s %q is inside the driver's state dir %s", field, p, d.paths.root)
+	}
+	if real, err := fsops.ResolveParent(clean); err == nil && d.insideStateDir(real) {
+		return "", invalid("%s %q leads into the driver's state dir %s through a symlink", field, p, d.paths.root)
+	}
+	return clean, nil
+}
+
+func (d *Driver) insideStateDir(p string) bool {
+	rel, err := filepath.Rel(d.paths.root, p)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+}

@@ -1,0 +1,131 @@
+package csi
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/hostpath-csi/hostpath/fsops"
+)
+
+func wrapInt64(n int64) *wrapperspb.Int64Value { return wrapperspb.Int64(n) }
+
+// volumeDataPath is where a volume's data lives: a directory for a mount
+// volume, a backing file for a block volume.
+func (d *Driver) volumeDataPath(v volumeRecord) string {
+	if v.AccessType == accessBlock {
+		return filepath.Join(d.paths.volumes(), v.ID+".img")
+	}
+	return d.paths.volumeDir(v.ID)
+}
+
+// createVolumeData makes the volume's data, empty or from its source.
+func (d *Driver) createVolumeData(ctx context.Context, v volumeRecord) error {
+	if v.AccessType == accessBlock {
+		return d.createBlockData(ctx, v)
+	}
+	dir := d.volumeDataPath(v)
+	if err := os.Mkdir(dir, 0o777); err != nil {
+		return err
+	}
+	// Pods of any uid may write to a fresh volume, as with the reference
+	// driver; fsGroupPolicy File lets kubelet narrow that.
+	if err := os.Chmod(dir, 0o777); err != nil {
+		return err
+	}
+	switch {
+	case v.SourceSnapshot != "":
+		return d.restoreSnapshot(ctx, v.SourceSnapshot, dir)
+	case v.SourceVolume != "":
+		src, ok := d.st.getVolume(v.SourceVolume)
+		if !ok {
+			return status.Errorf(codes.NotFound, "source volume %s disappeared", v.SourceVolume)
+		}
+		_, err := fsops.CopyTree(ctx, d.volumeDataPath(src), dir)
+		return err
+	}
+	return nil
+}
+
+// removeVolumeData removes whatever a volume has on disk; what is already
+// gone is not an error.
+func (d *Driver) removeVolumeData(v volumeRecord) error {
+	if v.AccessType == accessBlock {
+		return d.removeBlockData(v)
+	}
+	return fsops.RemoveAll(d.volumeDataPath(v))
+}
+
+// growVolume gives a volume its new size on disk.
+func (d *Driver) growVolume(ctx context.Context, v volumeRecord, size int64) error {
+	if v.AccessType == accessBlock {
+		return d.growBlock(v, size)
+	}
+	return nil
+}
+
+// mountedAt returns a staging or target path where the volume is mounted
+// right now on this node, or "". Records of mounts that a reboot or an
+// outside umount removed do not count.
+func (d *Driver) mountedAt(v volumeRecord) string {
+	for _, p := range mountPaths(v) {
+		if ours, _ := d.showsVolume(p, v); ours {
+			return p
+		}
+	}
+	return ""
+}
+
+// mountPaths lists the staging and target paths recorded for a volume.
+func mountPaths(v volumeRecord) []string {
+	out := append([]string(nil), v.Staged...)
+	for _, p := range v.Published {
+		out = append(out, p.Target)
+	}
+	return out
+}
+
+// showsVolume reports whether path is a mount point showing this volume,
+// decided by the mounted inode's identity, not by names.
+func (d *Driver) showsVolume(path string, v volumeRecord) (bool, error) {
+	mp, err := fsops.GetMountPoint(path)
+	if err != nil || mp == nil {
+		return false, err
+	}
+	if v.AccessType == accessBlock {
+		rdev, err := d.blockDevice(v)
+		if err != nil {
+			return false, err
+		}
+		return mp.Rdev != 0 && mp.Rdev == rdev, nil
+	}
+	dev, ino, _, err := fsops.Identity(d.volumeDataPath(v))
+	if err != nil {
+		return false, err
+	}
+	return mp.Dev == dev && mp.Ino == ino, nil
+}
+
+// snapshotDataPath is where a ready snapshot's data lives.
+func (d *Driver) snapshotDataPath(s snapshotRecord) string {
+	if s.Format == formatImage {
+		return filepath.Join(d.paths.snapshots(), s.ID+".img")
+	}
+	return d.paths.snapshotFile(s.ID)
+}
+
+// snapshotTempPath is where a snapshot is written before it is complete.
+func (d *Driver) snapshotTempPath(s snapshotRecord) string {
+	return filepath.Join(d.paths.tmp(), s.ID+".partial")
+}
+
+func (d *Driver) removeSnapshotData(s snapshotRecord) error {
+	if err := fsops.RemoveAll(d.snapshotTempPath(s)); err != nil {
+		return err
+	}
+	return fsops.RemoveAll(d.snapshotDataPath(s))
+}

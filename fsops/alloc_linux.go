@@ -1,0 +1,76 @@
+package fsops
+
+import (
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// CreateBackingFile makes a new file of exactly size bytes at path, its
+// blocks reserved with fallocate(2) so writes to the volume cannot fail
+// for lack of space later, or sparse (ftruncate only) if asked. A failure
+// leaves no file behind.
+func CreateBackingFile(path string, size int64, sparse bool) (retErr error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		f.Close()
+		if retErr != nil {
+			os.Remove(path)
+		}
+	}()
+	if err := resize(int(f.Fd()), path, size, sparse); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+// GrowFile extends the file at path to size bytes, allocated like
+// CreateBackingFile. It never shrinks: a smaller size is an error
+// wrapping EINVAL.
+func GrowFile(path string, size int64, sparse bool) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	if size < st.Size {
+		return &os.PathError{Op: "grow", Path: path, Err: unix.EINVAL}
+	}
+	if err := resize(int(f.Fd()), path, size, sparse); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+// AllocateFile reserves blocks for all of an existing file's holes, up to
+// size, without changing data (fallocate mode 0 leaves written and shared
+// extents alone).
+func AllocateFile(fd int, size int64) error {
+	if err := unix.Fallocate(fd, 0, 0, size); err != nil {
+		return &os.PathError{Op: "fallocate", Path: "", Err: err}
+	}
+	return nil
+}
+
+func resize(fd int, path string, size int64, sparse bool) error {
+	if size <= 0 {
+		return &os.PathError{Op: "fallocate", Path: path, Err: unix.EINVAL}
+	}
+	if sparse {
+		if err := unix.Ftruncate(fd, size); err != nil {
+			return &os.PathError{Op: "ftruncate", Path: path, Err: err}
+		}
+		return nil
+	}
+	if err := unix.Fallocate(fd, 0, 0, size); err != nil {
+		return &os.PathError{Op: "fallocate", Path: path, Err: err}
+	}
+	return nil
+}

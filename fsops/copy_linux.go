@@ -1,0 +1,116 @@
+package fsops
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// CopyMethod says how a file's data was copied.
+type CopyMethod int
+
+// The copy methods, cheapest first.
+const (
+	CopyReflink   CopyMethod = iota // FICLONE: blocks shared, metadata only
+	CopyRange                       // copy_file_range over data extents
+	CopyReadWrite                   // user-space read/write, zero blocks skipped
+)
+
+func (m CopyMethod) String() string {
+	return [...]string{"reflink", "copy_file_range", "read/write"}[m]
+}
+
+// Fallbacks are taken only on these errnos: the kernel or file system says
+// it cannot do this kind of copy, not that the copy went wrong.
+func reflinkUnsupported(err error) bool {
+	return errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EINVAL) ||
+		errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM)
+}
+
+func rangeUnsupported(err error) bool {
+	return errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EXDEV) || errors.Is(err, unix.ENOSYS) ||
+		errors.Is(err, unix.EINVAL)
+}
+
+// copyProbe caches, per pair of devices, what the kernel refused, so a tree
+// of a million files asks once, not a million times.
+type copyProbe struct {
+	noReflink, noRange atomic.Bool
+}
+
+// CopyFileData copies the first size bytes of the open file src into the
+// empty open file dst by the cheapest means that works: a reflink, then
+// copy_file_range over the extents SEEK_DATA/SEEK_HOLE report (so holes stay
+// holes; a plain copy_file_range fills them on ext4), then read/write that
+// skips zero blocks. buf is a scratch buffer for the last resort.
+func CopyFileData(dst, src int, size int64, buf []byte) (CopyMethod, error) {
+	return (&copyProbe{}).copyData(dst, src, size, buf)
+}
+
+func (p *copyProbe) copyData(dst, src int, size int64, buf []byte) (CopyMethod, error) {
+	if size == 0 {
+		return CopyRange, nil
+	}
+	if !p.noReflink.Load() {
+		err := unix.IoctlFileClone(dst, src)
+		if err == nil {
+			return CopyReflink, nil
+		}
+		if !reflinkUnsupported(err) {
+			return 0, &os.PathError{Op: "ioctl(FICLONE)", Path: "", Err: err}
+		}
+		p.noReflink.Store(true)
+	}
+	if !p.noRange.Load() {
+		err := copyExtents(dst, src, size)
+		if err == nil {
+			return CopyRange, nil
+		}
+		if !rangeUnsupported(err) {
+			return 0, err
+		}
+		p.noRange.Store(true)
+		if err := unix.Ftruncate(dst, 0); err != nil {
+			return 0, &os.PathError{Op: "ftruncate", Path: "", Err: err}
+		}
+	}
+	return CopyReadWrite, WriteSparse(dst, io.NewSectionReader(os.NewFile(uintptr(src), ""), 0, size), size, buf)
+}
+
+// copyExtents moves each data extent with copy_file_range, leaving holes.
+func copyExtents(dst, src int, size int64) error {
+	var off int64
+	for off < size {
+		data, err := unix.Seek(src, off, unix.SEEK_DATA)
+		if err == unix.ENXIO {
+			break // only a hole remains
+		}
+		if err != nil {
+			return &os.PathError{Op: "lseek(SEEK_DATA)", Path: "", Err: err}
+		}
+		hole, err := unix.Seek(src, data, unix.SEEK_HOLE)
+		if err != nil {
+			return &os.PathError{Op: "lseek(SEEK_HOLE)", Path: "", Err: err}
+		}
+		hole = min(hole, size)
+		for data < hole {
+			woff := data
+			n, err := unix.CopyFileRange(src, &data, dst, &woff, int(min(hole-data, 1<<30)), 0)
+			if err != nil {
+				return &os.PathError{Op: "copy_file_range", Path: "", Err: err}
+			}
+			if n == 0 {
+				return &os.PathError{Op: "copy_file_range", Path: "", Err: fmt.Errorf("source shrank during copy: %w", unix.EIO)}
+			}
+		}
+		off = hole
+	}
+	if err := unix.Ftruncate(dst, size); err != nil {
+		return &os.PathError{Op: "ftruncate", Path: "", Err: err}
+	}
+	return nil
+}

@@ -1,0 +1,251 @@
+package loop
+
+import (
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	losetup "github.com/freddierice/go-losetup/v2"
+	"golang.org/x/sys/unix"
+)
+
+// Device is an attached loop device.
+type Device struct {
+	Number int
+	// Rdev is the device number (major 7 by default), what a bind-mounted
+	// device node shows in st_rdev.
+	Rdev uint64
+}
+
+// Path is the device node, /dev/loopN.
+func (d Device) Path() string { return losetup.New(uint64(d.Number), os.O_RDWR).Path() }
+
+// Options for Attach.
+type Options struct {
+	ReadOnly bool
+	// DirectIO bypasses the page cache of the backing file, so data is
+	// not cached twice (once for the device, once for the file).
+	DirectIO bool
+	// Autoclear detaches the device when its last user closes it.
+	Autoclear bool
+}
+
+// attachRetries bounds the race for a free device: another process (or
+// goroutine) may configure the device LOOP_CTL_GET_FREE just returned.
+const attachRetries = 16
+
+// noConfigure caches that LOOP_CONFIGURE is missing (kernel <5.8).
+var noConfigure atomic.Bool
+
+// Attach binds the file at backing to a free loop device. If any step
+// fails, everything done so far is undone: no device is left bound.
+func Attach(backing string, opts Options) (Device, error) {
+	flags := os.O_RDWR
+	if opts.ReadOnly {
+		flags = os.O_RDONLY
+	}
+	file, err := os.OpenFile(backing, flags|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return Device{}, err
+	}
+	defer file.Close()
+	ctl, err := os.OpenFile(losetup.LoopControlPath, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return Device{}, err
+	}
+	defer ctl.Close()
+	var loFlags uint32
+	if opts.ReadOnly {
+		loFlags |= unix.LO_FLAGS_READ_ONLY
+	}
+	if opts.Autoclear {
+		loFlags |= unix.LO_FLAGS_AUTOCLEAR
+	}
+	if opts.DirectIO {
+		loFlags |= unix.LO_FLAGS_DIRECT_IO
+	}
+	var lastErr error
+	for attempt := 0; attempt < attachRetries; attempt++ {
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return Device{}, &os.PathError{Op: "ioctl(LOOP_CTL_GET_FREE)", Path: losetup.LoopControlPath, Err: err}
+		}
+		dev, err := configure(n, int(file.Fd()), backing, flags, loFlags)
+		if err == nil {
+			return dev, nil
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			return Device{}, err
+		}
+		// Someone else took device n between GET_FREE and our call.
+		lastErr = err
+		time.Sleep(time.Duration(rand.IntN(2000)+100) * time.Microsecond)
+	}
+	return Device{}, lastErr
+}
+
+func devPath(n int) string { return losetup.New(uint64(n), os.O_RDWR).Path() }
+
+// configure binds fd to /dev/loopN.
+func configure(n, fd int, backing string, openFlags int, loFlags uint32) (_ Device, retErr error) {
+	path := devPath(n)
+	devf, err := os.OpenFile(path, openFlags|unix.O_CLOEXEC, 0)
+	if os.IsNotExist(err) {
+		// Containers may have a /dev without the node the kernel just
+		// made; create it.
+		if err := unix.Mknod(path, unix.S_IFBLK|0o660, int(unix.Mkdev(7, uint32(n)))); err != nil && err != unix.EEXIST {
+			return Device{}, &os.PathError{Op: "mknod", Path: path, Err: err}
+		}
+		devf, err = os.OpenFile(path, openFlags|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		return Device{}, err
+	}
+	defer devf.Close()
+	dfd := int(devf.Fd())
+	var info unix.LoopInfo64
+	info.Flags = loFlags
+	copy(info.File_name[:], backing)
+
+	if !noConfigure.Load() {
+		cfg := unix.LoopConfig{Fd: uint32(fd), Info: info}
+		err := unix.IoctlLoopConfigure(dfd, &cfg)
+		if err == nil {
+			return deviceOf(devf, n)
+		}
+		if err != unix.EINVAL && err != unix.ENOTTY {
+			return Device{}, &os.PathError{Op: "ioctl(LOOP_CONFIGURE)", Path: path, Err: err}
+		}
+		noConfigure.Store(true)
+	}
+	// Old kernels: two calls, and the first must be undone if the second
+	// fails.
+	if err := unix.IoctlSetInt(dfd, unix.LOOP_SET_FD, fd); err != nil {
+		return Device{}, &os.PathError{Op: "ioctl(LOOP_SET_FD)", Path: path, Err: err}
+	}
+	defer func() {
+		if retErr != nil {
+			_ = unix.IoctlSetInt(dfd, unix.LOOP_CLR_FD, 0)
+		}
+	}()
+	if err := unix.IoctlLoopSetStatus64(dfd, &info); err != nil {
+		return Device{}, &os.PathError{Op: "ioctl(LOOP_SET_STATUS64)", Path: path, Err: err}
+	}
+	return deviceOf(devf, n)
+}
+
+func deviceOf(f *os.File, n int) (Device, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return Device{}, &os.PathError{Op: "fstat", Path: f.Name(), Err: err}
+	}
+	return Device{Number: n, Rdev: st.Rdev}, nil
+}
+
+// Find returns the loop device bound to the file at backing, matched by
+// the file's device and inode (LOOP_GET_STATUS64), not by name.
+func Find(backing string) (Device, bool, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(backing, &st); err != nil {
+		return Device{}, false, &os.PathError{Op: "stat", Path: backing, Err: err}
+	}
+	entries, err := os.ReadDir("/sys/block")
+	if err != nil {
+		return Device{}, false, err
+	}
+	for _, e := range entries {
+		num, ok := strings.CutPrefix(e.Name(), "loop")
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(num)
+		if err != nil {
+			continue
+		}
+		// Unbound devices have no backing_file: skip them without
+		// opening the device.
+		bf, err := os.ReadFile(filepath.Join("/sys/block", e.Name(), "loop", "backing_file"))
+		if err != nil || len(bf) == 0 {
+			continue
+		}
+		info, err := losetup.New(uint64(n), os.O_RDONLY).GetInfo()
+		if err != nil {
+			continue // detached meanwhile
+		}
+		if info.INode == st.Ino && info.Device == st.Dev {
+			f, err := os.Open(devPath(n))
+			if err != nil {
+				return Device{}, false, err
+			}
+			d, err := deviceOf(f, n)
+			f.Close()
+			return d, err == nil, err
+		}
+	}
+	return Device{}, false, nil
+}
+
+// Detach unbinds the device. If it is still open (mounted, or held by a
+// process) the kernel detaches it when the last user closes it.
+func Detach(d Device) error {
+	f, err := os.OpenFile(d.Path(), os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0); err != nil {
+		if err == unix.ENXIO {
+			return nil // already unbound
+		}
+		return &os.PathError{Op: "ioctl(LOOP_CLR_FD)", Path: d.Path(), Err: err}
+	}
+	return nil
+}
+
+// Resize makes the device take the backing file's current size
+// (LOOP_SET_CAPACITY), e.g. after the file grew.
+func Resize(d Device) error {
+	f, err := os.OpenFile(d.Path(), os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.IoctlSetInt(int(f.Fd()), unix.LOOP_SET_CAPACITY, 0); err != nil {
+		return &os.PathError{Op: "ioctl(LOOP_SET_CAPACITY)", Path: d.Path(), Err: err}
+	}
+	return nil
+}
+
+// Size returns the device's size in bytes (BLKGETSIZE64).
+func Size(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	var size uint64
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&size))); errno != 0 {
+		return 0, &os.PathError{Op: "ioctl(BLKGETSIZE64)", Path: path, Err: errno}
+	}
+	return int64(size), nil
+}
+
+// Status reports the flags of a bound device (LO_FLAGS_READ_ONLY, ...).
+func Status(d Device) (unix.LoopInfo64, error) {
+	f, err := os.Open(d.Path())
+	if err != nil {
+		return unix.LoopInfo64{}, err
+	}
+	defer f.Close()
+	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
+	if err != nil {
+		return unix.LoopInfo64{}, &os.PathError{Op: "ioctl(LOOP_GET_STATUS64)", Path: d.Path(), Err: err}
+	}
+	return *info, nil
+}

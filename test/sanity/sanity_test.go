@@ -1,0 +1,108 @@
+// Package sanity runs the csi-sanity suite (csi-test v5.6.0) against the
+// real hostpathplugin binary, over a unix socket, with real mounts and
+// loop devices. SANITY_ACCESS_TYPE=block runs it for raw block volumes.
+package sanity
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/hostpath-csi/hostpath/internal/testutil"
+)
+
+func TestSanity(t *testing.T) {
+	testutil.RequireRoot(t)
+	access := os.Getenv("SANITY_ACCESS_TYPE")
+	if access == "" {
+		access = "mount"
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "hostpathplugin")
+	build := exec.Command("go", "build", "-o", bin, "../../cmd/hostpathplugin")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		t.Fatalf("building the driver: %v", err)
+	}
+	sock := filepath.Join(dir, "csi.sock")
+	state := filepath.Join(dir, "state")
+	args := []string{"--endpoint=unix://" + sock, "--nodeid=sanity-node", "--statedir=" + state, "--enable-attach", "-v=2"}
+	args = append(args, strings.Fields(os.Getenv("SANITY_DRIVER_ARGS"))...)
+	drv := exec.Command(bin, args...)
+	logf, err := os.Create(filepath.Join(dir, "driver.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	drv.Stdout, drv.Stderr = logf, logf
+	if err := drv.Start(); err != nil {
+		t.Fatalf("starting the driver: %v", err)
+	}
+	t.Cleanup(func() {
+		drv.Process.Signal(os.Interrupt)
+		done := make(chan error, 1)
+		go func() { done <- drv.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			drv.Process.Kill()
+			<-done
+		}
+		logf.Close()
+		if t.Failed() {
+			if b, err := os.ReadFile(logf.Name()); err == nil {
+				t.Logf("driver log:\n%s", tail(string(b), 60))
+			}
+		}
+	})
+	waitReady(t, sock)
+
+	cfg := sanity.NewTestConfig()
+	cfg.Address = "unix://" + sock
+	cfg.TargetPath = filepath.Join(dir, "mnt")
+	cfg.StagingPath = filepath.Join(dir, "staging")
+	cfg.TestVolumeAccessType = access
+	// Small volumes: block volumes are preallocated, and CI disks vary.
+	cfg.TestVolumeSize = 64 << 20
+	cfg.TestVolumeExpandSize = 96 << 20
+	cfg.IdempotentCount = 3
+	sanity.Test(t, cfg)
+}
+
+func waitReady(t *testing.T, sock string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(sock); err == nil {
+			conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err == nil {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				resp, err := csipb.NewIdentityClient(conn).Probe(ctx, &csipb.ProbeRequest{})
+				cancel()
+				conn.Close()
+				if err == nil && resp.GetReady().GetValue() {
+					return
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("driver did not become ready on %s", sock)
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
