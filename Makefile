@@ -1,0 +1,61 @@
+SHELL := /bin/bash
+# One static binary; tests run as root on a privileged runner.
+GO        ?= go
+BIN       := bin/hostpathplugin
+CTL       := bin/hostpathctl
+RUN_DIR   ?= $(CURDIR)/run
+ENDPOINT  ?= unix://$(RUN_DIR)/csi.sock
+STATE_DIR ?= $(RUN_DIR)/state
+NODE_ID   ?= $(shell hostname)
+
+export CGO_ENABLED = 0
+
+.PHONY: all build run demo test test-unit test-sanity bench lint deps clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/hostpathplugin
+	$(GO) build -o $(CTL) ./cmd/hostpathctl
+
+# Run the driver in the foreground on a local socket, state under ./run.
+run: build
+	mkdir -p $(RUN_DIR)
+	$(BIN) --endpoint=$(ENDPOINT) --nodeid=$(NODE_ID) --statedir=$(STATE_DIR) -v=2
+
+# Start a driver, create, publish, write, snapshot and clone a volume,
+# print each step and its time, clean up.
+demo: build
+	mkdir -p $(RUN_DIR)/demo
+	$(BIN) --endpoint=unix://$(RUN_DIR)/demo/csi.sock --nodeid=$(NODE_ID) --statedir=$(RUN_DIR)/demo/state -v=0 & pid=$$!; \
+	  for i in $$(seq 100); do [ -S $(RUN_DIR)/demo/csi.sock ] && break; sleep 0.05; done; \
+	  $(CTL) --endpoint=unix://$(RUN_DIR)/demo/csi.sock --dir=$(RUN_DIR)/demo info && \
+	  $(CTL) --endpoint=unix://$(RUN_DIR)/demo/csi.sock --dir=$(RUN_DIR)/demo demo; rc=$$?; \
+	  kill $$pid; wait $$pid; exit $$rc
+
+# Every test: unit tests with the race detector, then csi-sanity against
+# the real binary for mount and block volumes.
+test: test-unit test-sanity
+
+test-unit:
+	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./csi/... ./cmd/...
+
+test-sanity:
+	$(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-mount.log | grep -E '^(Ran |SUCCESS|FAIL|--- |ok |PASS)' ; test $${PIPESTATUS[0]} -eq 0
+	SANITY_ACCESS_TYPE=block $(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-block.log | grep -E '^(Ran |SUCCESS|FAIL|--- |ok |PASS)' ; test $${PIPESTATUS[0]} -eq 0
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime=3x ./bench/
+
+lint:
+	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
+	$(GO) vet ./...
+	! grep -rln --include='*.go' -e '"os/exec"' . | grep -v '_test\.go$$' | grep -v '^\./bench/'
+
+# Tools the tests use to prepare their world (the driver needs none).
+deps:
+	command -v mkfs.xfs >/dev/null && command -v mkfs.btrfs >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xfsprogs btrfs-progs e2fsprogs tar coreutils attr >/dev/null)
+
+clean:
+	rm -rf bin
