@@ -1,0 +1,186 @@
+package archive
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+var ctx = context.Background()
+
+func TestRoundTrip(t *testing.T) {
+	base := t.TempDir()
+	src, dst := filepath.Join(base, "src"), filepath.Join(base, "dst")
+	os.MkdirAll(filepath.Join(src, "a", "b"), 0o755)
+	long := filepath.Join(src, "a", string(bytes.Repeat([]byte("n"), 200)))
+	os.WriteFile(long, []byte("long name"), 0o600)
+	f, _ := os.Create(filepath.Join(src, "sparse"))
+	f.WriteAt([]byte("start"), 0)
+	f.WriteAt([]byte("end"), 32<<20)
+	f.Close()
+	os.Symlink("../../outside", filepath.Join(src, "a", "b", "rel-link"))
+	os.Link(filepath.Join(src, "sparse"), filepath.Join(src, "a", "hard"))
+	unix.Mkfifo(filepath.Join(src, "fifo"), 0o640)
+	unix.Setxattr(filepath.Join(src, "a"), "user.k", []byte("v"), 0)
+	mt := unix.NsecToTimespec(1_700_000_000_987_654_321)
+	unix.UtimesNanoAt(unix.AT_FDCWD, filepath.Join(src, "a"), []unix.Timespec{mt, mt}, 0)
+	var buf bytes.Buffer
+	ws, err := Write(ctx, src, &buf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Mkdir(dst, 0o755)
+	rs, err := Extract(ctx, bytes.NewReader(buf.Bytes()), dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ws != rs {
+		t.Fatalf("wrote %+v, extracted %+v", ws, rs)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "a", filepath.Base(long))); string(b) != "long name" {
+		t.Fatal("long name lost")
+	}
+	var st unix.Stat_t
+	unix.Stat(filepath.Join(dst, "sparse"), &st)
+	if st.Size != 32<<20+3 || st.Blocks*512 > 1<<20 {
+		t.Fatalf("sparse file: size %d, %d bytes allocated", st.Size, st.Blocks*512)
+	}
+	var h unix.Stat_t
+	unix.Stat(filepath.Join(dst, "a", "hard"), &h)
+	if h.Ino != st.Ino {
+		t.Fatal("hard link restored as a copy")
+	}
+	if l, _ := os.Readlink(filepath.Join(dst, "a", "b", "rel-link")); l != "../../outside" {
+		t.Fatalf("symlink %q", l)
+	}
+	unix.Lstat(filepath.Join(dst, "a"), &st)
+	if st.Mtim != mt {
+		t.Fatalf("dir mtime %v want %v", st.Mtim, mt)
+	}
+	x := make([]byte, 8)
+	if n, _ := unix.Getxattr(filepath.Join(dst, "a"), "user.k", x); string(x[:n]) != "v" {
+		t.Fatal("xattr lost")
+	}
+	unix.Lstat(filepath.Join(dst, "fifo"), &st)
+	if st.Mode&unix.S_IFMT != unix.S_IFIFO || st.Mode&0o777 != 0o640 {
+		t.Fatalf("fifo mode %o", st.Mode)
+	}
+}
+
+type entry struct {
+	name, link string
+	typ        byte
+	body       string
+}
+
+func makeArchive(t testing.TB, entries []entry) []byte {
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	for _, e := range entries {
+		h := &tar.Header{Name: e.name, Linkname: e.link, Typeflag: e.typ, Mode: 0o644, Size: int64(len(e.body))}
+		if e.typ != tar.TypeReg {
+			h.Size = 0
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if e.typ == tar.TypeReg {
+			tw.Write([]byte(e.body))
+		}
+	}
+	tw.Close()
+	gz.Close()
+	return buf.Bytes()
+}
+
+// TestBreakouts feeds archives built to write outside the destination.
+// Each must fail or stay inside; nothing may appear next to dst.
+func TestBreakouts(t *testing.T) {
+	tests := []struct {
+		name    string
+		entries []entry
+	}{
+		{"absolute name", []entry{{name: "/tmp/evil", typ: tar.TypeReg, body: "x"}}},
+		{"dot-dot", []entry{{name: "../evil", typ: tar.TypeReg, body: "x"}}},
+		{"nested dot-dot", []entry{{name: "a/../../evil", typ: tar.TypeReg, body: "x"}}},
+		{"file through symlink", []entry{{name: "l", link: "..", typ: tar.TypeSymlink}, {name: "l/evil", typ: tar.TypeReg, body: "x"}}},
+		{"file through absolute symlink", []entry{{name: "l", link: "/", typ: tar.TypeSymlink}, {name: "l/tmp/evil", typ: tar.TypeReg, body: "x"}}},
+		{"dir through symlink", []entry{{name: "l", link: "..", typ: tar.TypeSymlink}, {name: "l/evil/", typ: tar.TypeDir}}},
+		{"hard link to outside", []entry{{name: "h", link: "../outside", typ: tar.TypeLink}}},
+		{"hard link through symlink", []entry{{name: "l", link: "..", typ: tar.TypeSymlink}, {name: "h", link: "l/outside", typ: tar.TypeLink}}},
+		{"file replacing symlink", []entry{{name: "l", link: "../outside", typ: tar.TypeSymlink}, {name: "l", typ: tar.TypeReg, body: "x"}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			base := t.TempDir()
+			dst := filepath.Join(base, "dst")
+			os.Mkdir(dst, 0o755)
+			os.WriteFile(filepath.Join(base, "outside"), []byte("precious"), 0o644)
+			_, err := Extract(ctx, bytes.NewReader(makeArchive(t, tc.entries)), dst)
+			entries, _ := os.ReadDir(base)
+			if len(entries) != 2 {
+				t.Fatalf("extraction wrote outside dst (err %v): %v", err, entries)
+			}
+			if b, _ := os.ReadFile(filepath.Join(base, "outside")); string(b) != "precious" {
+				t.Fatal("file outside dst was changed")
+			}
+			if _, err := os.Stat("/tmp/evil"); err == nil {
+				os.Remove("/tmp/evil")
+				t.Fatal("wrote /tmp/evil")
+			}
+		})
+	}
+}
+
+func TestDamagedArchives(t *testing.T) {
+	base := t.TempDir()
+	src := filepath.Join(base, "src")
+	os.Mkdir(src, 0o755)
+	os.WriteFile(filepath.Join(src, "f"), bytes.Repeat([]byte("0123456789"), 100000), 0o644)
+	var buf bytes.Buffer
+	if _, err := Write(ctx, src, &buf, 1); err != nil {
+		t.Fatal(err)
+	}
+	good := buf.Bytes()
+	flipped := append([]byte(nil), good...)
+	flipped[len(flipped)/2] ^= 0xff
+	tests := map[string][]byte{
+		"empty":     nil,
+		"not gzip":  []byte("hello world, not an archive"),
+		"truncated": good[:len(good)/2],
+		"flipped":   flipped,
+	}
+	for name, data := range tests {
+		t.Run(name, func(t *testing.T) {
+			dst := t.TempDir()
+			_, err := Extract(ctx, bytes.NewReader(data), dst)
+			if !errors.Is(err, ErrFormat) {
+				t.Fatalf("got %v, want ErrFormat", err)
+			}
+		})
+	}
+}
+
+// FuzzExtract: no input may panic the reader or write outside dst.
+func FuzzExtract(f *testing.F) {
+	f.Add(makeArchive(f, []entry{{name: "a", typ: tar.TypeReg, body: "x"}}))
+	f.Add(makeArchive(f, []entry{{name: "l", link: "..", typ: tar.TypeSymlink}, {name: "l/x", typ: tar.TypeReg, body: "x"}}))
+	f.Add(makeArchive(f, []entry{{name: "d/", typ: tar.TypeDir}, {name: "d/h", link: "a", typ: tar.TypeLink}}))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		base := t.TempDir()
+		dst := filepath.Join(base, "dst")
+		os.Mkdir(dst, 0o755)
+		Extract(ctx, bytes.NewReader(data), dst)
+		if entries, _ := os.ReadDir(base); len(entries) != 1 {
+			t.Fatalf("wrote outside dst: %v", entries)
+		}
+	})
+}

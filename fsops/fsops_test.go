@@ -1,0 +1,255 @@
+package fsops
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hostpath-csi/hostpath/internal/testutil"
+)
+
+func TestWriteFileAtomic(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "state.json")
+	for _, content := range []string{"one", "two, longer", "3"} {
+		if err := WriteFileAtomic(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if b, _ := os.ReadFile(p); string(b) != content {
+			t.Fatalf("got %q want %q", b, content)
+		}
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Fatalf("temporary files left: %v", entries)
+	}
+	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v", fi.Mode())
+	}
+}
+
+func TestParseMountOptions(t *testing.T) {
+	tests := []struct {
+		in   []string
+		want uintptr
+		ok   bool
+	}{
+		{nil, 0, true},
+		{[]string{"ro"}, unix.MS_RDONLY, true},
+		{[]string{"nosuid,nodev", "noexec"}, unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, true},
+		{[]string{"rw", "defaults"}, 0, true},
+		{[]string{"data=ordered"}, 0, false},
+		{[]string{"uid=1000"}, 0, false},
+	}
+	for _, tc := range tests {
+		got, err := ParseMountOptions(tc.in)
+		if (err == nil) != tc.ok || (tc.ok && got != tc.want) {
+			t.Errorf("ParseMountOptions(%q) = %x, %v", tc.in, got, err)
+		}
+		if err != nil && !errors.Is(err, unix.EINVAL) {
+			t.Errorf("error does not unwrap to EINVAL: %v", err)
+		}
+	}
+}
+
+func TestBindMount(t *testing.T) {
+	testutil.RequireRoot(t)
+	base := t.TempDir()
+	src, dst, link := filepath.Join(base, "src"), filepath.Join(base, "dst"), filepath.Join(base, "link")
+	os.Mkdir(src, 0o755)
+	os.Mkdir(dst, 0o755)
+	os.Symlink(dst, link)
+	t.Cleanup(func() { unix.Unmount(dst, unix.MNT_DETACH) })
+
+	if err := BindMount(src, link, 0); !errors.Is(err, unix.ELOOP) {
+		t.Fatalf("mounting on a symlink: %v, want ELOOP", err)
+	}
+	if mp, err := GetMountPoint(dst); err != nil || mp != nil {
+		t.Fatalf("not mounted yet: %v %v", mp, err)
+	}
+	if err := BindMount(src, dst, unix.MS_RDONLY|unix.MS_NOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	mp, err := GetMountPoint(dst)
+	if err != nil || mp == nil {
+		t.Fatalf("%v %v", mp, err)
+	}
+	dev, ino, _, _ := Identity(src)
+	if !mp.ReadOnly || !mp.HasOption("noexec") || mp.Dev != dev || mp.Ino != ino {
+		t.Fatalf("mount point %+v, want ro,noexec showing %d:%d", mp, dev, ino)
+	}
+	if err := os.WriteFile(filepath.Join(dst, "x"), nil, 0o644); !errors.Is(err, unix.EROFS) {
+		t.Fatalf("write: %v", err)
+	}
+	if err := Unmount(dst); err != nil {
+		t.Fatal(err)
+	}
+	if err := Unmount(dst); !errors.Is(err, unix.EINVAL) {
+		t.Fatalf("second unmount: %v, want EINVAL", err)
+	}
+}
+
+func TestRemoveAllDoesNotFollowSymlinks(t *testing.T) {
+	base := t.TempDir()
+	outside := filepath.Join(base, "outside")
+	os.Mkdir(outside, 0o755)
+	os.WriteFile(filepath.Join(outside, "precious"), []byte("x"), 0o644)
+	vol := filepath.Join(base, "vol")
+	os.MkdirAll(filepath.Join(vol, "a", "b"), 0o755)
+	os.Symlink(outside, filepath.Join(vol, "a", "escape"))
+	os.WriteFile(filepath.Join(vol, "a", "b", "f"), nil, 0o644)
+	os.Chmod(filepath.Join(vol, "a", "b"), 0o500)
+	if err := RemoveAll(vol); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(vol); !os.IsNotExist(err) {
+		t.Fatal("volume not removed")
+	}
+	if _, err := os.Stat(filepath.Join(outside, "precious")); err != nil {
+		t.Fatal("RemoveAll followed a symlink out of the tree")
+	}
+	if err := RemoveAll(vol); err != nil {
+		t.Fatalf("missing path: %v", err)
+	}
+}
+
+func TestTreeUsage(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "a"), bytes.Repeat([]byte("x"), 1<<20), 0o644)
+	os.Link(filepath.Join(dir, "a"), filepath.Join(dir, "hard"))
+	os.Mkdir(filepath.Join(dir, "d"), 0o755)
+	os.Symlink("/etc", filepath.Join(dir, "d", "etc"))
+	u, err := TreeUsage(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Inodes != 4 { // dir, a (hard link counted once), d, symlink
+		t.Fatalf("inodes %d, want 4", u.Inodes)
+	}
+	if u.Bytes < 1<<20 || u.Bytes > 2<<20 {
+		t.Fatalf("bytes %d, want about 1 MiB (hard link once, /etc not followed)", u.Bytes)
+	}
+}
+
+func TestCreateAndGrowBackingFile(t *testing.T) {
+	dir := t.TempDir()
+	for _, sparse := range []bool{false, true} {
+		p := filepath.Join(dir, "f"+map[bool]string{true: "s", false: "p"}[sparse])
+		if err := CreateBackingFile(p, 3<<20+512, sparse); err != nil {
+			t.Fatal(err)
+		}
+		if err := CreateBackingFile(p, 1<<20, sparse); !errors.Is(err, os.ErrExist) {
+			t.Fatalf("second create: %v", err)
+		}
+		if err := GrowFile(p, 8<<20, sparse); err != nil {
+			t.Fatal(err)
+		}
+		if err := GrowFile(p, 1<<20, sparse); !errors.Is(err, unix.EINVAL) {
+			t.Fatalf("shrink: %v", err)
+		}
+		var st unix.Stat_t
+		unix.Stat(p, &st)
+		if st.Size != 8<<20 {
+			t.Fatalf("size %d", st.Size)
+		}
+		if allocated := st.Blocks * 512; sparse && allocated != 0 || !sparse && allocated < 8<<20 {
+			t.Fatalf("sparse=%v: %d bytes allocated", sparse, allocated)
+		}
+	}
+}
+
+func TestCopyFileDataKeepsHoles(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	f, _ := os.Create(src)
+	data := bytes.Repeat([]byte("data"), 256<<10) // 1 MiB
+	f.WriteAt(data, 0)
+	f.WriteAt(data, 64<<20) // 64 MiB hole between
+	f.Close()
+	in, _ := os.Open(src)
+	defer in.Close()
+	fi, _ := in.Stat()
+	out, _ := os.Create(filepath.Join(dir, "dst"))
+	defer out.Close()
+	if _, err := CopyFileData(int(out.Fd()), int(in.Fd()), fi.Size(), nil); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	unix.Fstat(int(out.Fd()), &st)
+	if st.Size != fi.Size() || st.Blocks*512 > 8<<20 {
+		t.Fatalf("copy has size %d and %d bytes allocated; want %d and about 2 MiB", st.Size, st.Blocks*512, fi.Size())
+	}
+	got, _ := os.ReadFile(out.Name())
+	want, _ := os.ReadFile(src)
+	if !bytes.Equal(got, want) {
+		t.Fatal("content differs")
+	}
+}
+
+func TestCopyTree(t *testing.T) {
+	testutil.RequireRoot(t)
+	base := t.TempDir()
+	src, dst := filepath.Join(base, "src"), filepath.Join(base, "dst")
+	os.MkdirAll(filepath.Join(src, "sub", "deep"), 0o755)
+	os.WriteFile(filepath.Join(src, "sub", "deep", "f"), []byte("hello"), 0o640)
+	os.WriteFile(filepath.Join(src, "setuid"), []byte("x"), 0o644)
+	os.Chown(filepath.Join(src, "setuid"), 1234, 5678)
+	unix.Chmod(filepath.Join(src, "setuid"), 0o4755) // after chown, which clears setuid
+	os.Link(filepath.Join(src, "setuid"), filepath.Join(src, "hardlink"))
+	os.Symlink("/etc/passwd", filepath.Join(src, "abs-link"))
+	unix.Mkfifo(filepath.Join(src, "fifo"), 0o600)
+	unix.Mknod(filepath.Join(src, "null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3)))
+	unix.Chmod(filepath.Join(src, "sub"), 0o1777)
+	unix.Setxattr(filepath.Join(src, "setuid"), "user.test", []byte("value"), 0)
+	mtime := unix.NsecToTimespec(1_600_000_000_123_456_789)
+	unix.UtimesNanoAt(unix.AT_FDCWD, filepath.Join(src, "sub"), []unix.Timespec{mtime, mtime}, 0)
+	os.Mkdir(dst, 0o755)
+
+	stats, err := CopyTree(context.Background(), src, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Files != 2 || stats.Hardlinks != 1 || stats.Symlinks != 1 || stats.Special != 2 || stats.Dirs != 2 {
+		t.Fatalf("stats %+v", stats)
+	}
+	var a, b unix.Stat_t
+	unix.Lstat(filepath.Join(dst, "setuid"), &a)
+	unix.Lstat(filepath.Join(dst, "hardlink"), &b)
+	if a.Mode&0o7777 != 0o4755 || a.Uid != 1234 || a.Gid != 5678 || a.Ino != b.Ino {
+		t.Fatalf("setuid file: mode %o uid %d gid %d, hard link shares inode: %v", a.Mode&0o7777, a.Uid, a.Gid, a.Ino == b.Ino)
+	}
+	if target, _ := os.Readlink(filepath.Join(dst, "abs-link")); target != "/etc/passwd" {
+		t.Fatalf("symlink target %q", target)
+	}
+	buf := make([]byte, 16)
+	if n, _ := unix.Getxattr(filepath.Join(dst, "setuid"), "user.test", buf); string(buf[:n]) != "value" {
+		t.Fatal("xattr lost")
+	}
+	var s unix.Stat_t
+	unix.Lstat(filepath.Join(dst, "sub"), &s)
+	if s.Mode&0o7777 != 0o1777 || s.Mtim != mtime {
+		t.Fatalf("dir: mode %o mtime %v want %v", s.Mode&0o7777, s.Mtim, mtime)
+	}
+	unix.Lstat(filepath.Join(dst, "null"), &s)
+	if s.Mode&unix.S_IFMT != unix.S_IFCHR || s.Rdev != unix.Mkdev(1, 3) {
+		t.Fatal("device node not copied")
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "sub", "deep", "f")); string(b) != "hello" {
+		t.Fatal("content")
+	}
+}
+
+// TestCopyTreeRefusesSwappedRoot: a source that is a symlink is refused.
+func TestCopyTreeRefusesSymlinkRoot(t *testing.T) {
+	base := t.TempDir()
+	os.Symlink("/etc", filepath.Join(base, "src"))
+	os.Mkdir(filepath.Join(base, "dst"), 0o755)
+	if _, err := CopyTree(context.Background(), filepath.Join(base, "src"), filepath.Join(base, "dst")); !errors.Is(err, unix.ENOTDIR) && !errors.Is(err, unix.ELOOP) {
+		t.Fatalf("copy from a symlink root: %v", err)
+	}
+}
