@@ -52,7 +52,9 @@ func (c client) demo(ctx context.Context, dir string) (retErr error) {
 			return "", err
 		}
 		vol = r.GetVolume()
-		cleanup = append(cleanup, func() { c.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: vol.GetVolumeId()}) })
+		cleanup = append(cleanup, func() {
+			c.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: vol.GetVolumeId()})
+		})
 		return vol.GetVolumeId(), nil
 	}); err != nil {
 		return err
@@ -116,7 +118,9 @@ func (c client) demo(ctx context.Context, dir string) (retErr error) {
 			return "", err
 		}
 		snap = r.GetSnapshot()
-		cleanup = append(cleanup, func() { c.ctrl.DeleteSnapshot(context.Background(), &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshotId()}) })
+		cleanup = append(cleanup, func() {
+			c.ctrl.DeleteSnapshot(context.Background(), &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshotId()})
+		})
 		return fmt.Sprintf("%s, %d bytes", snap.GetSnapshotId(), snap.GetSizeBytes()), nil
 	}); err != nil {
 		return err
@@ -128,7 +132,9 @@ func (c client) demo(ctx context.Context, dir string) (retErr error) {
 			return "", err
 		}
 		restored = r.GetVolume()
-		cleanup = append(cleanup, func() { c.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: restored.GetVolumeId()}) })
+		cleanup = append(cleanup, func() {
+			c.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: restored.GetVolumeId()})
+		})
 		return restored.GetVolumeId(), nil
 	}); err != nil {
 		return err
@@ -140,7 +146,9 @@ func (c client) demo(ctx context.Context, dir string) (retErr error) {
 			return "", err
 		}
 		clone = r.GetVolume()
-		cleanup = append(cleanup, func() { c.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: clone.GetVolumeId()}) })
+		cleanup = append(cleanup, func() {
+			c.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: clone.GetVolumeId()})
+		})
 		return clone.GetVolumeId(), nil
 	}); err != nil {
 		return err

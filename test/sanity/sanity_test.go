@@ -5,6 +5,7 @@ package sanity
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/ginkgo/v2/types"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -76,7 +79,40 @@ func TestSanity(t *testing.T) {
 	cfg.TestVolumeExpandSize = 96 << 20
 	cfg.IdempotentCount = 3
 	sanity.Test(t, cfg)
+	if counts.passed < minPassed || counts.failed > 0 {
+		t.Errorf("csi-sanity (%s): %d passed, %d failed; the bar is 0 failed and at least %d passed", access, counts.passed, counts.failed, minPassed)
+	}
 }
+
+// minPassed is what the reference driver passes on csi-test v5.6.0.
+const minPassed = 77
+
+var counts struct{ passed, failed, skipped, pending int }
+
+// The suite's own report gives the counts the bar is measured by.
+var _ = ginkgo.ReportAfterSuite("sanity counts", func(r ginkgo.Report) {
+	for _, s := range r.SpecReports {
+		if s.LeafNodeType != types.NodeTypeIt {
+			continue
+		}
+		switch {
+		case s.State == types.SpecStatePassed:
+			counts.passed++
+		case s.State == types.SpecStateSkipped:
+			counts.skipped++
+		case s.State == types.SpecStatePending:
+			counts.pending++
+		case s.State.Is(types.SpecStateFailureStates):
+			counts.failed++
+		}
+	}
+	access := os.Getenv("SANITY_ACCESS_TYPE")
+	if access == "" {
+		access = "mount"
+	}
+	// One plain line a reader (or CI) can find.
+	fmt.Printf("\ncsi-sanity-%s: %d passed, %d failed, %d skipped\n", access, counts.passed, counts.failed, counts.skipped)
+})
 
 func waitReady(t *testing.T, sock string) {
 	t.Helper()
