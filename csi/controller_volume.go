@@ -154,6 +154,9 @@ func (d *Driver) existingVolume(old, want volumeRecord, cr *csi.CapacityRange) (
 // concurrent creates cannot overcommit. It picks a --capacity kind when the
 // request named none.
 func (d *Driver) checkCapacity(v *volumeRecord, all map[string]volumeRecord) error {
+	if d.quota == quotaProject && v.AccessType == accessMount {
+		assignProjectID(v, all)
+	}
 	if len(d.cfg.Capacity) > 0 {
 		used := map[string]int64{}
 		for _, o := range all {
@@ -387,6 +390,9 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 		}
 	} else if avail, err = d.availableBytes(all); err != nil {
 		return nil, toStatus(err, "reading the state dir's free space")
+	}
+	if d.quota == quotaNone {
+		klog.V(2).InfoS("GetCapacity: directory volume sizes are accounted, not enforced (no project quotas or btrfs quota groups on the state dir)")
 	}
 	resp := &csi.GetCapacityResponse{AvailableCapacity: avail}
 	if d.cfg.MaxVolumeSize > 0 {

@@ -49,6 +49,7 @@ type Driver struct {
 	paths layout
 	st    *store
 	locks *keyLocks
+	quota quotaMode
 	ready atomic.Bool
 }
 
@@ -83,6 +84,7 @@ func New(cfg Config) (*Driver, error) {
 	if err := d.prepareStateDir(); err != nil {
 		return nil, err
 	}
+	d.quota = detectQuota(d.paths.volumes())
 	if d.st, err = newStore(d.paths.meta()); err != nil {
 		return nil, fmt.Errorf("state dir %s: %w", root, err)
 	}

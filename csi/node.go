@@ -346,7 +346,7 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 		}
 		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, nil
 	}
-	u, err := fsops.TreeUsage(d.volumeDataPath(v))
+	u, err := d.volumeUsage(v)
 	if err != nil {
 		return nil, toStatus(err, "measuring volume %s", v.ID)
 	}

@@ -56,6 +56,9 @@ type volumeRecord struct {
 	Staged         []string          `json:"staged,omitempty"`
 	Published      []publication     `json:"published,omitempty"`
 	AttachedNodes  []string          `json:"attachedNodes,omitempty"`
+	// ProjectID is the volume's project quota id, where project quotas
+	// limit directory volumes.
+	ProjectID uint32 `json:"projectId,omitempty"`
 }
 
 func (v volumeRecord) clone() volumeRecord {

@@ -29,12 +29,7 @@ func (d *Driver) createVolumeData(ctx context.Context, v volumeRecord) error {
 		return d.createBlockData(ctx, v)
 	}
 	dir := d.volumeDataPath(v)
-	if err := os.Mkdir(dir, 0o777); err != nil {
-		return err
-	}
-	// Pods of any uid may write to a fresh volume, as with the reference
-	// driver; fsGroupPolicy File lets kubelet narrow that.
-	if err := os.Chmod(dir, 0o777); err != nil {
+	if err := d.makeVolumeDir(v, dir); err != nil {
 		return err
 	}
 	switch {
@@ -51,13 +46,28 @@ func (d *Driver) createVolumeData(ctx context.Context, v volumeRecord) error {
 	return nil
 }
 
+// mkdirOpen makes a volume directory any pod uid may write to, as with the
+// reference driver; fsGroupPolicy File lets kubelet narrow that.
+func mkdirOpen(dir string) error {
+	if err := os.Mkdir(dir, 0o777); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o777)
+}
+
 // removeVolumeData removes whatever a volume has on disk; what is already
 // gone is not an error.
 func (d *Driver) removeVolumeData(v volumeRecord) error {
 	if v.AccessType == accessBlock {
 		return d.removeBlockData(v)
 	}
-	return fsops.RemoveAll(d.volumeDataPath(v))
+	if err := fsops.RemoveAll(d.volumeDataPath(v)); err != nil {
+		return err
+	}
+	if d.quota == quotaProject && v.ProjectID != 0 {
+		return d.setVolumeLimit(v, 0)
+	}
+	return nil
 }
 
 // growVolume gives a volume its new size on disk.
@@ -65,7 +75,7 @@ func (d *Driver) growVolume(ctx context.Context, v volumeRecord, size int64) err
 	if v.AccessType == accessBlock {
 		return d.growBlock(v, size)
 	}
-	return nil
+	return d.setVolumeLimit(v, size)
 }
 
 // mountedAt returns a staging or target path where the volume is mounted

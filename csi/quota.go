@@ -1,0 +1,109 @@
+package csi
+
+import (
+	"hash/fnv"
+
+	"k8s.io/klog/v2"
+
+	"github.com/hostpath-csi/hostpath/fsops"
+)
+
+// quotaMode is how directory volumes get a hard size limit.
+type quotaMode int
+
+const (
+	// quotaNone: the file system cannot limit a directory; capacity is
+	// accounted, not enforced.
+	quotaNone quotaMode = iota
+	// quotaProject: XFS, or ext4 with the project feature, mounted with
+	// prjquota: each volume is a project with a hard limit.
+	quotaProject
+	// quotaBtrfs: btrfs with quota groups on: each volume is a subvolume
+	// with a qgroup limit.
+	quotaBtrfs
+)
+
+func (q quotaMode) String() string {
+	return [...]string{"none", "project quota", "btrfs qgroup"}[q]
+}
+
+// detectQuota finds what the state dir's file system offers and says so
+// once, at start.
+func detectQuota(dir string) quotaMode {
+	projErr := fsops.ProjectQuotaSupported(dir)
+	if projErr == nil {
+		klog.InfoS("directory volumes get a hard limit", "mechanism", quotaProject.String(), "dir", dir)
+		return quotaProject
+	}
+	if fsops.IsBtrfs(dir) {
+		err := fsops.BtrfsQuotaEnabled(dir)
+		if err == nil {
+			klog.InfoS("directory volumes get a hard limit", "mechanism", quotaBtrfs.String(), "dir", dir)
+			return quotaBtrfs
+		}
+		klog.InfoS("capacity of directory volumes is accounted, not enforced: btrfs quota groups are off (btrfs quota enable turns them on)", "dir", dir)
+		return quotaNone
+	}
+	klog.InfoS("capacity of directory volumes is accounted, not enforced: the state dir's file system has no project quotas (XFS or ext4 with the project feature, mounted with prjquota)", "dir", dir, "reason", projErr)
+	return quotaNone
+}
+
+// assignProjectID gives a new volume a project id no other volume has. It
+// runs under the store's lock, with every record in view.
+func assignProjectID(v *volumeRecord, all map[string]volumeRecord) {
+	used := make(map[uint32]bool, len(all))
+	for _, o := range all {
+		used[o.ProjectID] = true
+	}
+	h := fnv.New32a()
+	h.Write([]byte(v.ID))
+	// Ids below 1<<16 are left to the operator's own projects.
+	id := 1<<16 + h.Sum32()%(1<<30)
+	for used[id] {
+		id++
+	}
+	v.ProjectID = id
+}
+
+// makeVolumeDir creates a directory volume with its limit.
+func (d *Driver) makeVolumeDir(v volumeRecord, dir string) error {
+	switch d.quota {
+	case quotaBtrfs:
+		if err := fsops.CreateSubvolume(dir); err != nil {
+			return err
+		}
+		return fsops.SetSubvolumeLimit(dir, v.CapacityBytes)
+	case quotaProject:
+		if err := mkdirOpen(dir); err != nil {
+			return err
+		}
+		if err := fsops.SetProject(dir, v.ProjectID); err != nil {
+			return err
+		}
+		return fsops.SetProjectLimit(d.paths.volumes(), v.ProjectID, v.CapacityBytes)
+	}
+	return mkdirOpen(dir)
+}
+
+// setVolumeLimit gives an existing directory volume a new limit.
+func (d *Driver) setVolumeLimit(v volumeRecord, size int64) error {
+	switch d.quota {
+	case quotaBtrfs:
+		return fsops.SetSubvolumeLimit(d.volumeDataPath(v), size)
+	case quotaProject:
+		return fsops.SetProjectLimit(d.paths.volumes(), v.ProjectID, size)
+	}
+	return nil
+}
+
+// volumeUsage is what a directory volume uses: the quota's count where
+// there is one, else a walk of the tree.
+func (d *Driver) volumeUsage(v volumeRecord) (fsops.Usage, error) {
+	if d.quota == quotaProject && v.ProjectID != 0 {
+		u, err := fsops.GetProjectUsage(d.paths.volumes(), v.ProjectID)
+		if err == nil {
+			return fsops.Usage{Bytes: u.UsedBytes, Inodes: u.Inodes}, nil
+		}
+	}
+	return fsops.TreeUsage(d.volumeDataPath(v))
+}
