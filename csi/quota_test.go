@@ -11,7 +11,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 
-	"github.com/hostpath-csi/hostpath/internal/testutil"
+	"github.com/hostpath-csi/hostpath/internal/testfs"
 )
 
 func run(name string, args ...string) error {
@@ -47,7 +47,7 @@ func writeMiB(path string, n int) error {
 // volume's size gets EDQUOT through the published mount, and expansion
 // raises the limit.
 func TestQuotaEnforced(t *testing.T) {
-	mnt := testutil.FileSystem(t, run, "btrfs", 400<<20, nil, "", []string{"btrfs", "quota", "enable"})
+	mnt := testfs.FileSystem(t, run, "btrfs", 400<<20, nil, "", []string{"btrfs", "quota", "enable"})
 	cfg := testConfig(t)
 	cfg.StateDir = filepath.Join(mnt, "state")
 	d := newDriver(t, cfg)
@@ -84,7 +84,7 @@ func TestQuotaEnforced(t *testing.T) {
 // TestQuotaUnavailable: on a file system without quotas the driver still
 // works and accounts.
 func TestQuotaUnavailable(t *testing.T) {
-	mnt := testutil.FileSystem(t, run, "btrfs", 300<<20, nil, "")
+	mnt := testfs.FileSystem(t, run, "btrfs", 300<<20, nil, "")
 	cfg := testConfig(t)
 	cfg.StateDir = filepath.Join(mnt, "state")
 	d := newDriver(t, cfg)

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/hostpath-csi/hostpath/internal/testutil"
+	"github.com/hostpath-csi/hostpath/internal/testfs"
 )
 
 func run(name string, args ...string) error {
@@ -23,9 +23,9 @@ func run(name string, args ...string) error {
 // btrfsFS makes a loop-mounted btrfs, with quota groups on if asked.
 func btrfsFS(t testing.TB, quota bool) string {
 	if quota {
-		return testutil.FileSystem(t, run, "btrfs", 300<<20, nil, "", []string{"btrfs", "quota", "enable"})
+		return testfs.FileSystem(t, run, "btrfs", 300<<20, nil, "", []string{"btrfs", "quota", "enable"})
 	}
-	return testutil.FileSystem(t, run, "btrfs", 300<<20, nil, "")
+	return testfs.FileSystem(t, run, "btrfs", 300<<20, nil, "")
 }
 
 func TestBtrfsSubvolumeLimit(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hostpath-csi/hostpath/internal/testfs"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 )
 
@@ -20,7 +21,7 @@ func quotaFS(t *testing.T, fstype string) string {
 	if fstype == "ext4" {
 		args = []string{"-O", "project,quota"}
 	}
-	return testutil.FileSystem(t, run, fstype, 300<<20, args, "prjquota")
+	return testfs.FileSystem(t, run, fstype, 300<<20, args, "prjquota")
 }
 
 // kernelHas reads the running kernel's configuration.
@@ -51,7 +52,7 @@ func TestProjectQuota(t *testing.T) {
 		t.Run(fstype, func(t *testing.T) {
 			testutil.RequireRoot(t)
 			if !kernelHas(t, tc.option) {
-				mnt := testutil.FileSystem(t, run, fstype, 300<<20, nil, "")
+				mnt := testfs.FileSystem(t, run, fstype, 300<<20, nil, "")
 				if err := ProjectQuotaSupported(mnt); err == nil {
 					t.Fatalf("kernel without %s, yet %s reports project quotas", tc.option, fstype)
 				}

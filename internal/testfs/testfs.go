@@ -1,4 +1,7 @@
-package testutil
+// Package testfs makes loop-mounted file systems for privileged tests and
+// undoes them in t.Cleanup.
+package testfs
+
 
 import (
 	"os"
@@ -7,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hostpath-csi/hostpath/internal/testutil"
 	"github.com/hostpath-csi/hostpath/loop"
 )
 
@@ -61,7 +65,7 @@ type Run func(name string, args ...string) error
 // example "btrfs quota enable") runs on the mount point if given.
 func FileSystem(t testing.TB, run Run, fstype string, size int64, mkfsArgs []string, options string, setup ...[]string) string {
 	t.Helper()
-	RequireRoot(t)
+	testutil.RequireRoot(t)
 	img := NewImage(t, size)
 	if err := run("mkfs."+fstype, append(append([]string{"-q"}, mkfsArgs...), img)...); err != nil {
 		t.Fatalf("mkfs.%s: %v", fstype, err)
