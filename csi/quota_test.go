@@ -61,7 +61,9 @@ func TestQuotaEnforced(t *testing.T) {
 	if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.GetVolumeId(), TargetPath: target, VolumeCapability: rwo}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.GetVolumeId(), TargetPath: target}) })
+	t.Cleanup(func() {
+		d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.GetVolumeId(), TargetPath: target})
+	})
 	if err := writeMiB(filepath.Join(target, "big"), 8); !errors.Is(err, unix.EDQUOT) {
 		t.Fatalf("writing 8 MiB into a 4 MiB volume: %v, want EDQUOT", err)
 	}

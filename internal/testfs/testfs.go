@@ -2,7 +2,6 @@
 // undoes them in t.Cleanup.
 package testfs
 
-
 import (
 	"os"
 	"path/filepath"
