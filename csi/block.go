@@ -83,11 +83,11 @@ func (d *Driver) removeBlockData(v volumeRecord) error {
 	if _, err := os.Lstat(path); os.IsNotExist(err) {
 		return nil
 	}
-	dev, ok, err := loop.Find(path)
+	devs, err := loop.FindAll(path)
 	if err != nil {
 		return err
 	}
-	if ok {
+	for _, dev := range devs {
 		if err := loop.Detach(dev); err != nil {
 			return err
 		}
@@ -120,10 +120,32 @@ func (d *Driver) attachBlock(v volumeRecord) (loop.Device, error) {
 	return loop.Attach(path, loop.Options{})
 }
 
-// blockDevice is the device number of the volume's loop device.
-func (d *Driver) blockDevice(v volumeRecord) (uint64, error) {
-	dev, err := d.attachBlock(v)
-	return dev.Rdev, err
+// blockDevices lists the loop devices bound to a volume's file: its
+// writable device and one read-only device per read-only publication.
+func (d *Driver) blockDevices(v volumeRecord) ([]loop.Device, error) {
+	return loop.FindAll(d.volumeDataPath(v))
+}
+
+// readOnlyBlockDevice binds a read-only loop device for a read-only
+// publication. A read-only bind mount of a device node would not stop
+// writes to the device, so read-only must come from the device itself.
+func (d *Driver) readOnlyBlockDevice(v volumeRecord) (loop.Device, error) {
+	return loop.Attach(d.volumeDataPath(v), loop.Options{ReadOnly: true})
+}
+
+// releaseBlockDevice detaches a read-only device that no mount uses any
+// more; the writable device stays until the volume is deleted.
+func (d *Driver) releaseBlockDevice(rdev uint64, v volumeRecord) error {
+	devs, err := d.blockDevices(v)
+	if err != nil {
+		return err
+	}
+	for _, dev := range devs {
+		if dev.Rdev == rdev && dev.ReadOnly {
+			return loop.Detach(dev)
+		}
+	}
+	return nil
 }
 
 // reattachBlockVolumes gives every block volume its loop device back after

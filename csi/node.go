@@ -31,12 +31,16 @@ func (d *Driver) nodeVolume(id string) (volumeRecord, func(), error) {
 }
 
 // mountSource is what gets bind-mounted for a volume: its directory, or
-// the device node of its loop device.
-func (d *Driver) mountSource(v volumeRecord) (string, error) {
+// the device node of its loop device (a read-only one for a read-only
+// publication).
+func (d *Driver) mountSource(v volumeRecord, readOnly bool) (string, error) {
 	if v.AccessType == accessMount {
 		return d.volumeDataPath(v), nil
 	}
 	dev, err := d.attachBlock(v)
+	if readOnly && err == nil {
+		dev, err = d.readOnlyBlockDevice(v)
+	}
 	if err != nil {
 		return "", err
 	}
@@ -110,11 +114,15 @@ func (d *Driver) bindVolume(v volumeRecord, path string, flags uintptr, dir bool
 	if err := makeTarget(path, dir); err != nil {
 		return toStatus(err, "creating %s", path)
 	}
-	src, err := d.mountSource(v)
+	src, err := d.mountSource(v, flags&unix.MS_RDONLY != 0)
 	if err != nil {
 		return toStatus(err, "finding the source of volume %s", v.ID)
 	}
 	if err := fsops.BindMount(src, path, flags); err != nil {
+		if v.AccessType == accessBlock && flags&unix.MS_RDONLY != 0 {
+			_, _, rdev, _ := fsops.Identity(src)
+			_ = d.releaseBlockDevice(rdev, v)
+		}
 		return toStatus(err, "mounting volume %s at %s", v.ID, path)
 	}
 	return nil
@@ -183,6 +191,11 @@ func (d *Driver) unbindVolume(v volumeRecord, path string, remove bool) error {
 		}
 		if err := fsops.Unmount(path); err != nil {
 			return toStatus(err, "unmounting %s", path)
+		}
+		if v.AccessType == accessBlock {
+			if err := d.releaseBlockDevice(mp.Rdev, v); err != nil {
+				return toStatus(err, "detaching the read-only device of volume %s", v.ID)
+			}
 		}
 	}
 	if remove {

@@ -194,10 +194,33 @@ func TestPublishBlockVolume(t *testing.T) {
 	if size, err := loop.Size(target); err != nil || size != 4<<20 {
 		t.Fatalf("after expansion the published device has %d bytes (%v), want %d", size, err, 4<<20)
 	}
-	if _, err := d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.GetVolumeId(), TargetPath: target}); err != nil {
+
+	// Read-only publication: the device itself refuses writes.
+	roTarget := filepath.Join(filepath.Dir(target), "ro-dev")
+	unmountAll(t, roTarget)
+	if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.GetVolumeId(), TargetPath: roTarget, VolumeCapability: blockCap(), Readonly: true}); err != nil {
 		t.Fatal(err)
 	}
 	path := filepath.Join(d.paths.volumes(), v.GetVolumeId()+".img")
+	if devs, _ := loop.FindAll(path); len(devs) != 2 {
+		t.Fatalf("want a writable and a read-only device, got %+v", devs)
+	}
+	f, err := os.OpenFile(roTarget, os.O_WRONLY, 0)
+	if err == nil {
+		_, err = f.Write(make([]byte, 512))
+		f.Close()
+	}
+	if err == nil {
+		t.Fatal("wrote through a read-only block publication")
+	}
+	for _, p := range []string{target, roTarget} {
+		if _, err := d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.GetVolumeId(), TargetPath: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if devs, _ := loop.FindAll(path); len(devs) != 1 || devs[0].ReadOnly {
+		t.Fatalf("after unpublishing, want only the writable device, got %+v", devs)
+	}
 	if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.GetVolumeId()}); err != nil {
 		t.Fatal(err)
 	}

@@ -107,11 +107,16 @@ func (d *Driver) showsVolume(path string, v volumeRecord) (bool, error) {
 		return false, err
 	}
 	if v.AccessType == accessBlock {
-		rdev, err := d.blockDevice(v)
+		devs, err := d.blockDevices(v)
 		if err != nil {
 			return false, err
 		}
-		return mp.Rdev != 0 && mp.Rdev == rdev, nil
+		for _, dev := range devs {
+			if mp.Rdev != 0 && mp.Rdev == dev.Rdev {
+				return true, nil
+			}
+		}
+		return false, nil
 	}
 	dev, ino, _, err := fsops.Identity(d.volumeDataPath(v))
 	if err != nil {

@@ -21,6 +21,8 @@ type Device struct {
 	// Rdev is the device number (major 7 by default), what a bind-mounted
 	// device node shows in st_rdev.
 	Rdev uint64
+	// ReadOnly is set for a device bound with LO_FLAGS_READ_ONLY.
+	ReadOnly bool
 }
 
 // Path is the device node, /dev/loopN.
@@ -78,6 +80,7 @@ func Attach(backing string, opts Options) (Device, error) {
 		}
 		dev, err := configure(n, int(file.Fd()), backing, flags, loFlags)
 		if err == nil {
+			dev.ReadOnly = opts.ReadOnly
 			return dev, nil
 		}
 		if !errors.Is(err, unix.EBUSY) {
@@ -148,17 +151,33 @@ func deviceOf(f *os.File, n int) (Device, error) {
 	return Device{Number: n, Rdev: st.Rdev}, nil
 }
 
-// Find returns the loop device bound to the file at backing, matched by
-// the file's device and inode (LOOP_GET_STATUS64), not by name.
+// Find returns a writable loop device bound to the file at backing,
+// matched by the file's device and inode (LOOP_GET_STATUS64), not by name.
 func Find(backing string) (Device, bool, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(backing, &st); err != nil {
-		return Device{}, false, &os.PathError{Op: "stat", Path: backing, Err: err}
-	}
-	entries, err := os.ReadDir("/sys/block")
+	devs, err := FindAll(backing)
 	if err != nil {
 		return Device{}, false, err
 	}
+	for _, d := range devs {
+		if !d.ReadOnly {
+			return d, true, nil
+		}
+	}
+	return Device{}, false, nil
+}
+
+// FindAll returns every loop device bound to the file at backing (a file
+// may be bound more than once, for example read-write and read-only).
+func FindAll(backing string) ([]Device, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(backing, &st); err != nil {
+		return nil, &os.PathError{Op: "stat", Path: backing, Err: err}
+	}
+	entries, err := os.ReadDir("/sys/block")
+	if err != nil {
+		return nil, err
+	}
+	var out []Device
 	for _, e := range entries {
 		num, ok := strings.CutPrefix(e.Name(), "loop")
 		if !ok {
@@ -175,20 +194,22 @@ func Find(backing string) (Device, bool, error) {
 			continue
 		}
 		info, err := losetup.New(uint64(n), os.O_RDONLY).GetInfo()
+		if err != nil || info.INode != st.Ino || info.Device != st.Dev {
+			continue // detached meanwhile, or another file
+		}
+		f, err := os.Open(devPath(n))
 		if err != nil {
-			continue // detached meanwhile
+			return nil, err
 		}
-		if info.INode == st.Ino && info.Device == st.Dev {
-			f, err := os.Open(devPath(n))
-			if err != nil {
-				return Device{}, false, err
-			}
-			d, err := deviceOf(f, n)
-			f.Close()
-			return d, err == nil, err
+		d, err := deviceOf(f, n)
+		f.Close()
+		if err != nil {
+			return nil, err
 		}
+		d.ReadOnly = info.Flags&unix.LO_FLAGS_READ_ONLY != 0
+		out = append(out, d)
 	}
-	return Device{}, false, nil
+	return out, nil
 }
 
 // Detach unbinds the device. If it is still open (mounted, or held by a

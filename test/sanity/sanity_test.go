@@ -61,6 +61,14 @@ func TestSanity(t *testing.T) {
 			<-done
 		}
 		logf.Close()
+		// Everything the suite created was deleted: no loop device may
+		// still be bound to a file of this state dir.
+		bound, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+		for _, bf := range bound {
+			if b, err := os.ReadFile(bf); err == nil && strings.HasPrefix(string(b), state) {
+				t.Errorf("loop device left attached after the suite: %s -> %s", bf, strings.TrimSpace(string(b)))
+			}
+		}
 		if t.Failed() {
 			if b, err := os.ReadFile(logf.Name()); err == nil {
 				t.Logf("driver log:\n%s", tail(string(b), 60))

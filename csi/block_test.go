@@ -1,0 +1,137 @@
+package csi
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+
+	"github.com/hostpath-csi/hostpath/internal/testfs"
+	"github.com/hostpath-csi/hostpath/loop"
+)
+
+func createBlock(t *testing.T, d *Driver, name string, size int64) *csi.Volume {
+	t.Helper()
+	r, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{blockCap()},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: size}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: r.GetVolume().GetVolumeId()}) })
+	return r.GetVolume()
+}
+
+// TestBlockVolumeOnFileSystems: on ext4 and XFS state dirs a block volume
+// is a fully allocated file of the exact size behind a loop device of that
+// size, restored after a "reboot" (devices detached behind the driver's
+// back), and gone without a trace after delete.
+func TestBlockVolumeOnFileSystems(t *testing.T) {
+	for _, fstype := range []string{"ext4", "xfs"} {
+		t.Run(fstype, func(t *testing.T) {
+			mnt := testfs.FileSystem(t, run, fstype, 300<<20, nil, "")
+			cfg := testConfig(t)
+			cfg.StateDir = filepath.Join(mnt, "state")
+			d := newDriver(t, cfg)
+			const size = 20<<20 + 512
+			v := createBlock(t, d, "blk-"+fstype, size)
+			path := filepath.Join(d.paths.volumes(), v.GetVolumeId()+".img")
+			var st unix.Stat_t
+			if err := unix.Stat(path, &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Size != size || st.Blocks*512 < size {
+				t.Fatalf("backing file: size %d, %d bytes allocated; want %d preallocated", st.Size, st.Blocks*512, size)
+			}
+			dev, ok, err := loop.Find(path)
+			if err != nil || !ok {
+				t.Fatalf("no loop device: %v", err)
+			}
+			if got, _ := loop.Size(dev.Path()); got != size {
+				t.Fatalf("device size %d, want %d", got, size)
+			}
+			// Write through the device, "reboot", read back.
+			data := bytes.Repeat([]byte("block!"), 1000)
+			f, err := os.OpenFile(dev.Path(), os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.WriteAt(data, 1<<20)
+			f.Sync()
+			f.Close()
+			if err := loop.Detach(dev); err != nil {
+				t.Fatal(err)
+			}
+			d2 := newDriver(t, cfg)
+			dev2, ok, err := loop.Find(path)
+			if err != nil || !ok {
+				t.Fatalf("restart did not re-attach the block volume: %v", err)
+			}
+			got := make([]byte, len(data))
+			f, _ = os.Open(dev2.Path())
+			f.ReadAt(got, 1<<20)
+			f.Close()
+			if !bytes.Equal(got, data) {
+				t.Fatal("data differs after re-attach")
+			}
+			if _, err := d2.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.GetVolumeId()}); err != nil {
+				t.Fatal(err)
+			}
+			if devs, _ := filepath.Glob("/sys/block/loop*/loop/backing_file"); len(devs) > 0 {
+				for _, bf := range devs {
+					if b, _ := os.ReadFile(bf); bytes.HasPrefix(b, []byte(d.paths.root)) {
+						t.Fatalf("loop device %s still bound to %s", bf, b)
+					}
+				}
+			}
+			if _, err := os.Stat(path); !os.IsNotExist(err) {
+				t.Fatal("backing file left")
+			}
+		})
+	}
+}
+
+// TestBlockSnapshotRestore: a block snapshot holds only the allocated
+// extents of a sparse volume, and a restore into a larger volume keeps the
+// larger size, on the file and on the device.
+func TestBlockSnapshotRestore(t *testing.T) {
+	d := newDriver(t, testConfig(t))
+	v := createBlock(t, d, "blk-src", 64<<20)
+	dev, _, _ := loop.Find(filepath.Join(d.paths.volumes(), v.GetVolumeId()+".img"))
+	f, _ := os.OpenFile(dev.Path(), os.O_WRONLY, 0)
+	f.WriteAt(bytes.Repeat([]byte{7}, 1<<20), 8<<20)
+	f.Sync()
+	f.Close()
+	snap, err := d.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "blk-snap", SourceVolumeId: v.GetVolumeId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshot().GetSnapshotId()}) })
+	if s := snap.GetSnapshot().GetSizeBytes(); s > 64<<20 {
+		t.Fatalf("snapshot reports %d bytes", s)
+	}
+	r, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "blk-restore", VolumeCapabilities: []*csi.VolumeCapability{blockCap()},
+		CapacityRange:       &csi.CapacityRange{RequiredBytes: 96 << 20},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snap.GetSnapshot().GetSnapshotId()}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv := r.GetVolume()
+	t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: rv.GetVolumeId()}) })
+	rdev, ok, _ := loop.Find(filepath.Join(d.paths.volumes(), rv.GetVolumeId()+".img"))
+	if !ok {
+		t.Fatal("restored volume has no device")
+	}
+	if size, _ := loop.Size(rdev.Path()); size != 96<<20 {
+		t.Fatalf("restored device has %d bytes, want %d", size, 96<<20)
+	}
+	got := make([]byte, 1<<20)
+	f, _ = os.Open(rdev.Path())
+	f.ReadAt(got, 8<<20)
+	f.Close()
+	if !bytes.Equal(got, bytes.Repeat([]byte{7}, 1<<20)) {
+		t.Fatal("restored data differs")
+	}
+}
