@@ -108,7 +108,9 @@ func TestBlockSnapshotRestore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshot().GetSnapshotId()}) })
+	t.Cleanup(func() {
+		d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshot().GetSnapshotId()})
+	})
 	if s := snap.GetSnapshot().GetSizeBytes(); s > 64<<20 {
 		t.Fatalf("snapshot reports %d bytes", s)
 	}
