@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -44,8 +45,8 @@ func TestRoundTrip(t *testing.T) {
 	if ws != rs {
 		t.Fatalf("wrote %+v, extracted %+v", ws, rs)
 	}
-	if b, _ := os.ReadFile(filepath.Join(dst, "a", filepath.Base(long))); string(b) != "long name" {
-		t.Fatal("long name lost")
+	if b, err := os.ReadFile(filepath.Join(dst, "a", filepath.Base(long))); string(b) != "long name" {
+		t.Fatalf("long name lost: %q %v", b, err)
 	}
 	var st unix.Stat_t
 	unix.Stat(filepath.Join(dst, "sparse"), &st)
@@ -183,4 +184,51 @@ func FuzzExtract(f *testing.F) {
 			t.Fatalf("wrote outside dst: %v", entries)
 		}
 	})
+}
+
+// TestSparseIsRecorded: holes are recorded in the archive (GNU sparse 1.0),
+// not stored as compressed zeros, and GNU tar restores the file exactly.
+func TestSparseIsRecorded(t *testing.T) {
+	base := t.TempDir()
+	src := filepath.Join(base, "src")
+	os.Mkdir(src, 0o755)
+	f, _ := os.Create(filepath.Join(src, "disk.img"))
+	data := bytes.Repeat([]byte("0123456789abcdef"), 4096)
+	f.WriteAt(data, 1<<20)
+	f.WriteAt(data, 1<<30) // 1 GiB apparent size
+	f.Close()
+	var buf bytes.Buffer
+	if _, err := Write(ctx, src, &buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	if buf.Len() > 64<<10 {
+		t.Fatalf("archive of a 1 GiB file with 128 KiB of data is %d bytes: holes were stored", buf.Len())
+	}
+	archivePath := filepath.Join(base, "a.tgz")
+	os.WriteFile(archivePath, buf.Bytes(), 0o600)
+	gnu := filepath.Join(base, "gnu")
+	os.Mkdir(gnu, 0o755)
+	if out, err := exec.Command("tar", "xzf", archivePath, "-C", gnu).CombinedOutput(); err != nil {
+		t.Fatalf("GNU tar cannot read our archive: %v %s", err, out)
+	}
+	ours := filepath.Join(base, "ours")
+	os.Mkdir(ours, 0o755)
+	if _, err := Extract(ctx, bytes.NewReader(buf.Bytes()), ours); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{gnu, ours} {
+		var st unix.Stat_t
+		p := filepath.Join(dir, "disk.img")
+		unix.Stat(p, &st)
+		if st.Size != 1<<30+int64(len(data)) || st.Blocks*512 > 4<<20 {
+			t.Fatalf("%s: size %d, %d bytes allocated", p, st.Size, st.Blocks*512)
+		}
+		got := make([]byte, len(data))
+		g, _ := os.Open(p)
+		g.ReadAt(got, 1<<30)
+		g.Close()
+		if !bytes.Equal(got, data) {
+			t.Fatalf("%s: data at 1 GiB differs", p)
+		}
+	}
 }

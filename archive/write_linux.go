@@ -44,7 +44,7 @@ func Write(ctx context.Context, dir string, w io.Writer, level int) (Stats, erro
 		gz.Close()
 		return Stats{}, &os.PathError{Op: "open", Path: dir, Err: err}
 	}
-	aw := &writer{ctx: ctx, tw: tar.NewWriter(gz), links: map[[2]uint64]string{}, buf: make([]byte, 1<<20)}
+	aw := &writer{ctx: ctx, raw: gz, tw: tar.NewWriter(gz), links: map[[2]uint64]string{}, buf: make([]byte, 1<<20)}
 	err = aw.root(fd)
 	if err == nil {
 		err = aw.tw.Close()
@@ -57,6 +57,7 @@ func Write(ctx context.Context, dir string, w io.Writer, level int) (Stats, erro
 
 type writer struct {
 	ctx   context.Context
+	raw   io.Writer // the stream under tw, for entries tw cannot write
 	tw    *tar.Writer
 	stats Stats
 	links map[[2]uint64]string
@@ -196,12 +197,21 @@ func (a *writer) file(dirfd int, name, p string, st *unix.Stat_t) error {
 	}
 	h := header(p, tar.TypeReg, &st2, x)
 	h.Size = st2.Size
+	if exts, ok := dataExtents(fd, h.Size); ok {
+		if err := a.writeSparse(f, h, exts); err != nil {
+			return fmt.Errorf("archiving %s: %w", p, err)
+		}
+		a.stats.Files++
+		a.stats.Bytes += h.Size
+		return nil
+	}
 	if err := a.tw.WriteHeader(h); err != nil {
 		return err
 	}
 	// The file may shrink while we read it; the header promised Size
 	// bytes, so pad with zeros rather than write a broken archive.
-	n, err := io.CopyBuffer(a.tw, io.LimitReader(f, h.Size), a.buf)
+	// pread from offset 0: dataExtents moved the file offset.
+	n, err := io.CopyBuffer(a.tw, io.NewSectionReader(f, 0, h.Size), a.buf)
 	if err != nil {
 		return fmt.Errorf("archiving %s: %w", p, err)
 	}
