@@ -10,7 +10,7 @@ NODE_ID   ?= $(shell hostname)
 
 export CGO_ENABLED = 0
 
-.PHONY: all build run demo test test-unit test-sanity bench lint deps clean
+.PHONY: all build run demo test test-unit test-sanity bench bench-smoke lint deps clean
 
 all: build
 
@@ -35,7 +35,7 @@ demo: build
 
 # Every test: unit tests with the race detector, then csi-sanity against
 # the real binary for mount and block volumes.
-test: test-unit test-sanity
+test: test-unit test-sanity bench-smoke
 
 test-unit:
 	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./csi/... ./cmd/...
@@ -44,8 +44,19 @@ test-sanity:
 	$(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-mount.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
 	SANITY_ACCESS_TYPE=block $(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-block.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
 
+# Full benchmarks: every case run BENCH_ROUNDS times alternating ours and
+# theirs on BENCH_SIZE MiB data sets; prints the ratio table and writes
+# bench/results/{bench.txt,summary.md,ratios.svg}.
+BENCH_SIZE   ?= 256
+BENCH_ROUNDS ?= 3
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime=3x ./bench/
+	$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 120m ./bench/ -args -bench.size=$(BENCH_SIZE) -bench.rounds=$(BENCH_ROUNDS) | tee /tmp/hostpath-bench.txt
+	$(GO) run ./bench/cmd/benchreport -out bench/results < /tmp/hostpath-bench.txt
+
+# Each benchmark once on tiny data, so the suite never rots.
+bench-smoke:
+	$(GO) test -run '^$$' -bench . -benchtime=1x ./bench/ -args -bench.size=2 | tee /tmp/hostpath-bench-smoke.txt | grep -E '^(ok|FAIL|PASS)'
+	$(GO) run ./bench/cmd/benchreport -out /tmp/hostpath-bench-smoke < /tmp/hostpath-bench-smoke.txt > /dev/null
 
 lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
@@ -54,8 +65,8 @@ lint:
 
 # Tools the tests use to prepare their world (the driver needs none).
 deps:
-	command -v mkfs.xfs >/dev/null && command -v mkfs.btrfs >/dev/null || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xfsprogs btrfs-progs e2fsprogs tar coreutils attr >/dev/null)
+	command -v mkfs.xfs >/dev/null && command -v mkfs.btrfs >/dev/null && command -v pigz >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xfsprogs btrfs-progs e2fsprogs tar coreutils attr pigz util-linux >/dev/null)
 
 clean:
 	rm -rf bin

@@ -1,0 +1,152 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hostpath-csi/hostpath/loop"
+)
+
+// benchFS is a file system the suite runs on: the machine's own (ext4
+// here) and loop-mounted XFS (reflink=1) and btrfs images it makes and
+// removes.
+type benchFS struct {
+	name    string
+	reflink bool
+	dir     string
+}
+
+var (
+	fsOnce  sync.Once
+	fsList  []*benchFS
+	fsErr   error
+	cleanup []func()
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	for i := len(cleanup) - 1; i >= 0; i-- {
+		cleanup[i]()
+	}
+	os.Exit(code)
+}
+
+func fileSystems(b *testing.B) []*benchFS {
+	fsOnce.Do(func() { fsList, fsErr = makeFileSystems() })
+	if fsErr != nil {
+		b.Fatal(fsErr)
+	}
+	return fsList
+}
+
+func makeFileSystems() ([]*benchFS, error) {
+	root, err := os.MkdirTemp("", "hostpath-bench-")
+	if err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, func() { os.RemoveAll(root) })
+	out := []*benchFS{{name: "ext4", dir: filepath.Join(root, "ext4")}}
+	if err := os.Mkdir(out[0].dir, 0o755); err != nil {
+		return nil, err
+	}
+	var st unix.Statfs_t
+	unix.Statfs(root, &st)
+	if st.Type != unix.EXT4_SUPER_MAGIC {
+		out[0].name = fmt.Sprintf("rootfs(0x%x)", st.Type)
+	}
+	imgSize := int64(*sizeMiB)*12<<20 + 1<<30
+	for _, fs := range []struct {
+		name string
+		mkfs []string
+	}{
+		{"xfs", []string{"mkfs.xfs", "-q", "-m", "reflink=1"}},
+		{"btrfs", []string{"mkfs.btrfs", "-q"}},
+	} {
+		img := filepath.Join(root, fs.name+".img")
+		if err := os.WriteFile(img, nil, 0o600); err != nil {
+			return nil, err
+		}
+		if err := os.Truncate(img, imgSize); err != nil {
+			return nil, err
+		}
+		if out, err := exec.Command(fs.mkfs[0], append(fs.mkfs[1:], img)...).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("%v: %v %s", fs.mkfs, err, out)
+		}
+		dev, err := loop.Attach(img, loop.Options{})
+		if err != nil {
+			return nil, err
+		}
+		cleanup = append(cleanup, func() { loop.Detach(dev) })
+		mnt := filepath.Join(root, fs.name)
+		os.Mkdir(mnt, 0o755)
+		if err := unix.Mount(dev.Path(), mnt, fs.name, 0, ""); err != nil {
+			return nil, fmt.Errorf("mount %s: %v", fs.name, err)
+		}
+		cleanup = append(cleanup, func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+		out = append(out, &benchFS{name: fs.name, reflink: true, dir: mnt})
+	}
+	return out, nil
+}
+
+// source returns the data set on fs, generating it once.
+var sources sync.Map
+
+func source(b *testing.B, fs *benchFS, ds dataSet) (string, int64) {
+	key := fs.name + "/" + ds.name
+	if v, ok := sources.Load(key); ok {
+		s := v.(srcInfo)
+		return s.dir, s.size
+	}
+	dir := filepath.Join(fs.dir, "src-"+ds.name)
+	b.StopTimer()
+	size := generate(b, ds, dir, int64(*sizeMiB)<<20)
+	syncFS(dir)
+	b.StartTimer()
+	sources.Store(key, srcInfo{dir, size})
+	return dir, size
+}
+
+type srcInfo struct {
+	dir  string
+	size int64
+}
+
+// outDir is a fresh directory for one run's output. Outputs are removed
+// when the benchmark ends, not between runs: on this machine's
+// journal-less ext4, file creation slows for minutes after mass deletes,
+// and that is not what is being measured.
+var outSeq int
+
+func outDir(b *testing.B, fs *benchFS, what string) string {
+	outSeq++
+	d := filepath.Join(fs.dir, fmt.Sprintf("out-%s-%d", what, outSeq))
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+func syncFS(dir string) {
+	if f, err := os.Open(dir); err == nil {
+		unix.Syncfs(int(f.Fd()))
+		f.Close()
+	}
+}
+
+func run(b *testing.B, name string, args ...string) {
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		b.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	}
+}
+
+func have(tool string) bool {
+	_, err := exec.LookPath(tool)
+	return err == nil
+}
