@@ -26,7 +26,7 @@ type result struct {
 	metrics             map[string]float64
 }
 
-var lineRE = regexp.MustCompile(`^(Benchmark\w+)/(.+)/([^/#]+?)(#\d+)?(-\d+)?\s+\d+\s+(.*)$`)
+var lineRE = regexp.MustCompile(`^(Benchmark\w+)/(\S+)/([^/#\s]+?)(#\d+)?(-\d+)?\s+\d+\s+(.*)$`)
 
 func parse(r io.Reader) []result {
 	var out []result

@@ -1,0 +1,33 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestRows(t *testing.T) {
+	in := `goos: linux
+BenchmarkSnapshot/ext4/small/ours-2      	       1	  30000000 ns/op	  70.00 MB/s	    1050 archive-bytes	         4.9 peakRSS-MiB
+BenchmarkSnapshot/ext4/small/tar-czf-2   	       1	 300000000 ns/op	   7.00 MB/s	    1000 archive-bytes
+BenchmarkSnapshot/ext4/small/ours#01-2   	       1	  10000000 ns/op	  210.00 MB/s	    1050 archive-bytes	         5.1 peakRSS-MiB
+BenchmarkSnapshot/ext4/small/tar-czf#01-2	       1	 100000000 ns/op	   21.00 MB/s	    1000 archive-bytes
+BenchmarkSnapshot/ext4/small/ours#02-2   	       1	  20000000 ns/op	  105.00 MB/s	    1050 archive-bytes	         5.0 peakRSS-MiB
+BenchmarkSnapshot/ext4/small/tar-czf#02-2	       1	 200000000 ns/op	   10.50 MB/s	    1000 archive-bytes
+BenchmarkSnapshot/xfs/large/ours-reflink-2	       1	  1000000 ns/op	  1000.00 MB/s
+BenchmarkSnapshot/xfs/large/tar-czf-2    	       1	 100000000 ns/op	   10.00 MB/s
+PASS`
+	rs := rows(parse(strings.NewReader(in)))
+	if len(rs) != 2 {
+		t.Fatalf("got %d rows: %+v", len(rs), rs)
+	}
+	r := rs[0]
+	if r.cse != "ext4/small" || r.theirs != "tar-czf" || r.runs != 3 || r.ratio != 10 || r.peakRSS != 5.0 || r.sizeRatio != 1.05 {
+		t.Fatalf("row %+v", r)
+	}
+	if rs[1].ours != "ours-reflink" || rs[1].ratio != 100 {
+		t.Fatalf("row %+v", rs[1])
+	}
+	if !strings.Contains(markdown(rs), "**10.00x**") || !strings.Contains(svg(rs), "<svg") {
+		t.Fatal("output")
+	}
+}
