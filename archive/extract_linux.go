@@ -55,6 +55,11 @@ func Extract(ctx context.Context, r io.Reader, dir string) (Stats, error) {
 			return x.stats, err
 		}
 	}
+	// Read to the end of the gzip member: only there is its CRC checked,
+	// and a flipped bit in file data is caught by nothing else.
+	if _, err := io.Copy(io.Discard, gz); err != nil {
+		return x.stats, formatErr(err)
+	}
 	x.closeParent()
 	for i := len(x.dirs) - 1; i >= 0; i-- {
 		if err := fsops.ApplyMeta(root, x.dirs[i].rel, x.dirs[i].meta, false); err != nil {

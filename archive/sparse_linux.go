@@ -131,7 +131,6 @@ func (a *writer) writeSparse(f *os.File, h *tar.Header, exts []extent) error {
 		"GNU.sparse.realsize": strconv.FormatInt(h.Size, 10),
 		"size":                strconv.FormatInt(stored, 10),
 		"mtime":               fmt.Sprintf("%d.%09d", h.ModTime.Unix(), h.ModTime.Nanosecond()),
-		"atime":               fmt.Sprintf("%d.%09d", h.AccessTime.Unix(), h.AccessTime.Nanosecond()),
 		"uid":                 strconv.Itoa(h.Uid),
 		"gid":                 strconv.Itoa(h.Gid),
 	}

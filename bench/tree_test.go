@@ -80,7 +80,7 @@ func BenchmarkSnapshot(b *testing.B) {
 						b.Fatal(err)
 					}
 					defer f.Close()
-					if _, err := archive.Write(context.Background(), src, f, archive.DefaultLevel); err != nil {
+					if _, err := archive.Write(context.Background(), src, f, archive.Options{}); err != nil {
 						b.Fatal(err)
 					}
 					reportSize(b, f.Name())
@@ -123,7 +123,7 @@ func BenchmarkRestore(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if _, err := archive.Write(context.Background(), src, f, archive.DefaultLevel); err != nil {
+				if _, err := archive.Write(context.Background(), src, f, archive.Options{}); err != nil {
 					b.Fatal(err)
 				}
 				f.Close()

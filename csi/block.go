@@ -12,8 +12,6 @@ import (
 	"github.com/hostpath-csi/hostpath/loop"
 )
 
-const formatImage = "img"
-
 // createBlockData makes a block volume: a preallocated backing file (or a
 // copy of its source's) bound to a loop device. A failure at any step
 // leaves neither file nor device; removeBlockData is the undo.

@@ -20,7 +20,58 @@ import (
 	"github.com/hostpath-csi/hostpath/fsops"
 )
 
-const formatTarGz = "tar.gz"
+// Snapshot formats.
+const (
+	formatTarGz   = "tar.gz"  // portable archive of a directory volume
+	formatReflink = "reflink" // reflinked copy of a directory volume
+	formatImage   = "img"     // extent or reflink copy of a block volume's file
+)
+
+// Snapshot parameters (VolumeSnapshotClass).
+const (
+	paramFormat      = "format"      // auto (default), tar.gz or reflink
+	paramCompression = "compression" // fast (default) or compact, for tar.gz
+)
+
+// snapshotOptions reads and checks the parameters of CreateSnapshot.
+func (d *Driver) snapshotOptions(params map[string]string, access string) (format string, compact bool, err error) {
+	format = formatTarGz
+	if d.reflink {
+		format = formatReflink
+	}
+	for k, v := range params {
+		switch {
+		case k == paramFormat:
+			switch v {
+			case "", "auto":
+			case formatTarGz:
+				format = formatTarGz
+			case formatReflink:
+				if !d.reflink {
+					return "", false, invalid("parameter %s=%s: the state dir's file system cannot share blocks (XFS with reflink=1 or btrfs can); use %s", k, v, formatTarGz)
+				}
+				format = formatReflink
+			default:
+				return "", false, invalid("parameter %s=%q: want auto, %s or %s", k, v, formatTarGz, formatReflink)
+			}
+		case k == paramCompression:
+			switch v {
+			case "", "fast":
+			case "compact":
+				compact = true
+			default:
+				return "", false, invalid("parameter %s=%q: want fast or compact", k, v)
+			}
+		case strings.HasPrefix(k, coParamPrefix):
+		default:
+			return "", false, invalid("unknown snapshot parameter %q; this driver accepts %q and %q", k, paramFormat, paramCompression)
+		}
+	}
+	if access == accessBlock {
+		format = formatImage
+	}
+	return format, compact, nil
+}
 
 // CreateSnapshot archives a volume. The archive is written under a
 // temporary name, fsynced and checksummed, and only then renamed into place
@@ -35,10 +86,8 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if err := checkID("source_volume_id", srcID); err != nil {
 		return nil, err
 	}
-	for k := range req.GetParameters() {
-		if !strings.HasPrefix(k, coParamPrefix) {
-			return nil, invalid("unknown snapshot parameter %q", k)
-		}
+	if _, _, err := d.snapshotOptions(req.GetParameters(), accessMount); err != nil {
+		return nil, err
 	}
 	unlock, err := d.locks.lock(fmt.Sprintf("snapshot %q or its source volume", name), snapNameKey(name), volIDKey(srcID))
 	if err != nil {
@@ -55,12 +104,10 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if !validVolumeID(srcID) || !ok || v.Phase != phaseReady {
 		return nil, status.Errorf(codes.NotFound, "source volume %q does not exist", srcID)
 	}
+	format, compact, _ := d.snapshotOptions(req.GetParameters(), v.AccessType)
 	s := snapshotRecord{
 		ID: newID(snapshotIDPrefix), Name: name, SourceVolume: srcID, AccessType: v.AccessType,
-		Phase: phaseCreating, CreatedAt: time.Now().UTC(), VolumeBytes: v.CapacityBytes, Format: formatTarGz,
-	}
-	if v.AccessType == accessBlock {
-		s.Format = formatImage
+		Phase: phaseCreating, CreatedAt: time.Now().UTC(), VolumeBytes: v.CapacityBytes, Format: format,
 	}
 	if err := d.st.reserveSnapshot(s); err != nil {
 		return nil, err
@@ -69,7 +116,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 		_ = d.st.dropSnapshot(s.ID)
 		return nil, toStatus(err, "recording snapshot %s", s.ID)
 	}
-	size, sum, err := d.writeSnapshot(ctx, v, s)
+	size, sum, err := d.writeSnapshot(ctx, v, s, compact)
 	if err != nil {
 		if rmErr := d.removeSnapshotData(s); rmErr != nil {
 			klog.ErrorS(rmErr, "cleaning up after failed snapshot", "snapshot_id", s.ID)
@@ -79,17 +126,26 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 		return nil, toStatus(err, "snapshotting volume %s", srcID)
 	}
 	s.Phase, s.SizeBytes, s.SHA256 = phaseReady, size, sum
+	if s.AccessType == accessBlock {
+		// A block restore needs the whole device, whatever is allocated.
+		s.SizeBytes = s.VolumeBytes
+	}
 	if err := d.st.putSnapshot(s); err != nil {
 		return nil, toStatus(err, "recording snapshot %s", s.ID)
 	}
 	return &csi.CreateSnapshotResponse{Snapshot: d.csiSnapshot(s)}, nil
 }
 
-// writeSnapshot archives the volume to a temporary file and renames it
-// into place once it is on disk. It returns the size and sha256.
-func (d *Driver) writeSnapshot(ctx context.Context, v volumeRecord, s snapshotRecord) (int64, string, error) {
-	if v.AccessType == accessBlock {
+// writeSnapshot writes the snapshot under a temporary name and renames it
+// into place once it is on disk. It returns the bytes of data the
+// snapshot holds (what a restore needs room for) and, for archives, the
+// archive's sha256.
+func (d *Driver) writeSnapshot(ctx context.Context, v volumeRecord, s snapshotRecord, compact bool) (int64, string, error) {
+	switch s.Format {
+	case formatImage:
 		return d.writeBlockSnapshot(ctx, v, s)
+	case formatReflink:
+		return d.writeReflinkSnapshot(ctx, v, s)
 	}
 	tmp := d.snapshotTempPath(s)
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
@@ -98,8 +154,8 @@ func (d *Driver) writeSnapshot(ctx context.Context, v volumeRecord, s snapshotRe
 	}
 	defer f.Close()
 	h := sha256.New()
-	cw := &countWriter{w: io.MultiWriter(f, h)}
-	if _, err := archive.Write(ctx, d.volumeDataPath(v), cw, archive.DefaultLevel); err != nil {
+	st, err := archive.Write(ctx, d.volumeDataPath(v), io.MultiWriter(f, h), archive.Options{Compact: compact})
+	if err != nil {
 		return 0, "", err
 	}
 	if err := f.Sync(); err != nil {
@@ -114,18 +170,31 @@ func (d *Driver) writeSnapshot(ctx context.Context, v volumeRecord, s snapshotRe
 	if err := fsops.SyncDir(d.paths.snapshots()); err != nil {
 		return 0, "", err
 	}
-	return cw.n, hex.EncodeToString(h.Sum(nil)), nil
+	return st.DataBytes, hex.EncodeToString(h.Sum(nil)), nil
 }
 
-type countWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countWriter) Write(b []byte) (int, error) {
-	n, err := c.w.Write(b)
-	c.n += int64(n)
-	return n, err
+// writeReflinkSnapshot makes the snapshot a reflinked copy of the volume:
+// blocks are shared, so it costs metadata only, and the copy is made
+// durable with one syncfs(2) before it is renamed into place.
+func (d *Driver) writeReflinkSnapshot(ctx context.Context, v volumeRecord, s snapshotRecord) (int64, string, error) {
+	tmp := d.snapshotTempPath(s)
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return 0, "", err
+	}
+	if _, err := fsops.CopyTree(ctx, d.volumeDataPath(v), tmp); err != nil {
+		return 0, "", err
+	}
+	u, err := fsops.TreeUsage(tmp)
+	if err != nil {
+		return 0, "", err
+	}
+	if err := fsops.SyncFS(tmp); err != nil {
+		return 0, "", err
+	}
+	if err := os.Rename(tmp, d.snapshotDataPath(s)); err != nil {
+		return 0, "", err
+	}
+	return u.Bytes, "", fsops.SyncDir(d.paths.snapshots())
 }
 
 // restoreSnapshot fills dir from a snapshot and checks the archive's
@@ -134,6 +203,10 @@ func (d *Driver) restoreSnapshot(ctx context.Context, snapID, dir string) error 
 	s, ok := d.st.getSnapshot(snapID)
 	if !ok {
 		return status.Errorf(codes.NotFound, "snapshot %s disappeared", snapID)
+	}
+	if s.Format == formatReflink {
+		_, err := fsops.CopyTree(ctx, d.snapshotDataPath(s), dir)
+		return err
 	}
 	f, err := os.Open(d.snapshotDataPath(s))
 	if err != nil {

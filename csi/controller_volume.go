@@ -76,7 +76,8 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		if s.AccessType != access {
 			return nil, invalid("source snapshot %s is of a %s volume; it cannot restore a %s volume", s.ID, s.AccessType, access)
 		}
-		floor, rec.SourceSnapshot = s.VolumeBytes, s.ID
+		// A restore needs room for what the snapshot holds.
+		floor, rec.SourceSnapshot = s.SizeBytes, s.ID
 	case srcVol != nil:
 		v, ok := d.st.getVolume(srcVol.GetVolumeId())
 		if !validVolumeID(srcVol.GetVolumeId()) || !ok || v.Phase != phaseReady {

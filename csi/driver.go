@@ -50,6 +50,8 @@ type Driver struct {
 	st    *store
 	locks *keyLocks
 	quota quotaMode
+	// reflink: files in the state dir can share blocks (FICLONE works).
+	reflink bool
 	ready atomic.Bool
 }
 
@@ -85,6 +87,8 @@ func New(cfg Config) (*Driver, error) {
 		return nil, err
 	}
 	d.quota = detectQuota(d.paths.volumes())
+	d.reflink = fsops.ReflinkSupported(d.paths.tmp())
+	klog.InfoS("snapshots of directory volumes", "defaultFormat", map[bool]string{true: formatReflink, false: formatTarGz}[d.reflink])
 	if d.st, err = newStore(d.paths.meta()); err != nil {
 		return nil, fmt.Errorf("state dir %s: %w", root, err)
 	}

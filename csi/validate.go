@@ -135,7 +135,12 @@ func (d *Driver) resolveSize(cr *csi.CapacityRange, access string, floor int64) 
 	}
 	size := req
 	if size == 0 {
-		size = max(floor, defaultVolumeSize)
+		// No size asked: a clone or restore takes its source's, a new
+		// volume the default, within the limit.
+		size = defaultVolumeSize
+		if floor > 0 {
+			size = floor
+		}
 		if lim > 0 && size > lim {
 			size = lim
 		}

@@ -127,8 +127,11 @@ func (d *Driver) showsVolume(path string, v volumeRecord) (bool, error) {
 
 // snapshotDataPath is where a ready snapshot's data lives.
 func (d *Driver) snapshotDataPath(s snapshotRecord) string {
-	if s.Format == formatImage {
+	switch s.Format {
+	case formatImage:
 		return filepath.Join(d.paths.snapshots(), s.ID+".img")
+	case formatReflink:
+		return filepath.Join(d.paths.snapshots(), s.ID)
 	}
 	return d.paths.snapshotFile(s.ID)
 }

@@ -114,3 +114,25 @@ func copyExtents(dst, src int, size int64) error {
 	}
 	return nil
 }
+
+// ReflinkSupported reports whether files in dir can share blocks
+// (FICLONE works there: XFS with reflink=1, btrfs). It makes and removes
+// two small files to find out.
+func ReflinkSupported(dir string) bool {
+	a, err := os.CreateTemp(dir, ".reflink-probe-")
+	if err != nil {
+		return false
+	}
+	defer os.Remove(a.Name())
+	defer a.Close()
+	if _, err := a.Write(make([]byte, 4096)); err != nil {
+		return false
+	}
+	b, err := os.CreateTemp(dir, ".reflink-probe-")
+	if err != nil {
+		return false
+	}
+	defer os.Remove(b.Name())
+	defer b.Close()
+	return unix.IoctlFileClone(int(b.Fd()), int(a.Fd())) == nil
+}
