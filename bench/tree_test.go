@@ -243,4 +243,3 @@ func statusKiB(field string) float64 {
 	}
 	return -1
 }
-

@@ -52,7 +52,7 @@ type Driver struct {
 	quota quotaMode
 	// reflink: files in the state dir can share blocks (FICLONE works).
 	reflink bool
-	ready atomic.Bool
+	ready   atomic.Bool
 }
 
 // layout names the driver's directories under the state dir. Every path the

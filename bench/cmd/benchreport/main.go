@@ -167,7 +167,6 @@ func svg(rs []row) string {
 	return b.String()
 }
 
-
 func main() {
 	out := flag.String("out", "bench/results", "directory for summary.md and ratios.svg")
 	flag.Parse()
