@@ -23,6 +23,10 @@ func TestRoundTrip(t *testing.T) {
 	os.MkdirAll(filepath.Join(src, "a", "b"), 0o755)
 	long := filepath.Join(src, "a", string(bytes.Repeat([]byte("n"), 200)))
 	os.WriteFile(long, []byte("long name"), 0o600)
+	os.Chown(long, 1234, 4321)
+	unix.Chmod(long, 0o2751)
+	ft := unix.NsecToTimespec(1_600_000_000_000_000_007)
+	unix.UtimesNanoAt(unix.AT_FDCWD, long, []unix.Timespec{ft, ft}, 0)
 	f, _ := os.Create(filepath.Join(src, "sparse"))
 	f.WriteAt([]byte("start"), 0)
 	f.WriteAt([]byte("end"), 32<<20)
@@ -54,6 +58,10 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatalf("long name lost: %q %v", b, err)
 	}
 	var st unix.Stat_t
+	unix.Stat(filepath.Join(dst, "a", filepath.Base(long)), &st)
+	if st.Uid != 1234 || st.Gid != 4321 || st.Mode&0o7777 != 0o2751 || st.Mtim != ft {
+		t.Fatalf("small file metadata: uid %d gid %d mode %o mtime %v", st.Uid, st.Gid, st.Mode&0o7777, st.Mtim)
+	}
 	unix.Stat(filepath.Join(dst, "sparse"), &st)
 	if st.Size != 32<<20+3 || st.Blocks*512 > 1<<20 {
 		t.Fatalf("sparse file: size %d, %d bytes allocated", st.Size, st.Blocks*512)

@@ -37,30 +37,21 @@ func Extract(ctx context.Context, r io.Reader, dir string) (Stats, error) {
 		return Stats{}, &os.PathError{Op: "open", Path: dir, Err: err}
 	}
 	defer unix.Close(root)
-	x := &extractor{root: root, parentFD: -1, buf: make([]byte, 1<<20)}
-	defer x.closeParent()
-	tr := tar.NewReader(gz)
-	for {
-		if err := ctx.Err(); err != nil {
-			return x.stats, err
-		}
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return x.stats, formatErr(err)
-		}
-		if err := x.entry(h, tr); err != nil {
-			return x.stats, err
-		}
+	x := newExtractor(root)
+	err = x.run(ctx, tar.NewReader(gz))
+	x.closeParent()
+	x.jobs.close()
+	if err == nil {
+		err = x.jobs.err()
+	}
+	if err != nil {
+		return x.stats, err
 	}
 	// Read to the end of the gzip member: only there is its CRC checked,
 	// and a flipped bit in file data is caught by nothing else.
 	if _, err := io.Copy(io.Discard, gz); err != nil {
 		return x.stats, formatErr(err)
 	}
-	x.closeParent()
 	for i := len(x.dirs) - 1; i >= 0; i-- {
 		if err := fsops.ApplyMeta(root, x.dirs[i].rel, x.dirs[i].meta, false); err != nil {
 			return x.stats, err
@@ -89,16 +80,43 @@ type extractor struct {
 	stats Stats
 	dirs  []dirMeta
 	buf   []byte
+	jobs  *filePool
 	// The parent directory of the last entry stays open: archives list a
 	// directory's files together, so most entries reuse it.
 	parentRel string
+	parentRef *dirRef
 	parentFD  int
 }
 
+func newExtractor(root int) *extractor {
+	return &extractor{root: root, parentFD: -1, buf: make([]byte, 1<<20), jobs: newFilePool()}
+}
+
+func (x *extractor) run(ctx context.Context, tr *tar.Reader) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := x.jobs.err(); err != nil {
+			return err
+		}
+		h, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return formatErr(err)
+		}
+		if err := x.entry(h, tr); err != nil {
+			return err
+		}
+	}
+}
+
 func (x *extractor) closeParent() {
-	if x.parentFD >= 0 {
-		unix.Close(x.parentFD)
-		x.parentFD = -1
+	if x.parentRef != nil {
+		x.parentRef.release()
+		x.parentRef, x.parentFD = nil, -1
 	}
 }
 
@@ -131,6 +149,7 @@ func (x *extractor) parent(rel string) (int, string, error) {
 	if err != nil {
 		return -1, "", err
 	}
+	x.parentRef = newDirRef(fd)
 	x.parentFD, x.parentRel = fd, dir
 	return fd, base, nil
 }
@@ -207,6 +226,8 @@ func (x *extractor) entry(h *tar.Header, r io.Reader) error {
 		x.stats.Symlinks++
 		return fsops.ApplyMeta(pfd, base, meta, true)
 	case tar.TypeLink:
+		// The target may still be being written by a worker.
+		x.jobs.wait()
 		target, err := cleanName(h.Linkname)
 		if err != nil {
 			return err
@@ -254,22 +275,61 @@ func (x *extractor) replace(pfd int, base string) error {
 	return nil
 }
 
+// smallFile is the size up to which a file is read into memory and
+// written by a worker, so file creation (the cost of restoring many small
+// files) runs on every core while the stream is decompressed.
+const smallFile = 1 << 20
+
 func (x *extractor) file(pfd int, base, rel string, h *tar.Header, r io.Reader, meta fsops.Meta) error {
-	if err := x.replace(pfd, base); err != nil {
-		return err
-	}
-	fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return &os.PathError{Op: "openat", Path: rel, Err: err}
-	}
-	defer unix.Close(fd)
-	if err := fsops.WriteSparse(fd, r, h.Size, x.buf); err != nil {
-		return formatErr(err)
-	}
-	if err := fsops.SetXattrs(fd, xattrsOf(h)); err != nil {
-		return err
-	}
 	x.stats.Files++
 	x.stats.Bytes += h.Size
-	return fsops.ApplyMeta(pfd, base, meta, false)
+	if h.Size <= smallFile {
+		bp := x.jobs.buffer()
+		data := (*bp)[:h.Size]
+		if _, err := io.ReadFull(r, data); err != nil {
+			x.jobs.put(bp)
+			return formatErr(err)
+		}
+		x.parentRef.refs.Add(1)
+		x.jobs.submit(fileJob{parent: x.parentRef, base: base, rel: rel, data: data, buf: bp, meta: meta, xattrs: xattrsOf(h)})
+		return nil
+	}
+	// A large file: this goroutine only moves data from the stream into
+	// buffers; workers write the chunks.
+	fd, err := createFile(pfd, base, rel, meta.Mode)
+	if err != nil {
+		return err
+	}
+	f := &bigFile{fd: fd, rel: rel, size: h.Size, meta: meta, xattrs: xattrsOf(h)}
+	f.refs.Store(1)
+	defer x.jobs.releaseFile(f)
+	for off := int64(0); off < h.Size; off += smallFile {
+		bp := x.jobs.buffer()
+		data := (*bp)[:min(smallFile, h.Size-off)]
+		if _, err := io.ReadFull(r, data); err != nil {
+			x.jobs.put(bp)
+			return formatErr(err)
+		}
+		f.refs.Add(1)
+		x.jobs.submit(fileJob{file: f, off: off, data: data, buf: bp})
+	}
+	return nil
+}
+
+// createFile creates rel (base in the open directory pfd) for writing,
+// replacing a non-directory an earlier entry of the same name left.
+func createFile(pfd int, base, rel string, mode uint32) (int, error) {
+	for try := 0; ; try++ {
+		fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode&0o777)
+		if err == unix.EEXIST && try == 0 {
+			if err := unix.Unlinkat(pfd, base, 0); err != nil {
+				return -1, &os.PathError{Op: "unlinkat", Path: rel, Err: err}
+			}
+			continue
+		}
+		if err != nil {
+			return -1, &os.PathError{Op: "openat", Path: rel, Err: err}
+		}
+		return fd, nil
+	}
 }

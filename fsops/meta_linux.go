@@ -118,36 +118,36 @@ func ApplyMeta(dirfd int, name string, m Meta, symlink bool) error {
 	return nil
 }
 
-// sparseChunk is the unit in which WriteSparse looks for zeros: a
-// file-system block, so a skipped chunk is a real hole.
+// sparseChunk is the unit in which zeros are looked for: a run of zeros
+// this long becomes a hole.
 const sparseChunk = 64 << 10
 
-// WriteSparse writes size bytes from r into the open file fd, seeking over
-// blocks that are all zero so the file keeps holes, then sets its length.
-// buf is reused across calls (a page fault costs more than the copy).
+// WriteSparse writes size bytes from r into the open, empty file fd,
+// leaving zero runs as holes, then sets its length. It reads a buffer at a
+// time and writes each run of data with one pwrite. buf is reused across
+// calls (a page fault costs more than the copy); 1 MiB suits it.
 func WriteSparse(fd int, r io.Reader, size int64, buf []byte) error {
 	if len(buf) < sparseChunk {
-		buf = make([]byte, sparseChunk)
+		buf = make([]byte, 1<<20)
 	}
-	buf = buf[:sparseChunk]
 	var off int64
+	full := true
 	for off < size {
-		n := int64(len(buf))
-		if size-off < n {
-			n = size - off
-		}
+		n := min(int64(len(buf)), size-off)
 		if _, err := io.ReadFull(r, buf[:n]); err != nil {
 			return err
 		}
-		if !allZero(buf[:n]) {
-			if err := pwriteAll(fd, buf[:n], off); err != nil {
-				return err
-			}
+		f, err := writeSparseAt(fd, buf[:n], off)
+		if err != nil {
+			return err
 		}
+		full = f
 		off += n
 	}
-	if err := unix.Ftruncate(fd, size); err != nil {
-		return &os.PathError{Op: "ftruncate", Path: "", Err: err}
+	if !full {
+		if err := unix.Ftruncate(fd, size); err != nil {
+			return &os.PathError{Op: "ftruncate", Path: "", Err: err}
+		}
 	}
 	return nil
 }
@@ -177,3 +177,80 @@ func allZero(b []byte) bool {
 	}
 	return true
 }
+
+// WriteSparseBytes writes data at offset 0 of the open, empty file fd,
+// leaving zero runs of at least sparseChunk bytes as holes and writing
+// each run of data with one pwrite. It reports whether the file already
+// has its full length (false when it ends in a hole: the caller must
+// ftruncate).
+func WriteSparseBytes(fd int, data []byte) (bool, error) {
+	return writeSparseAt(fd, data, 0)
+}
+
+// WriteSparseAt writes data at offset base of fd, skipping zero chunks;
+// it reports whether the last chunk was written.
+func WriteSparseAt(fd int, data []byte, base int64) (bool, error) {
+	return writeSparseAt(fd, data, base)
+}
+
+// writeSparseAt writes data at base, skipping zero chunks; it reports
+// whether the last chunk was written (the file then has its length).
+func writeSparseAt(fd int, data []byte, base int64) (bool, error) {
+	start := -1 // start of the pending data run
+	full := true
+	for off := 0; off < len(data); off += sparseChunk {
+		end := min(off+sparseChunk, len(data))
+		zero := allZero(data[off:end])
+		switch {
+		case !zero && start < 0:
+			start = off
+		case zero && start >= 0:
+			if err := pwriteAll(fd, data[start:off], base+int64(start)); err != nil {
+				return false, err
+			}
+			start = -1
+		}
+		full = !zero
+	}
+	if start >= 0 {
+		if err := pwriteAll(fd, data[start:], base+int64(start)); err != nil {
+			return false, err
+		}
+	}
+	return full || len(data) == 0, nil
+}
+
+// ApplyMetaFD sets owner, mode and times on an open file. Owner and mode
+// calls are skipped when the file already has them (a file root creates
+// with the right mode needs neither), which matters when restoring
+// millions of small files.
+func ApplyMetaFD(fd int, m Meta, have *unix.Stat_t) error {
+	if have == nil || int(have.Uid) != m.UID || int(have.Gid) != m.GID {
+		if err := unix.Fchown(fd, m.UID, m.GID); err != nil {
+			return &os.PathError{Op: "fchown", Path: "", Err: err}
+		}
+		have = nil // chown may have cleared setuid/setgid
+	}
+	if have == nil || have.Mode&0o7777 != m.Mode {
+		if err := unix.Fchmod(fd, m.Mode); err != nil {
+			return &os.PathError{Op: "fchmod", Path: "", Err: err}
+		}
+	}
+	ts := []unix.Timespec{m.Atime, m.Mtime}
+	if err := unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH); err != nil {
+		return &os.PathError{Op: "utimensat", Path: "", Err: err}
+	}
+	return nil
+}
+
+// umask is the process's file creation mask, read once at start (reading
+// it means setting it, which is only safe before other goroutines create
+// files).
+var umask = func() uint32 {
+	m := unix.Umask(0)
+	unix.Umask(m)
+	return uint32(m)
+}()
+
+// CreatedMode is the mode a file created with perm really gets.
+func CreatedMode(perm uint32) uint32 { return perm &^ umask & 0o777 }
