@@ -89,6 +89,9 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if _, _, err := d.snapshotOptions(req.GetParameters(), accessMount); err != nil {
 		return nil, err
 	}
+	if err := d.checkTopology(req.GetAccessibilityRequirements()); err != nil {
+		return nil, err
+	}
 	unlock, err := d.locks.lock(fmt.Sprintf("snapshot %q or its source volume", name), snapNameKey(name), volIDKey(srcID))
 	if err != nil {
 		return nil, err
@@ -106,7 +109,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	}
 	format, compact, _ := d.snapshotOptions(req.GetParameters(), v.AccessType)
 	s := snapshotRecord{
-		ID: newID(snapshotIDPrefix), Name: name, SourceVolume: srcID, AccessType: v.AccessType,
+		ID: d.newSnapshotID(), Name: name, SourceVolume: srcID, AccessType: v.AccessType,
 		Phase: phaseCreating, CreatedAt: time.Now().UTC(), VolumeBytes: v.CapacityBytes, Format: format,
 	}
 	if err := d.st.reserveSnapshot(s); err != nil {
@@ -155,6 +158,7 @@ func (d *Driver) writeSnapshot(ctx context.Context, v volumeRecord, s snapshotRe
 	defer f.Close()
 	h := sha256.New()
 	st, err := archive.Write(ctx, d.volumeDataPath(v), io.MultiWriter(f, h), archive.Options{Compact: compact})
+	d.metrics.moved("archive", st.Bytes)
 	if err != nil {
 		return 0, "", err
 	}
@@ -181,7 +185,9 @@ func (d *Driver) writeReflinkSnapshot(ctx context.Context, v volumeRecord, s sna
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return 0, "", err
 	}
-	if _, err := fsops.CopyTree(ctx, d.volumeDataPath(v), tmp); err != nil {
+	cst, err := fsops.CopyTree(ctx, d.volumeDataPath(v), tmp)
+	d.metrics.moved("archive", cst.Bytes)
+	if err != nil {
 		return 0, "", err
 	}
 	u, err := fsops.TreeUsage(tmp)
@@ -205,7 +211,8 @@ func (d *Driver) restoreSnapshot(ctx context.Context, snapID, dir string) error 
 		return status.Errorf(codes.NotFound, "snapshot %s disappeared", snapID)
 	}
 	if s.Format == formatReflink {
-		_, err := fsops.CopyTree(ctx, d.snapshotDataPath(s), dir)
+		st, err := fsops.CopyTree(ctx, d.snapshotDataPath(s), dir)
+		d.metrics.moved("restore", st.Bytes)
 		return err
 	}
 	f, err := os.Open(d.snapshotDataPath(s))
@@ -215,7 +222,9 @@ func (d *Driver) restoreSnapshot(ctx context.Context, snapID, dir string) error 
 	defer f.Close()
 	h := sha256.New()
 	tee := io.TeeReader(f, h)
-	if _, err := archive.Extract(ctx, tee, dir); err != nil {
+	st, err := archive.Extract(ctx, tee, dir)
+	d.metrics.moved("restore", st.Bytes)
+	if err != nil {
 		return err
 	}
 	if _, err := io.Copy(io.Discard, tee); err != nil {
@@ -234,6 +243,9 @@ func (d *Driver) csiSnapshot(s snapshotRecord) *csi.Snapshot {
 		SizeBytes:      s.SizeBytes,
 		CreationTime:   timestamppb.New(s.CreatedAt),
 		ReadyToUse:     s.Phase == phaseReady,
+	}
+	if d.cfg.EnableTopology {
+		out.AccessibleTopology = []*csi.Topology{d.nodeTopology()}
 	}
 	return out
 }

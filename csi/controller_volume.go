@@ -71,6 +71,9 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	case srcSnap != nil:
 		s, ok := d.st.getSnapshot(srcSnap.GetSnapshotId())
 		if !validSnapshotID(srcSnap.GetSnapshotId()) || !ok || s.Phase != phaseReady {
+			if node, other := d.otherNode(srcSnap.GetSnapshotId()); other {
+				return nil, status.Errorf(codes.ResourceExhausted, "snapshot %s lives on another node (%s); snapshots are node-local, so restore it on that node", srcSnap.GetSnapshotId(), node)
+			}
 			return nil, status.Errorf(codes.NotFound, "source snapshot %q does not exist", srcSnap.GetSnapshotId())
 		}
 		if s.AccessType != access {
@@ -81,7 +84,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	case srcVol != nil:
 		v, ok := d.st.getVolume(srcVol.GetVolumeId())
 		if !validVolumeID(srcVol.GetVolumeId()) || !ok || v.Phase != phaseReady {
-			return nil, status.Errorf(codes.NotFound, "source volume %q does not exist", srcVol.GetVolumeId())
+			return nil, d.notFoundVolume(srcVol.GetVolumeId())
 		}
 		if v.AccessType != access {
 			return nil, invalid("source volume %s is a %s volume; it cannot be cloned into a %s volume", v.ID, v.AccessType, access)
@@ -101,7 +104,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return d.existingVolume(old, rec, req.GetCapacityRange())
 	}
 
-	rec.ID = newID(volumeIDPrefix)
+	rec.ID = d.newVolumeID()
 	rec.Phase = phaseCreating
 	rec.CreatedAt = time.Now().UTC()
 	if err := d.st.reserveVolume(&rec, d.checkCapacity); err != nil {
@@ -415,6 +418,8 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 		csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
 		csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
 		csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+		csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
 	}
 	if d.cfg.EnableVolumeExpansion {
 		types = append(types, csi.ControllerServiceCapability_RPC_EXPAND_VOLUME)

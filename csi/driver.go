@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -37,6 +39,9 @@ type Config struct {
 	EnableTopology        bool
 	EnableVolumeExpansion bool
 	EnableAttach          bool
+
+	// ShutdownGrace bounds how long calls in flight may run after SIGTERM.
+	ShutdownGrace time.Duration
 }
 
 // Driver serves the CSI Identity, Controller and Node services.
@@ -50,8 +55,13 @@ type Driver struct {
 	st    *store
 	locks *keyLocks
 	quota quotaMode
+	tag   string // this node's id prefix
 	// reflink: files in the state dir can share blocks (FICLONE works).
 	reflink bool
+	metrics *metrics
+
+	mu     sync.Mutex
+	socket string // the CSI socket once it listens
 	ready   atomic.Bool
 }
 
@@ -77,12 +87,16 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.DriverName == "" {
 		return nil, fmt.Errorf("a driver name is required (--drivername)")
 	}
+	if cfg.ShutdownGrace == 0 {
+		cfg.ShutdownGrace = 25 * time.Second
+	}
 	root, err := filepath.Abs(cfg.StateDir)
 	if err != nil {
 		return nil, err
 	}
 	cfg.StateDir = root
-	d := &Driver{cfg: cfg, paths: layout{root: root}, locks: newKeyLocks()}
+	d := &Driver{cfg: cfg, paths: layout{root: root}, locks: newKeyLocks(), tag: nodeTag(cfg.NodeID)}
+	d.metrics = newMetrics(d)
 	if err := d.prepareStateDir(); err != nil {
 		return nil, err
 	}
@@ -143,14 +157,26 @@ func (d *Driver) Serve(ctx context.Context) error {
 		return err
 	}
 	defer os.Remove(path)
-	srv := grpc.NewServer(grpc.UnaryInterceptor(logInterceptor))
+	d.mu.Lock()
+	d.socket = path
+	d.mu.Unlock()
+	srv := grpc.NewServer(grpc.UnaryInterceptor(d.interceptor))
 	csi.RegisterIdentityServer(srv, d)
 	csi.RegisterControllerServer(srv, d)
 	csi.RegisterNodeServer(srv, d)
 	klog.InfoS("serving CSI", "endpoint", path, "driver", d.cfg.DriverName, "version", d.cfg.Version, "node", d.cfg.NodeID, "stateDir", d.paths.root)
 	go func() {
 		<-ctx.Done()
-		srv.GracefulStop()
+		// Stop taking calls, let those in flight finish, but not forever:
+		// kubelet's grace period is 30 s by default.
+		done := make(chan struct{})
+		go func() { srv.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(d.cfg.ShutdownGrace):
+			klog.InfoS("calls still running after the grace period; stopping them", "grace", d.cfg.ShutdownGrace)
+			srv.Stop()
+		}
 	}()
 	return srv.Serve(lis)
 }

@@ -95,7 +95,11 @@ func TestCreateVolumeValidation(t *testing.T) {
 		{"snapshot source not found", &csi.CreateVolumeRequest{Name: "x", VolumeCapabilities: []*csi.VolumeCapability{rwo},
 			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: "../../etc"}}}}, codes.NotFound},
 		{"volume source not found", &csi.CreateVolumeRequest{Name: "x", VolumeCapabilities: []*csi.VolumeCapability{rwo},
-			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "vol-000000000000000000000000"}}}}, codes.NotFound},
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: d.newVolumeID()}}}}, codes.NotFound},
+		{"volume source on another node", &csi.CreateVolumeRequest{Name: "x", VolumeCapabilities: []*csi.VolumeCapability{rwo},
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: newID(volumeIDPrefix, nodeTag("node-2"))}}}}, codes.ResourceExhausted},
+		{"snapshot source on another node", &csi.CreateVolumeRequest{Name: "x", VolumeCapabilities: []*csi.VolumeCapability{rwo},
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: newID(snapshotIDPrefix, nodeTag("node-2"))}}}}, codes.ResourceExhausted},
 		{"topology elsewhere", &csi.CreateVolumeRequest{Name: "x", VolumeCapabilities: []*csi.VolumeCapability{rwo},
 			AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{{Segments: map[string]string{TopologyKey: "node-2"}}}}}, codes.ResourceExhausted},
 	}
@@ -271,7 +275,7 @@ func TestExpandVolume(t *testing.T) {
 	wantCode(t, err, codes.OutOfRange)
 	_, err = d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: v.GetVolumeId(), CapacityRange: &csi.CapacityRange{RequiredBytes: 4 << 40}})
 	wantCode(t, err, codes.OutOfRange)
-	_, err = d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: "vol-000000000000000000000000", CapacityRange: &csi.CapacityRange{RequiredBytes: 1}})
+	_, err = d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: d.newVolumeID(), CapacityRange: &csi.CapacityRange{RequiredBytes: 1}})
 	wantCode(t, err, codes.NotFound)
 }
 

@@ -318,6 +318,8 @@ func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRe
 		csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
 		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
 		csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csi.NodeServiceCapability_RPC_GET_STORAGE_HEALTH,
 	}
 	if d.cfg.EnableVolumeExpansion {
 		types = append(types, csi.NodeServiceCapability_RPC_EXPAND_VOLUME)

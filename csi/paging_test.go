@@ -90,7 +90,7 @@ func TestPaginateWalk(t *testing.T) {
 }
 
 func TestIDs(t *testing.T) {
-	id := newID(volumeIDPrefix)
+	id := newID(volumeIDPrefix, "0a0b0c0d")
 	tests := []struct {
 		id   string
 		want bool
@@ -111,7 +111,7 @@ func TestIDs(t *testing.T) {
 			t.Errorf("validVolumeID(%q) = %v, want %v", tc.id, got, tc.want)
 		}
 	}
-	if newID(volumeIDPrefix) == id {
+	if newID(volumeIDPrefix, "0a0b0c0d") == id {
 		t.Fatal("ids repeat")
 	}
 }

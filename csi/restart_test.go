@@ -42,7 +42,7 @@ func TestReconcile(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A create interrupted after its record and part of its data.
-	half := volumeRecord{ID: newID(volumeIDPrefix), Name: "pvc-half", CapacityBytes: 1 << 20, AccessType: accessMount, Phase: phaseCreating, CreatedAt: time.Now()}
+	half := volumeRecord{ID: d.newVolumeID(), Name: "pvc-half", CapacityBytes: 1 << 20, AccessType: accessMount, Phase: phaseCreating, CreatedAt: time.Now()}
 	writeJSON(t, filepath.Join(d.paths.meta(), "volumes", half.ID+".json"), half)
 	os.MkdirAll(filepath.Join(d.paths.volumeDir(half.ID), "partial"), 0o755)
 	// A delete interrupted after its record said so.
@@ -51,7 +51,7 @@ func TestReconcile(t *testing.T) {
 	rec.Phase = phaseDeleting
 	writeJSON(t, filepath.Join(d.paths.meta(), "volumes", rec.ID+".json"), rec)
 	// Data without a record, a temp file, a snapshot that never finished.
-	orphan := newID(volumeIDPrefix)
+	orphan := d.newVolumeID()
 	os.MkdirAll(d.paths.volumeDir(orphan), 0o755)
 	os.WriteFile(filepath.Join(d.paths.tmp(), "snap-x.partial"), []byte("x"), 0o600)
 	os.WriteFile(filepath.Join(d.paths.meta(), "volumes", ".vol-x.json.tmp-1"), []byte("{"), 0o600)

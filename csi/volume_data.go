@@ -40,7 +40,8 @@ func (d *Driver) createVolumeData(ctx context.Context, v volumeRecord) error {
 		if !ok {
 			return status.Errorf(codes.NotFound, "source volume %s disappeared", v.SourceVolume)
 		}
-		_, err := fsops.CopyTree(ctx, d.volumeDataPath(src), dir)
+		st, err := fsops.CopyTree(ctx, d.volumeDataPath(src), dir)
+		d.metrics.moved("clone", st.Bytes)
 		return err
 	}
 	return nil

@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime/debug"
 	"strings"
+	"time"
 
 	"k8s.io/klog/v2"
 
@@ -41,6 +42,14 @@ func version() string {
 type options struct {
 	cfg         csi.Config
 	showVersion bool
+	// httpEndpoint serves /healthz and /metrics.
+	httpEndpoint string
+	// pluginRegistrationPath and kubeletRegistrationPath switch on
+	// in-process kubelet registration (the names the registrar sidecar
+	// uses): kubelet's plugins_registry directory as this process sees it,
+	// and the CSI socket as kubelet sees it on the host.
+	pluginRegistrationPath  string
+	kubeletRegistrationPath string
 }
 
 // capacityFlag collects repeated --capacity kind=quantity.
@@ -107,6 +116,10 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.cfg.EnableVolumeExpansion, "enable-volume-expansion", true, "offer volume expansion")
 	fs.BoolVar(&o.cfg.EnableAttach, "enable-attach", false, "offer ControllerPublish/Unpublish")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.StringVar(&o.httpEndpoint, "http-endpoint", "", "address for /healthz and /metrics, e.g. :8080 (off when empty)")
+	fs.StringVar(&o.pluginRegistrationPath, "plugin-registration-path", "", "kubelet's plugins_registry dir as mounted here; with --kubelet-registration-path, register with kubelet in-process")
+	fs.StringVar(&o.kubeletRegistrationPath, "kubelet-registration-path", "", "the CSI socket path as kubelet sees it on the host")
+	fs.DurationVar(&o.cfg.ShutdownGrace, "shutdown-grace", 25*time.Second, "how long calls in flight may finish after SIGTERM")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	klogFlags.VisitAll(func(f *flag.Flag) { fs.Var(f.Value, f.Name, f.Usage) })
@@ -142,6 +155,12 @@ func parseFlags(args []string) (options, error) {
 	}
 	if _, err := csi.SocketPath(o.cfg.Endpoint); err != nil {
 		return o, fmt.Errorf("--endpoint: %v", err)
+	}
+	if (o.pluginRegistrationPath == "") != (o.kubeletRegistrationPath == "") {
+		return o, errors.New("--plugin-registration-path and --kubelet-registration-path go together: give both to register with kubelet, or neither to use the registrar sidecar")
+	}
+	if o.cfg.ShutdownGrace <= 0 {
+		return o, errors.New("--shutdown-grace must be positive")
 	}
 	return o, nil
 }

@@ -4,14 +4,19 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/csi"
+	"github.com/hostpath-csi/hostpath/registrar"
 )
 
 func main() {
@@ -24,18 +29,85 @@ func main() {
 		fmt.Println(o.cfg.Version)
 		return
 	}
+	os.Exit(run(o))
+}
+
+// run serves until SIGTERM/SIGINT (exit 0) or a failure (exit 1): the CSI
+// server, and when asked the kubelet registration and the HTTP endpoint.
+func run(o options) int {
 	d, err := csi.New(o.cfg)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "hostpathplugin: %v\n", err)
-		os.Exit(1)
+		return 1
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := d.Serve(ctx); err != nil {
-		klog.ErrorS(err, "serving CSI")
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+
+	var reg *registrar.Registrar
+	if o.pluginRegistrationPath != "" {
+		reg, err = registrar.New(registrar.Config{Dir: o.pluginRegistrationPath, DriverName: o.cfg.DriverName, Endpoint: o.kubeletRegistrationPath})
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "hostpathplugin: %v\n", err)
+			return 2
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := d.Serve(ctx); err != nil {
+			cancel(fmt.Errorf("serving CSI: %w", err))
+		}
+	}()
+	if reg != nil {
+		go func() {
+			// Register only once the CSI socket answers: kubelet calls
+			// NodeGetInfo right after GetInfo.
+			for d.Healthy() != nil && ctx.Err() == nil {
+				time.Sleep(50 * time.Millisecond)
+			}
+			if err := reg.Run(ctx); err != nil {
+				cancel(err)
+			}
+		}()
+	}
+	if o.httpEndpoint != "" {
+		srv := &http.Server{Addr: o.httpEndpoint, Handler: httpHandler(d, reg), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				cancel(fmt.Errorf("http endpoint %s: %w", o.httpEndpoint, err))
+			}
+		}()
+		defer srv.Close()
+	}
+	<-ctx.Done()
+	<-done
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		klog.ErrorS(cause, "stopping")
 		klog.Flush()
-		os.Exit(1)
+		return 1
 	}
 	klog.InfoS("stopped")
 	klog.Flush()
+	return 0
+}
+
+// httpHandler serves /healthz (the CSI socket answers and, when
+// registering, the registration socket is in place) and /metrics.
+func httpHandler(d *csi.Driver, reg *registrar.Registrar) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(d.Registry(), promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		err := d.Healthy()
+		if err == nil && reg != nil {
+			err = reg.Healthy()
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
 }

@@ -1,0 +1,141 @@
+package csi
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hostpath-csi/hostpath/fsops"
+	"github.com/hostpath-csi/hostpath/loop"
+)
+
+// Health (CSI v1.13, which replaced VolumeCondition) reports what can
+// really go wrong with a node-local volume: its data gone, its loop device
+// detached or the wrong size, its quota used up; and for the node, a state
+// dir that is read-only, gone or full.
+
+func healthEntry(t csi.VolumeHealthErrorType, reason, msg string) *csi.VolumeHealth_VolumeHealthEntry {
+	return &csi.VolumeHealth_VolumeHealthEntry{Status: t, Reason: reason, Message: msg}
+}
+
+// volumeHealth inspects one volume.
+func (d *Driver) volumeHealth(v volumeRecord) *csi.VolumeHealth {
+	h := &csi.VolumeHealth{VolumeId: v.ID}
+	path := d.volumeDataPath(v)
+	if _, err := os.Lstat(path); err != nil {
+		h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_INACCESSIBLE, "VolumeDataMissing", "the volume's data at "+path+" is gone: "+err.Error()))
+		return h
+	}
+	if v.AccessType == accessBlock {
+		dev, ok, err := loop.Find(path)
+		switch {
+		case err != nil || !ok:
+			h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "LoopDeviceDetached", "no loop device is bound to "+path+"; the driver re-attaches it on publish or restart"))
+		default:
+			if size, err := loop.Size(dev.Path()); err == nil && size < v.CapacityBytes {
+				h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "DeviceSmallerThanVolume", dev.Path()+" is smaller than the volume's capacity"))
+			}
+		}
+		return h
+	}
+	if d.quota != quotaNone {
+		if u, err := d.volumeUsage(v); err == nil && u.Bytes >= v.CapacityBytes {
+			h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "QuotaExhausted", "the volume has used all of its capacity; writes fail with EDQUOT"))
+		}
+	}
+	return h
+}
+
+// ControllerGetVolumeHealth reports one volume's health.
+func (d *Driver) ControllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (*csi.ControllerGetVolumeHealthResponse, error) {
+	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	v, ok := d.st.getVolume(req.GetVolumeId())
+	if !ok || v.Phase != phaseReady {
+		return nil, d.notFoundVolume(req.GetVolumeId())
+	}
+	return &csi.ControllerGetVolumeHealthResponse{VolumeHealth: d.volumeHealth(v)}, nil
+}
+
+// ControllerListVolumeHealth pages through every volume's health.
+func (d *Driver) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
+	var ready []volumeRecord
+	for _, v := range d.st.allVolumes() {
+		if v.Phase == phaseReady {
+			ready = append(ready, v)
+		}
+	}
+	page, next, err := paginate(ready, req.GetStartingToken(), req.GetMaxEntries(), validVolumeID, func(v volumeRecord) string { return v.ID })
+	if err != nil {
+		return nil, err
+	}
+	resp := &csi.ControllerListVolumeHealthResponse{NextToken: next}
+	for _, v := range page {
+		resp.Entries = append(resp.Entries, d.volumeHealth(v))
+	}
+	return resp, nil
+}
+
+// NodeGetVolumeHealth reports a volume's health on this node, and whether
+// it is really mounted where the CO says it published or staged it.
+func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
+	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	v, ok := d.st.getVolume(req.GetVolumeId())
+	if !ok || v.Phase != phaseReady {
+		return nil, d.notFoundVolume(req.GetVolumeId())
+	}
+	h := d.volumeHealth(v)
+	for _, p := range []string{req.GetVolumePublishPath(), req.GetStagingTargetPath()} {
+		if p == "" {
+			continue
+		}
+		if ours, _ := d.showsVolume(p, v); !ours && (v.AccessType == accessMount || p == req.GetVolumePublishPath()) {
+			h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_INACCESSIBLE, "NotMounted", "the volume is not mounted at "+p))
+		}
+	}
+	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: h}, nil
+}
+
+// NodeGetStorageHealth reports the state dir's health: gone, read-only,
+// or nearly full.
+func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStorageHealthRequest) (*csi.NodeGetStorageHealthResponse, error) {
+	resp := &csi.NodeGetStorageHealthResponse{}
+	bad := func(t csi.StorageHealthErrorType, reason, msg string) {
+		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{Status: t, Reason: reason, Message: msg})
+	}
+	probe := filepath.Join(d.paths.tmp(), ".health-probe")
+	if err := fsops.WriteFileAtomic(probe, []byte("ok"), 0o600); err != nil {
+		bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "StateDirNotWritable", d.paths.root+": "+err.Error())
+		return resp, nil
+	}
+	os.Remove(probe)
+	fs, err := fsops.Statfs(d.paths.root)
+	if err != nil {
+		bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "StateDirUnreadable", err.Error())
+		return resp, nil
+	}
+	if fs.TotalBytes > 0 && fs.AvailableBytes*20 < fs.TotalBytes {
+		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "StateDirNearlyFull", "less than 5% of "+d.paths.root+"'s file system is free")
+	}
+	if fs.TotalInodes > 0 && fs.FreeInodes*20 < fs.TotalInodes {
+		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "StateDirInodesNearlyExhausted", "less than 5% of the inodes are free")
+	}
+	return resp, nil
+}
+
+// notFoundVolume answers a lookup of a volume this node does not have:
+// NotFound, or ResourceExhausted when the id says the volume lives on
+// another node, so a provisioner reschedules instead of waiting forever.
+func (d *Driver) notFoundVolume(id string) error {
+	if node, other := d.otherNode(id); other {
+		return status.Errorf(codes.ResourceExhausted, "volume %s lives on another node (%s); local volumes are reachable only there", id, node)
+	}
+	return status.Errorf(codes.NotFound, "volume %q does not exist", id)
+}
