@@ -62,7 +62,7 @@ type Driver struct {
 
 	mu     sync.Mutex
 	socket string // the CSI socket once it listens
-	ready   atomic.Bool
+	ready  atomic.Bool
 }
 
 // layout names the driver's directories under the state dir. Every path the

@@ -121,7 +121,9 @@ func TestRegistration(t *testing.T) {
 
 func TestRejected(t *testing.T) {
 	r, done, _ := start(t, t.TempDir())
-	kubelet(t, r.SocketPath(), func(*registerapi.PluginInfo) string { return "a plugin named hostpath.csi.k8s.io is already registered at a higher version" })
+	kubelet(t, r.SocketPath(), func(*registerapi.PluginInfo) string {
+		return "a plugin named hostpath.csi.k8s.io is already registered at a higher version"
+	})
 	select {
 	case err := <-done:
 		if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "already registered") {
