@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"maps"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -107,7 +108,21 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if !validVolumeID(srcID) || !ok || v.Phase != phaseReady {
 		return nil, status.Errorf(codes.NotFound, "source volume %q does not exist", srcID)
 	}
-	format, compact, _ := d.snapshotOptions(req.GetParameters(), v.AccessType)
+	// The volume's mutable parameters fill in what the class leaves out.
+	params := maps.Clone(req.GetParameters())
+	if params == nil {
+		params = map[string]string{}
+	}
+	if f, ok := v.Mutable[mutableSnapshotFormat]; ok && params[paramFormat] == "" {
+		params[paramFormat] = f
+	}
+	if c, ok := v.Mutable[mutableSnapshotCompression]; ok && params[paramCompression] == "" {
+		params[paramCompression] = c
+	}
+	format, compact, err := d.snapshotOptions(params, v.AccessType)
+	if err != nil {
+		return nil, err
+	}
 	s := snapshotRecord{
 		ID: d.newSnapshotID(), Name: name, SourceVolume: srcID, AccessType: v.AccessType,
 		Phase: phaseCreating, CreatedAt: time.Now().UTC(), VolumeBytes: v.CapacityBytes, Format: format,

@@ -32,8 +32,13 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err := d.checkTopology(req.GetAccessibilityRequirements()); err != nil {
 		return nil, err
 	}
-	if req.GetMutableParameters() != nil && len(req.GetMutableParameters()) > 0 {
-		return nil, invalid("mutable_parameters are not supported: this driver does not offer ControllerModifyVolume")
+	if len(req.GetMutableParameters()) > 0 {
+		if !d.cfg.EnableModifyVolume {
+			return nil, invalid("mutable_parameters need --enable-controller-modify-volume")
+		}
+		if err := d.checkMutable(req.GetMutableParameters()); err != nil {
+			return nil, err
+		}
 	}
 	srcSnap, srcVol := req.GetVolumeContentSource().GetSnapshot(), req.GetVolumeContentSource().GetVolume()
 	if req.GetVolumeContentSource() != nil && srcSnap == nil && srcVol == nil {
@@ -99,6 +104,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return nil, err
 	}
 	rec.CapacityBytes = size
+	applyMutable(&rec, req.GetMutableParameters())
 
 	if old, ok := d.st.volumeByName(name); ok {
 		return d.existingVolume(old, rec, req.GetCapacityRange())
@@ -423,6 +429,9 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 	}
 	if d.cfg.EnableVolumeExpansion {
 		types = append(types, csi.ControllerServiceCapability_RPC_EXPAND_VOLUME)
+	}
+	if d.cfg.EnableModifyVolume {
+		types = append(types, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME)
 	}
 	if d.cfg.EnableAttach {
 		types = append(types,

@@ -39,6 +39,7 @@ type Config struct {
 	EnableTopology        bool
 	EnableVolumeExpansion bool
 	EnableAttach          bool
+	EnableModifyVolume    bool
 
 	// ShutdownGrace bounds how long calls in flight may run after SIGTERM.
 	ShutdownGrace time.Duration

@@ -59,10 +59,13 @@ type volumeRecord struct {
 	// ProjectID is the volume's project quota id, where project quotas
 	// limit directory volumes.
 	ProjectID uint32 `json:"projectId,omitempty"`
+	// Mutable are the VolumeAttributesClass parameters in force.
+	Mutable map[string]string `json:"mutable,omitempty"`
 }
 
 func (v volumeRecord) clone() volumeRecord {
 	v.Parameters = maps.Clone(v.Parameters)
+	v.Mutable = maps.Clone(v.Mutable)
 	v.Staged = slices.Clone(v.Staged)
 	v.Published = slices.Clone(v.Published)
 	v.AttachedNodes = slices.Clone(v.AttachedNodes)
@@ -210,6 +213,13 @@ func (s *store) reserveVolume(v *volumeRecord, check func(v *volumeRecord, all m
 	s.volumes[v.ID] = v.clone()
 	s.volByName[v.Name] = v.ID
 	return nil
+}
+
+// checkVolumes runs check with every record in view, under the index lock.
+func (s *store) checkVolumes(check func(all map[string]volumeRecord) error) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return check(s.volumes)
 }
 
 // putVolume writes the record durably, then updates the index.

@@ -39,7 +39,7 @@ func TestSanity(t *testing.T) {
 	}
 	sock := filepath.Join(dir, "csi.sock")
 	state := filepath.Join(dir, "state")
-	args := []string{"--endpoint=unix://" + sock, "--nodeid=sanity-node", "--statedir=" + state, "--enable-attach", "-v=2"}
+	args := []string{"--endpoint=unix://" + sock, "--nodeid=sanity-node", "--statedir=" + state, "--enable-attach", "--enable-controller-modify-volume", "--maxvolumespernode=4", "-v=2"}
 	args = append(args, strings.Fields(os.Getenv("SANITY_DRIVER_ARGS"))...)
 	drv := exec.Command(bin, args...)
 	logf, err := os.Create(filepath.Join(dir, "driver.log"))
@@ -86,6 +86,8 @@ func TestSanity(t *testing.T) {
 	cfg.TestVolumeSize = 64 << 20
 	cfg.TestVolumeExpandSize = 96 << 20
 	cfg.IdempotentCount = 3
+	cfg.TestNodeVolumeAttachLimit = true
+	cfg.TestVolumeMutableParameters = map[string]string{"snapshotCompression": "compact"}
 	sanity.Test(t, cfg)
 	if counts.passed < minPassed || counts.failed > 0 {
 		t.Errorf("csi-sanity (%s): %d passed, %d failed; the bar is 0 failed and at least %d passed", access, counts.passed, counts.failed, minPassed)

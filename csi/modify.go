@@ -1,0 +1,111 @@
+package csi
+
+import (
+	"context"
+	"maps"
+	"sort"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Mutable parameters (VolumeAttributesClass). Each is stored with the
+// volume and applied, not just accepted:
+//   - kind moves the volume's reservation to another simulated --capacity
+//     pool (refused with ResourceExhausted if that pool is full);
+//   - snapshotFormat and snapshotCompression become the defaults for
+//     snapshots of this volume whose VolumeSnapshotClass says nothing.
+const (
+	mutableKind                = "kind"
+	mutableSnapshotFormat      = "snapshotFormat"
+	mutableSnapshotCompression = "snapshotCompression"
+)
+
+// checkMutable validates mutable parameters against what this driver can
+// change on a live volume.
+func (d *Driver) checkMutable(params map[string]string) error {
+	for k, v := range params {
+		switch k {
+		case mutableKind:
+			if len(d.cfg.Capacity) == 0 {
+				return invalid("mutable parameter %s=%q: no simulated capacity is configured (--capacity)", k, v)
+			}
+			if _, ok := d.cfg.Capacity[v]; !ok {
+				return invalid("mutable parameter %s=%q names no configured --capacity kind", k, v)
+			}
+		case mutableSnapshotFormat:
+			if _, _, err := d.snapshotOptions(map[string]string{paramFormat: v}, accessMount); err != nil {
+				return invalid("mutable parameter %s=%q: %s", k, v, status.Convert(err).Message())
+			}
+		case mutableSnapshotCompression:
+			if _, _, err := d.snapshotOptions(map[string]string{paramCompression: v}, accessMount); err != nil {
+				return invalid("mutable parameter %s=%q: %s", k, v, status.Convert(err).Message())
+			}
+		default:
+			keys := []string{mutableKind, mutableSnapshotFormat, mutableSnapshotCompression}
+			sort.Strings(keys)
+			return invalid("mutable parameter %q is not supported; this driver can change %s", k, strings.Join(keys, ", "))
+		}
+	}
+	return nil
+}
+
+// applyMutable merges new mutable parameters into a record (validated).
+func applyMutable(v *volumeRecord, params map[string]string) {
+	if len(params) == 0 {
+		return
+	}
+	if v.Mutable == nil {
+		v.Mutable = map[string]string{}
+	}
+	maps.Copy(v.Mutable, params)
+	if k, ok := params[mutableKind]; ok {
+		v.Kind = k
+	}
+}
+
+// ControllerModifyVolume changes a volume's mutable parameters.
+func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
+	if !d.cfg.EnableModifyVolume {
+		return nil, status.Error(codes.Unimplemented, "volume modification is disabled (start with --enable-controller-modify-volume)")
+	}
+	id := req.GetVolumeId()
+	if err := checkID("volume_id", id); err != nil {
+		return nil, err
+	}
+	if err := d.checkMutable(req.GetMutableParameters()); err != nil {
+		return nil, err
+	}
+	unlock, err := d.locks.lock("volume "+id, volIDKey(id))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	v, ok := d.st.getVolume(id)
+	if !ok || v.Phase != phaseReady {
+		return nil, d.notFoundVolume(id)
+	}
+	if k, ok := req.GetMutableParameters()[mutableKind]; ok && k != v.Kind {
+		if err := d.st.checkVolumes(func(all map[string]volumeRecord) error {
+			var used int64
+			for _, o := range all {
+				if o.Kind == k {
+					used += o.CapacityBytes
+				}
+			}
+			if d.cfg.Capacity[k]-used < v.CapacityBytes {
+				return status.Errorf(codes.ResourceExhausted, "capacity kind %q has %d bytes left, volume %s needs %d", k, d.cfg.Capacity[k]-used, id, v.CapacityBytes)
+			}
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	applyMutable(&v, req.GetMutableParameters())
+	if err := d.st.putVolume(v); err != nil {
+		return nil, toStatus(err, "recording the parameters of volume %s", id)
+	}
+	return &csi.ControllerModifyVolumeResponse{}, nil
+}
