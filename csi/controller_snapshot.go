@@ -2,11 +2,11 @@ package csi
 
 import (
 	"context"
-	"maps"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"strings"
 	"time"
