@@ -104,12 +104,22 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 		}
 		return &csi.CreateSnapshotResponse{Snapshot: createdSnapshot(d.csiSnapshot(old))}, nil
 	}
+	snap, err := d.takeSnapshot(ctx, name, srcID, req.GetParameters(), "")
+	if err != nil {
+		return nil, err
+	}
+	return &csi.CreateSnapshotResponse{Snapshot: createdSnapshot(d.csiSnapshot(snap))}, nil
+}
+
+// takeSnapshot snapshots a volume; the caller holds the locks of the name
+// and the volume. A failure leaves no data and no record.
+func (d *Driver) takeSnapshot(ctx context.Context, name, srcID string, reqParams map[string]string, group string) (snapshotRecord, error) {
 	v, ok := d.st.getVolume(srcID)
 	if !validVolumeID(srcID) || !ok || v.Phase != phaseReady {
-		return nil, status.Errorf(codes.NotFound, "source volume %q does not exist", srcID)
+		return snapshotRecord{}, status.Errorf(codes.NotFound, "source volume %q does not exist", srcID)
 	}
 	// The volume's mutable parameters fill in what the class leaves out.
-	params := maps.Clone(req.GetParameters())
+	params := maps.Clone(reqParams)
 	if params == nil {
 		params = map[string]string{}
 	}
@@ -121,27 +131,27 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	}
 	format, compact, err := d.snapshotOptions(params, v.AccessType)
 	if err != nil {
-		return nil, err
+		return snapshotRecord{}, err
 	}
 	s := snapshotRecord{
 		ID: d.newSnapshotID(), Name: name, SourceVolume: srcID, AccessType: v.AccessType,
-		Phase: phaseCreating, CreatedAt: time.Now().UTC(), VolumeBytes: v.CapacityBytes, Format: format,
+		Phase: phaseCreating, CreatedAt: time.Now().UTC(), VolumeBytes: v.CapacityBytes, Format: format, Group: group,
 	}
 	if err := d.st.reserveSnapshot(s); err != nil {
-		return nil, err
+		return snapshotRecord{}, err
 	}
 	if err := d.st.putSnapshot(s); err != nil {
 		_ = d.st.dropSnapshot(s.ID)
-		return nil, toStatus(err, "recording snapshot %s", s.ID)
+		return snapshotRecord{}, toStatus(err, "recording snapshot %s", s.ID)
 	}
 	size, sum, err := d.writeSnapshot(ctx, v, s, compact)
 	if err != nil {
 		if rmErr := d.removeSnapshotData(s); rmErr != nil {
 			klog.ErrorS(rmErr, "cleaning up after failed snapshot", "snapshot_id", s.ID)
-			return nil, toStatus(err, "snapshotting volume %s", srcID)
+			return snapshotRecord{}, toStatus(err, "snapshotting volume %s", srcID)
 		}
 		_ = d.st.dropSnapshot(s.ID)
-		return nil, toStatus(err, "snapshotting volume %s", srcID)
+		return snapshotRecord{}, toStatus(err, "snapshotting volume %s", srcID)
 	}
 	s.Phase, s.SizeBytes, s.SHA256 = phaseReady, size, sum
 	if s.AccessType == accessBlock {
@@ -149,9 +159,9 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 		s.SizeBytes = s.VolumeBytes
 	}
 	if err := d.st.putSnapshot(s); err != nil {
-		return nil, toStatus(err, "recording snapshot %s", s.ID)
+		return snapshotRecord{}, toStatus(err, "recording snapshot %s", s.ID)
 	}
-	return &csi.CreateSnapshotResponse{Snapshot: createdSnapshot(d.csiSnapshot(s))}, nil
+	return s, nil
 }
 
 // createdSnapshot leaves accessible_topology (optional) out of the
@@ -272,6 +282,7 @@ func (d *Driver) csiSnapshot(s snapshotRecord) *csi.Snapshot {
 	if d.cfg.EnableTopology {
 		out.AccessibleTopology = []*csi.Topology{d.nodeTopology()}
 	}
+	out.GroupSnapshotId = s.Group
 	return out
 }
 
@@ -293,17 +304,30 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 	if !ok {
 		return &csi.DeleteSnapshotResponse{}, nil
 	}
-	s.Phase = phaseDeleting
-	if err := d.st.putSnapshot(s); err != nil {
-		return nil, toStatus(err, "recording deletion of snapshot %s", id)
+	if s.Group != "" {
+		return nil, status.Errorf(codes.FailedPrecondition, "snapshot %s belongs to group snapshot %s; delete the group instead", id, s.Group)
 	}
-	if err := d.removeSnapshotData(s); err != nil {
-		return nil, toStatus(err, "removing snapshot %s", id)
-	}
-	if err := d.st.dropSnapshot(id); err != nil {
-		return nil, toStatus(err, "removing record of snapshot %s", id)
+	if err := d.deleteSnapshot(s); err != nil {
+		return nil, err
 	}
 	return &csi.DeleteSnapshotResponse{}, nil
+}
+
+// deleteSnapshot removes a snapshot's data and record; the caller holds
+// its lock.
+func (d *Driver) deleteSnapshot(s snapshotRecord) error {
+	id := s.ID
+	s.Phase = phaseDeleting
+	if err := d.st.putSnapshot(s); err != nil {
+		return toStatus(err, "recording deletion of snapshot %s", id)
+	}
+	if err := d.removeSnapshotData(s); err != nil {
+		return toStatus(err, "removing snapshot %s", id)
+	}
+	if err := d.st.dropSnapshot(id); err != nil {
+		return toStatus(err, "removing record of snapshot %s", id)
+	}
+	return nil
 }
 
 // ListSnapshots pages through ready snapshots in id order, filtered by

@@ -50,6 +50,7 @@ type Driver struct {
 	csi.UnimplementedIdentityServer
 	csi.UnimplementedControllerServer
 	csi.UnimplementedNodeServer
+	csi.UnimplementedGroupControllerServer
 
 	cfg   Config
 	paths layout
@@ -165,6 +166,7 @@ func (d *Driver) Serve(ctx context.Context) error {
 	csi.RegisterIdentityServer(srv, d)
 	csi.RegisterControllerServer(srv, d)
 	csi.RegisterNodeServer(srv, d)
+	csi.RegisterGroupControllerServer(srv, d)
 	klog.InfoS("serving CSI", "endpoint", path, "driver", d.cfg.DriverName, "version", d.cfg.Version, "node", d.cfg.NodeID, "stateDir", d.paths.root)
 	go func() {
 		<-ctx.Done()

@@ -19,6 +19,7 @@ import (
 const (
 	volumeIDPrefix   = "vol-"
 	snapshotIDPrefix = "snap-"
+	groupIDPrefix    = "group-"
 	idHexLen         = 24
 )
 
@@ -71,3 +72,4 @@ func validID(prefix, id string) bool {
 
 func validVolumeID(id string) bool   { return validID(volumeIDPrefix, id) }
 func validSnapshotID(id string) bool { return validID(snapshotIDPrefix, id) }
+func validGroupID(id string) bool    { return validID(groupIDPrefix, id) }

@@ -58,6 +58,25 @@ func (d *Driver) reconcile() error {
 			}
 		}
 	}
+	for _, g := range d.st.allGroups() {
+		if g.Phase == phaseReady {
+			continue
+		}
+		klog.InfoS("repair: finishing interrupted group snapshot operation", "group_snapshot_id", g.ID, "phase", g.Phase)
+		for _, s := range d.st.allSnapshots() {
+			if s.Group == g.ID {
+				if err := d.removeSnapshotData(s); err != nil {
+					return err
+				}
+				if err := d.st.dropSnapshot(s.ID); err != nil {
+					return err
+				}
+			}
+		}
+		if err := d.st.dropGroup(g.ID); err != nil {
+			return err
+		}
+	}
 	if err := d.removeOrphans(d.paths.volumes(), func(id string) bool { _, ok := d.st.getVolume(id); return ok }, validVolumeID); err != nil {
 		return err
 	}

@@ -87,6 +87,19 @@ type snapshotRecord struct {
 	VolumeBytes int64  `json:"volumeBytes"`
 	SHA256      string `json:"sha256,omitempty"`
 	Format      string `json:"format,omitempty"`
+	// Group is the group snapshot this snapshot belongs to, if any.
+	Group string `json:"group,omitempty"`
+}
+
+// groupRecord is a VolumeGroupSnapshot: a set of snapshots made together.
+type groupRecord struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	Phase     string    `json:"phase"`
+	CreatedAt time.Time `json:"createdAt"`
+	// Volumes and Snapshots are parallel: Snapshots[i] is of Volumes[i].
+	Volumes   []string `json:"volumes"`
+	Snapshots []string `json:"snapshots"`
 }
 
 // store keeps one JSON file per record, each replaced atomically, so a
@@ -101,6 +114,9 @@ type store struct {
 	volByName map[string]string
 	snaps     map[string]snapshotRecord
 	snapName  map[string]string
+	groupDir  string
+	groups    map[string]groupRecord
+	groupName map[string]string
 }
 
 func newStore(metaDir string) (*store, error) {
@@ -111,8 +127,11 @@ func newStore(metaDir string) (*store, error) {
 		volByName: map[string]string{},
 		snaps:     map[string]snapshotRecord{},
 		snapName:  map[string]string{},
+		groupDir:  filepath.Join(metaDir, "groups"),
+		groups:    map[string]groupRecord{},
+		groupName: map[string]string{},
 	}
-	for _, d := range []string{s.volDir, s.snapDir} {
+	for _, d := range []string{s.volDir, s.snapDir, s.groupDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -134,7 +153,7 @@ func (s *store) load() error {
 	}); err != nil {
 		return err
 	}
-	return loadDir(s.snapDir, validSnapshotID, func(data []byte) error {
+	if err := loadDir(s.snapDir, validSnapshotID, func(data []byte) error {
 		var r snapshotRecord
 		if err := json.Unmarshal(data, &r); err != nil {
 			return err
@@ -142,7 +161,69 @@ func (s *store) load() error {
 		s.snaps[r.ID] = r
 		s.snapName[r.Name] = r.ID
 		return nil
+	}); err != nil {
+		return err
+	}
+	return loadDir(s.groupDir, validGroupID, func(data []byte) error {
+		var g groupRecord
+		if err := json.Unmarshal(data, &g); err != nil {
+			return err
+		}
+		s.groups[g.ID] = g
+		s.groupName[g.Name] = g.ID
+		return nil
 	})
+}
+
+func (s *store) getGroup(id string) (groupRecord, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	g, ok := s.groups[id]
+	return g, ok
+}
+
+func (s *store) groupByName(name string) (groupRecord, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	id, ok := s.groupName[name]
+	if !ok {
+		return groupRecord{}, false
+	}
+	return s.groups[id], true
+}
+
+func (s *store) allGroups() []groupRecord {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]groupRecord, 0, len(s.groups))
+	for _, g := range s.groups {
+		out = append(out, g)
+	}
+	return out
+}
+
+func (s *store) putGroup(g groupRecord) error {
+	if err := writeRecord(s.groupDir, g.ID, g); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.groups[g.ID] = g
+	s.groupName[g.Name] = g.ID
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *store) dropGroup(id string) error {
+	if err := fsops.RemoveDurable(filepath.Join(s.groupDir, id+".json")); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if g, ok := s.groups[id]; ok && s.groupName[g.Name] == id {
+		delete(s.groupName, g.Name)
+	}
+	delete(s.groups, id)
+	s.mu.Unlock()
+	return nil
 }
 
 func loadDir(dir string, valid func(string) bool, add func([]byte) error) error {

@@ -1,0 +1,173 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/klog/v2"
+)
+
+// The GroupController service: VolumeGroupSnapshots, all or nothing. The
+// member snapshots are taken one after another with every member volume
+// locked, so no CSI call changes any of them in between; writes by pods
+// are not frozen (there is no fsfreeze without a file system per volume).
+
+func groupNameKey(name string) string { return "gname/" + name }
+func groupIDKey(id string) string     { return "gid/" + id }
+
+// GroupControllerGetCapabilities advertises group snapshots.
+func (d *Driver) GroupControllerGetCapabilities(context.Context, *csi.GroupControllerGetCapabilitiesRequest) (*csi.GroupControllerGetCapabilitiesResponse, error) {
+	return &csi.GroupControllerGetCapabilitiesResponse{Capabilities: []*csi.GroupControllerServiceCapability{{
+		Type: &csi.GroupControllerServiceCapability_Rpc{Rpc: &csi.GroupControllerServiceCapability_RPC{Type: csi.GroupControllerServiceCapability_RPC_CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT}},
+	}}}, nil
+}
+
+func (d *Driver) csiGroup(g groupRecord) *csi.VolumeGroupSnapshot {
+	out := &csi.VolumeGroupSnapshot{GroupSnapshotId: g.ID, CreationTime: timestamppb.New(g.CreatedAt), ReadyToUse: g.Phase == phaseReady}
+	for _, id := range g.Snapshots {
+		if s, ok := d.st.getSnapshot(id); ok {
+			out.Snapshots = append(out.Snapshots, d.csiSnapshot(s))
+		}
+	}
+	return out
+}
+
+// CreateVolumeGroupSnapshot snapshots every source volume, or none: a
+// failure half-way removes the member snapshots already made.
+func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateVolumeGroupSnapshotRequest) (*csi.CreateVolumeGroupSnapshotResponse, error) {
+	name := req.GetName()
+	if err := checkName("name", name); err != nil {
+		return nil, err
+	}
+	srcs := req.GetSourceVolumeIds()
+	if len(srcs) == 0 {
+		return nil, invalid("source_volume_ids is required")
+	}
+	keys := []string{groupNameKey(name)}
+	for i, id := range srcs {
+		if err := checkID("source_volume_ids", id); err != nil {
+			return nil, err
+		}
+		if slices.Contains(srcs[:i], id) {
+			return nil, invalid("volume %s is listed twice", id)
+		}
+		keys = append(keys, volIDKey(id))
+	}
+	if _, _, err := d.snapshotOptions(req.GetParameters(), accessMount); err != nil {
+		return nil, err
+	}
+	unlock, err := d.locks.lock(fmt.Sprintf("group snapshot %q or one of its volumes", name), keys...)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if old, ok := d.st.groupByName(name); ok {
+		a, b := slices.Clone(old.Volumes), slices.Clone(srcs)
+		slices.Sort(a)
+		slices.Sort(b)
+		if !slices.Equal(a, b) {
+			return nil, status.Errorf(codes.AlreadyExists, "group snapshot %q already exists as %s of other volumes", name, old.ID)
+		}
+		return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: d.csiGroup(old)}, nil
+	}
+	for _, id := range srcs {
+		if v, ok := d.st.getVolume(id); !ok || v.Phase != phaseReady {
+			return nil, d.notFoundVolume(id)
+		}
+	}
+	g := groupRecord{ID: newID(groupIDPrefix, d.tag), Name: name, Phase: phaseCreating, CreatedAt: time.Now().UTC(), Volumes: slices.Clone(srcs)}
+	if err := d.st.putGroup(g); err != nil {
+		return nil, toStatus(err, "recording group snapshot %s", g.ID)
+	}
+	var made []snapshotRecord
+	fail := func(err error) (*csi.CreateVolumeGroupSnapshotResponse, error) {
+		for _, s := range made {
+			if rmErr := d.deleteSnapshot(s); rmErr != nil {
+				klog.ErrorS(rmErr, "removing a member of a failed group snapshot", "snapshot_id", s.ID)
+				return nil, err // the group stays "creating": the next start clears it
+			}
+		}
+		_ = d.st.dropGroup(g.ID)
+		return nil, err
+	}
+	for _, id := range srcs {
+		s, err := d.takeSnapshot(ctx, fmt.Sprintf("%s/%s", g.ID, id), id, req.GetParameters(), g.ID)
+		if err != nil {
+			return fail(err)
+		}
+		made = append(made, s)
+		g.Snapshots = append(g.Snapshots, s.ID)
+	}
+	g.Phase = phaseReady
+	if err := d.st.putGroup(g); err != nil {
+		return fail(toStatus(err, "recording group snapshot %s", g.ID))
+	}
+	return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: d.csiGroup(g)}, nil
+}
+
+// GetVolumeGroupSnapshot reports a group snapshot.
+func (d *Driver) GetVolumeGroupSnapshot(ctx context.Context, req *csi.GetVolumeGroupSnapshotRequest) (*csi.GetVolumeGroupSnapshotResponse, error) {
+	if err := checkID("group_snapshot_id", req.GetGroupSnapshotId()); err != nil {
+		return nil, err
+	}
+	g, ok := d.st.getGroup(req.GetGroupSnapshotId())
+	if !ok || g.Phase != phaseReady {
+		return nil, status.Errorf(codes.NotFound, "group snapshot %q does not exist", req.GetGroupSnapshotId())
+	}
+	if len(req.GetSnapshotIds()) > 0 {
+		a, b := slices.Clone(g.Snapshots), slices.Clone(req.GetSnapshotIds())
+		slices.Sort(a)
+		slices.Sort(b)
+		if !slices.Equal(a, b) {
+			return nil, invalid("snapshot_ids do not match the members of group snapshot %s", g.ID)
+		}
+	}
+	return &csi.GetVolumeGroupSnapshotResponse{GroupSnapshot: d.csiGroup(g)}, nil
+}
+
+// DeleteVolumeGroupSnapshot removes a group snapshot and its members.
+// Unknown or malformed ids are success.
+func (d *Driver) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteVolumeGroupSnapshotRequest) (*csi.DeleteVolumeGroupSnapshotResponse, error) {
+	id := req.GetGroupSnapshotId()
+	if err := checkID("group_snapshot_id", id); err != nil {
+		return nil, err
+	}
+	if !validGroupID(id) {
+		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
+	}
+	unlock, err := d.locks.lock("group snapshot "+id, groupIDKey(id))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	g, ok := d.st.getGroup(id)
+	if !ok {
+		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
+	}
+	for _, sid := range req.GetSnapshotIds() {
+		if !slices.Contains(g.Snapshots, sid) {
+			return nil, invalid("snapshot %s is not a member of group snapshot %s", sid, id)
+		}
+	}
+	g.Phase = phaseDeleting
+	if err := d.st.putGroup(g); err != nil {
+		return nil, toStatus(err, "recording deletion of group snapshot %s", id)
+	}
+	for _, sid := range g.Snapshots {
+		if s, ok := d.st.getSnapshot(sid); ok {
+			if err := d.deleteSnapshot(s); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := d.st.dropGroup(id); err != nil {
+		return nil, toStatus(err, "removing record of group snapshot %s", id)
+	}
+	return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
+}
