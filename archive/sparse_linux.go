@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/hostpath-csi/hostpath/fsops"
 )
 
 // Go's archive/tar reads sparse files but cannot write them (golang/go
@@ -23,27 +23,18 @@ import (
 
 type extent struct{ off, length int64 }
 
-// dataExtents lists a file's data with SEEK_DATA/SEEK_HOLE. ok is false
-// when the file has no hole worth recording (or the file system cannot
-// say), in which case it is archived as a plain file.
+// dataExtents lists a file's data. ok is false when the file has no hole
+// worth recording (or the file system cannot say), in which case it is
+// archived as a plain file.
 func dataExtents(fd int, size int64) (exts []extent, ok bool) {
-	var off, data int64
-	for off < size {
-		d, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if err == unix.ENXIO {
-			break
-		}
-		if err != nil {
-			return nil, false
-		}
-		h, err := unix.Seek(fd, d, unix.SEEK_HOLE)
-		if err != nil {
-			return nil, false
-		}
-		h = min(h, size)
-		exts = append(exts, extent{d, h - d})
-		data += h - d
-		off = h
+	es, err := fsops.DataExtents(fd, 0, size)
+	if err != nil {
+		return nil, false
+	}
+	var data int64
+	for _, e := range es {
+		exts = append(exts, extent{e.Offset, e.Length})
+		data += e.Length
 	}
 	// A file that is all data, or whose holes save less than a block,
 	// stays a plain entry: simpler for every reader.

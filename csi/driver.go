@@ -40,6 +40,8 @@ type Config struct {
 	EnableVolumeExpansion bool
 	EnableAttach          bool
 	EnableModifyVolume    bool
+	// EnableSnapshotMetadata serves the SnapshotMetadata service.
+	EnableSnapshotMetadata bool
 
 	// ShutdownGrace bounds how long calls in flight may run after SIGTERM.
 	ShutdownGrace time.Duration
@@ -51,6 +53,7 @@ type Driver struct {
 	csi.UnimplementedControllerServer
 	csi.UnimplementedNodeServer
 	csi.UnimplementedGroupControllerServer
+	csi.UnimplementedSnapshotMetadataServer
 
 	cfg   Config
 	paths layout
@@ -162,11 +165,14 @@ func (d *Driver) Serve(ctx context.Context) error {
 	d.mu.Lock()
 	d.socket = path
 	d.mu.Unlock()
-	srv := grpc.NewServer(grpc.UnaryInterceptor(d.interceptor))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(d.interceptor), grpc.StreamInterceptor(streamInterceptor))
 	csi.RegisterIdentityServer(srv, d)
 	csi.RegisterControllerServer(srv, d)
 	csi.RegisterNodeServer(srv, d)
 	csi.RegisterGroupControllerServer(srv, d)
+	if d.cfg.EnableSnapshotMetadata {
+		csi.RegisterSnapshotMetadataServer(srv, d)
+	}
 	klog.InfoS("serving CSI", "endpoint", path, "driver", d.cfg.DriverName, "version", d.cfg.Version, "node", d.cfg.NodeID, "stateDir", d.paths.root)
 	go func() {
 		<-ctx.Done()

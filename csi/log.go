@@ -85,3 +85,17 @@ func strip(m protoreflect.Message) {
 		return true
 	})
 }
+
+// streamInterceptor logs streaming calls (the SnapshotMetadata service)
+// and turns a panic into Internal, like logInterceptor.
+func streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+	start := time.Now()
+	defer func() {
+		if r := recover(); r != nil {
+			klog.ErrorS(nil, "panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
+			err = status.Errorf(codes.Internal, "internal error in %s: %v", info.FullMethod, r)
+		}
+		klog.V(2).InfoS("rpc", "method", info.FullMethod, "duration", time.Since(start).Round(time.Microsecond).String(), "code", status.Code(err).String())
+	}()
+	return handler(srv, ss)
+}

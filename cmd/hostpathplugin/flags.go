@@ -115,6 +115,7 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.cfg.EnableTopology, "enable-topology", true, "report node topology")
 	fs.BoolVar(&o.cfg.EnableVolumeExpansion, "enable-volume-expansion", true, "offer volume expansion")
 	fs.BoolVar(&o.cfg.EnableAttach, "enable-attach", false, "offer ControllerPublish/Unpublish")
+	fs.BoolVar(&o.cfg.EnableSnapshotMetadata, "enable-snapshot-metadata", false, "serve the SnapshotMetadata service (allocated and changed ranges of block snapshots)")
 	fs.BoolVar(&o.cfg.EnableModifyVolume, "enable-controller-modify-volume", false, "offer ControllerModifyVolume (VolumeAttributesClass): mutable kind, snapshotFormat, snapshotCompression")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	fs.StringVar(&o.httpEndpoint, "http-endpoint", "", "address for /healthz and /metrics, e.g. :8080 (off when empty)")

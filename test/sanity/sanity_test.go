@@ -39,7 +39,7 @@ func TestSanity(t *testing.T) {
 	}
 	sock := filepath.Join(dir, "csi.sock")
 	state := filepath.Join(dir, "state")
-	args := []string{"--endpoint=unix://" + sock, "--nodeid=sanity-node", "--statedir=" + state, "--enable-attach", "--enable-controller-modify-volume", "--maxvolumespernode=4", "-v=2"}
+	args := []string{"--endpoint=unix://" + sock, "--nodeid=sanity-node", "--statedir=" + state, "--enable-attach", "--enable-controller-modify-volume", "--maxvolumespernode=4", "--enable-snapshot-metadata", "-v=2"}
 	args = append(args, strings.Fields(os.Getenv("SANITY_DRIVER_ARGS"))...)
 	drv := exec.Command(bin, args...)
 	logf, err := os.Create(filepath.Join(dir, "driver.log"))

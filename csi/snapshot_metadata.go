@@ -1,0 +1,128 @@
+package csi
+
+import (
+	"os"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hostpath-csi/hostpath/fsops"
+)
+
+// The SnapshotMetadata service (behind --enable-snapshot-metadata, as in
+// the reference) lets a backup tool read only what a block snapshot holds
+// or what changed between two: ranges come from the snapshot file's
+// extents (SEEK_DATA/SEEK_HOLE) and, for deltas, from comparing the data
+// of two snapshots of the same volume.
+
+const (
+	defaultMetadataResults = 256
+	deltaBlock             = 4096
+)
+
+func (d *Driver) blockSnapshot(id string) (snapshotRecord, error) {
+	if err := checkID("snapshot_id", id); err != nil {
+		return snapshotRecord{}, err
+	}
+	s, ok := d.st.getSnapshot(id)
+	if !ok || s.Phase != phaseReady {
+		return snapshotRecord{}, status.Errorf(codes.NotFound, "snapshot %q does not exist", id)
+	}
+	if s.Format != formatImage {
+		return snapshotRecord{}, invalid("snapshot %s is of a directory volume; block metadata exists only for block volumes", id)
+	}
+	return s, nil
+}
+
+func checkRange(offset int64, maxResults int32, capacity int64) (int, error) {
+	if offset < 0 || offset > capacity {
+		return 0, status.Errorf(codes.OutOfRange, "starting_offset %d is outside the volume's %d bytes", offset, capacity)
+	}
+	if maxResults < 0 {
+		return 0, invalid("max_results must not be negative")
+	}
+	if maxResults == 0 {
+		return defaultMetadataResults, nil
+	}
+	return int(maxResults), nil
+}
+
+// sendExtents streams extents in batches of n.
+func sendExtents(exts []fsops.Extent, n int, send func([]*csi.BlockMetadata) error) error {
+	batch := make([]*csi.BlockMetadata, 0, n)
+	for _, e := range exts {
+		batch = append(batch, &csi.BlockMetadata{ByteOffset: e.Offset, SizeBytes: e.Length})
+		if len(batch) == n {
+			if err := send(batch); err != nil {
+				return err
+			}
+			batch = make([]*csi.BlockMetadata, 0, n)
+		}
+	}
+	if len(batch) > 0 {
+		return send(batch)
+	}
+	return nil
+}
+
+// GetMetadataAllocated streams the allocated ranges of a block snapshot.
+func (d *Driver) GetMetadataAllocated(req *csi.GetMetadataAllocatedRequest, stream csi.SnapshotMetadata_GetMetadataAllocatedServer) error {
+	s, err := d.blockSnapshot(req.GetSnapshotId())
+	if err != nil {
+		return err
+	}
+	n, err := checkRange(req.GetStartingOffset(), req.GetMaxResults(), s.VolumeBytes)
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(d.snapshotDataPath(s))
+	if err != nil {
+		return toStatus(err, "opening snapshot %s", s.ID)
+	}
+	defer f.Close()
+	exts, err := fsops.DataExtents(int(f.Fd()), req.GetStartingOffset(), s.VolumeBytes)
+	if err != nil {
+		return toStatus(err, "reading the extents of snapshot %s", s.ID)
+	}
+	return sendExtents(exts, n, func(b []*csi.BlockMetadata) error {
+		return stream.Send(&csi.GetMetadataAllocatedResponse{BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH, VolumeCapacityBytes: s.VolumeBytes, BlockMetadata: b})
+	})
+}
+
+// GetMetadataDelta streams the ranges that differ between two block
+// snapshots of the same volume.
+func (d *Driver) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, stream csi.SnapshotMetadata_GetMetadataDeltaServer) error {
+	base, err := d.blockSnapshot(req.GetBaseSnapshotId())
+	if err != nil {
+		return err
+	}
+	target, err := d.blockSnapshot(req.GetTargetSnapshotId())
+	if err != nil {
+		return err
+	}
+	if base.SourceVolume != target.SourceVolume {
+		return invalid("snapshots %s and %s are of different volumes", base.ID, target.ID)
+	}
+	n, err := checkRange(req.GetStartingOffset(), req.GetMaxResults(), target.VolumeBytes)
+	if err != nil {
+		return err
+	}
+	a, err := os.Open(d.snapshotDataPath(base))
+	if err != nil {
+		return toStatus(err, "opening snapshot %s", base.ID)
+	}
+	defer a.Close()
+	b, err := os.Open(d.snapshotDataPath(target))
+	if err != nil {
+		return toStatus(err, "opening snapshot %s", target.ID)
+	}
+	defer b.Close()
+	changed, err := fsops.ChangedRanges(a, b, req.GetStartingOffset(), target.VolumeBytes, deltaBlock)
+	if err != nil {
+		return toStatus(err, "comparing snapshots %s and %s", base.ID, target.ID)
+	}
+	return sendExtents(changed, n, func(bm []*csi.BlockMetadata) error {
+		return stream.Send(&csi.GetMetadataDeltaResponse{BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH, VolumeCapacityBytes: target.VolumeBytes, BlockMetadata: bm})
+	})
+}

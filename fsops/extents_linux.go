@@ -1,0 +1,109 @@
+package fsops
+
+import (
+	"bytes"
+	"io"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// Extent is a byte range of a file.
+type Extent struct{ Offset, Length int64 }
+
+// DataExtents lists the ranges of the open file fd that hold data (not
+// holes) between start and size, from SEEK_DATA/SEEK_HOLE. A file system
+// that cannot tell reports everything as data.
+func DataExtents(fd int, start, size int64) ([]Extent, error) {
+	var out []Extent
+	for off := start; off < size; {
+		d, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if err == unix.ENXIO {
+			break
+		}
+		if err == unix.EINVAL || err == unix.EOPNOTSUPP {
+			return []Extent{{off, size - off}}, nil
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "lseek(SEEK_DATA)", Path: "", Err: err}
+		}
+		if d >= size {
+			break
+		}
+		h, err := unix.Seek(fd, d, unix.SEEK_HOLE)
+		if err != nil {
+			return nil, &os.PathError{Op: "lseek(SEEK_HOLE)", Path: "", Err: err}
+		}
+		h = min(h, size)
+		out = append(out, Extent{d, h - d})
+		off = h
+	}
+	return out, nil
+}
+
+// ChangedRanges compares two files of the same logical size block by
+// block, over the ranges where either holds data (holes read as zeros),
+// and returns the blocks that differ, adjacent ones merged. Only data is
+// read: a 10 GiB image holding 200 MiB costs about 200 MiB per file.
+func ChangedRanges(a, b *os.File, start, size, block int64) ([]Extent, error) {
+	ea, err := DataExtents(int(a.Fd()), start, size)
+	if err != nil {
+		return nil, err
+	}
+	eb, err := DataExtents(int(b.Fd()), start, size)
+	if err != nil {
+		return nil, err
+	}
+	union := mergeExtents(append(ea, eb...), block)
+	var out []Extent
+	bufA, bufB := make([]byte, 1<<20), make([]byte, 1<<20)
+	for _, e := range union {
+		for off := e.Offset; off < e.Offset+e.Length; {
+			n := min(int64(len(bufA)), e.Offset+e.Length-off)
+			if _, err := a.ReadAt(bufA[:n], off); err != nil && err != io.EOF {
+				return nil, err
+			}
+			if _, err := b.ReadAt(bufB[:n], off); err != nil && err != io.EOF {
+				return nil, err
+			}
+			for i := int64(0); i < n; i += block {
+				j := min(i+block, n)
+				if bytes.Equal(bufA[i:j], bufB[i:j]) {
+					continue
+				}
+				if k := len(out) - 1; k >= 0 && out[k].Offset+out[k].Length == off+i {
+					out[k].Length += j - i
+				} else {
+					out = append(out, Extent{off + i, j - i})
+				}
+			}
+			off += n
+		}
+	}
+	return out, nil
+}
+
+// mergeExtents sorts, aligns to block and merges overlapping extents.
+func mergeExtents(es []Extent, block int64) []Extent {
+	for i := range es {
+		s := es[i].Offset / block * block
+		e := (es[i].Offset + es[i].Length + block - 1) / block * block
+		es[i] = Extent{s, e - s}
+	}
+	for i := 1; i < len(es); i++ { // insertion sort: lists are short
+		for j := i; j > 0 && es[j].Offset < es[j-1].Offset; j-- {
+			es[j], es[j-1] = es[j-1], es[j]
+		}
+	}
+	var out []Extent
+	for _, e := range es {
+		if k := len(out) - 1; k >= 0 && e.Offset <= out[k].Offset+out[k].Length {
+			if end := e.Offset + e.Length; end > out[k].Offset+out[k].Length {
+				out[k].Length = end - out[k].Offset
+			}
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
