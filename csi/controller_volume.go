@@ -209,7 +209,7 @@ func (d *Driver) availableBytes(all map[string]volumeRecord) (int64, error) {
 	}
 	avail := fs.AvailableBytes
 	for _, o := range all {
-		if o.AccessType == accessMount {
+		if o.AccessType == accessMount && o.LocalPath == "" {
 			avail -= o.CapacityBytes
 		}
 	}
@@ -303,7 +303,8 @@ func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 	all := d.st.allVolumes()
 	ready := all[:0]
 	for _, v := range all {
-		if v.Phase == phaseReady {
+		// Inline and local volumes belong to the node, not the CO's list.
+		if v.Phase == phaseReady && !nodeCreated(v) {
 			ready = append(ready, v)
 		}
 	}

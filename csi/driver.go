@@ -43,6 +43,9 @@ type Config struct {
 	// EnableSnapshotMetadata serves the SnapshotMetadata service.
 	EnableSnapshotMetadata bool
 
+	// LocalRoots are the directories static local volumes may come from.
+	LocalRoots []string
+
 	// ShutdownGrace bounds how long calls in flight may run after SIGTERM.
 	ShutdownGrace time.Duration
 }

@@ -22,10 +22,32 @@ func (d *Driver) nodeVolume(id string) (volumeRecord, func(), error) {
 	if err != nil {
 		return volumeRecord{}, nil, err
 	}
-	v, ok := d.st.getVolume(id)
-	if !validVolumeID(id) || !ok || v.Phase != phaseReady {
+	v, ok := d.lookupNodeVolume(id)
+	if !ok {
 		unlock()
 		return volumeRecord{}, nil, status.Errorf(codes.NotFound, "volume %q does not exist on this node", id)
+	}
+	return v, unlock, nil
+}
+
+// nodeVolumeOrProvision is nodeVolume, but brings an inline or local
+// volume the volume context describes into being if it is not there yet.
+func (d *Driver) nodeVolumeOrProvision(ctx context.Context, id string, vctx map[string]string, access string) (volumeRecord, func(), error) {
+	v, unlock, err := d.nodeVolume(id)
+	if status.Code(err) != codes.NotFound {
+		return v, unlock, err
+	}
+	unlock, err = d.locks.lock("volume "+id, volIDKey(id))
+	if err != nil {
+		return volumeRecord{}, nil, err
+	}
+	if v, ok := d.lookupNodeVolume(id); ok { // made meanwhile
+		return v, unlock, nil
+	}
+	v, err = d.provisionOnNode(ctx, id, vctx, access)
+	if err != nil {
+		unlock()
+		return volumeRecord{}, nil, err
 	}
 	return v, unlock, nil
 }
@@ -64,7 +86,7 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	if err != nil {
 		return nil, err
 	}
-	v, unlock, err := d.nodeVolume(req.GetVolumeId())
+	v, unlock, err := d.nodeVolumeOrProvision(ctx, req.GetVolumeId(), req.GetVolumeContext(), access)
 	if err != nil {
 		return nil, err
 	}
@@ -171,6 +193,9 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 			return nil, toStatus(err, "recording unstaging of volume %s", v.ID)
 		}
 	}
+	if err := d.releaseNodeCreated(v); err != nil {
+		return nil, toStatus(err, "releasing volume %s", req.GetVolumeId())
+	}
 	return &csi.NodeUnstageVolumeResponse{}, nil
 }
 
@@ -235,7 +260,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if readOnly {
 		flags |= unix.MS_RDONLY
 	}
-	v, unlock, err := d.nodeVolume(req.GetVolumeId())
+	v, unlock, err := d.nodeVolumeOrProvision(ctx, req.GetVolumeId(), req.GetVolumeContext(), access)
 	if err != nil {
 		return nil, err
 	}
@@ -260,6 +285,10 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		}
 	}
 	if err := d.bindVolume(v, target, flags, v.AccessType == accessMount); err != nil {
+		if nodeCreated(v) {
+			v.Published = slices.DeleteFunc(v.Published, func(p publication) bool { return p.Target == target })
+			_ = d.releaseNodeCreated(v)
+		}
 		return nil, err
 	}
 	return &csi.NodePublishVolumeResponse{}, nil
@@ -299,6 +328,9 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 		if err := d.st.putVolume(v); err != nil {
 			return nil, toStatus(err, "recording unpublication of volume %s", v.ID)
 		}
+	}
+	if err := d.releaseNodeCreated(v); err != nil {
+		return nil, toStatus(err, "removing inline volume %s", req.GetVolumeId())
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }

@@ -228,3 +228,5 @@ func TestPublishBlockVolume(t *testing.T) {
 		t.Fatal("backing file left behind")
 	}
 }
+
+func unmount(p string) error { return unix.Unmount(p, unix.MNT_DETACH) }

@@ -19,7 +19,7 @@ type fakeStream[T any] struct {
 	got []*T
 }
 
-func (f *fakeStream[T]) Send(m *T) error         { f.got = append(f.got, m); return nil }
+func (f *fakeStream[T]) Send(m *T) error          { f.got = append(f.got, m); return nil }
 func (f *fakeStream[T]) Context() context.Context { return context.Background() }
 
 func writeDev(t *testing.T, d *Driver, vol string, off int64, data []byte) {
@@ -54,7 +54,7 @@ func TestSnapshotMetadata(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeDev(t, d, vid, 8<<20, block)       // new data
+	writeDev(t, d, vid, 8<<20, block)        // new data
 	writeDev(t, d, vid, 1<<20, block[:4096]) // same bytes: not a change
 	block2 := append([]byte(nil), block[:4096]...)
 	block2[0] = 9

@@ -61,6 +61,8 @@ type volumeRecord struct {
 	ProjectID uint32 `json:"projectId,omitempty"`
 	// Mutable are the VolumeAttributesClass parameters in force.
 	Mutable map[string]string `json:"mutable,omitempty"`
+	// LocalPath is the node directory a static local volume shows.
+	LocalPath string `json:"localPath,omitempty"`
 }
 
 func (v volumeRecord) clone() volumeRecord {

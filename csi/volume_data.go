@@ -17,6 +17,9 @@ func wrapInt64(n int64) *wrapperspb.Int64Value { return wrapperspb.Int64(n) }
 // volumeDataPath is where a volume's data lives: a directory for a mount
 // volume, a backing file for a block volume.
 func (d *Driver) volumeDataPath(v volumeRecord) string {
+	if v.LocalPath != "" {
+		return v.LocalPath
+	}
 	if v.AccessType == accessBlock {
 		return filepath.Join(d.paths.volumes(), v.ID+".img")
 	}
@@ -59,6 +62,9 @@ func mkdirOpen(dir string) error {
 // removeVolumeData removes whatever a volume has on disk; what is already
 // gone is not an error.
 func (d *Driver) removeVolumeData(v volumeRecord) error {
+	if v.LocalPath != "" {
+		return nil // the operator's directory, never ours to remove
+	}
 	if v.AccessType == accessBlock {
 		return d.removeBlockData(v)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -62,7 +63,7 @@ func (c capacityFlag) Set(s string) error {
 	if !ok || kind == "" {
 		return fmt.Errorf("want kind=quantity (for example fast=100Gi), got %q", s)
 	}
-	n, err := parseQuantity(qty)
+	n, err := csi.ParseQuantity(qty)
 	if err != nil {
 		return err
 	}
@@ -72,6 +73,12 @@ func (c capacityFlag) Set(s string) error {
 	c[kind] = n
 	return nil
 }
+
+// stringList collects a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(s string) error { *l = append(*l, s); return nil }
 
 // quantityFlag is a size flag that takes Kubernetes quantities.
 type quantityFlag struct{ v *int64 }
@@ -83,7 +90,7 @@ func (q quantityFlag) String() string {
 	return fmt.Sprint(*q.v)
 }
 func (q quantityFlag) Set(s string) error {
-	n, err := parseQuantity(s)
+	n, err := csi.ParseQuantity(s)
 	if err == nil {
 		*q.v = n
 	}
@@ -103,6 +110,7 @@ func parseFlags(args []string) (options, error) {
 		Version:               version(),
 	}}
 	capacity := capacityFlag{}
+	var localRoots stringList
 	fs := flag.NewFlagSet("hostpathplugin", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&o.cfg.Endpoint, "endpoint", o.cfg.Endpoint, "CSI endpoint: unix:///path/to/csi.sock or a path")
@@ -111,6 +119,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.cfg.StateDir, "statedir", o.cfg.StateDir, "directory for volumes, snapshots and state")
 	fs.Int64Var(&o.cfg.MaxVolumesPerNode, "maxvolumespernode", 0, "volumes this node may have published, 0 for no limit")
 	fs.Var(quantityFlag{&o.cfg.MaxVolumeSize}, "max-volume-size", "largest volume to create (quantity, e.g. 1Ti)")
+	fs.Var(&localRoots, "local-root", "a directory static local volumes may come from (repeatable)")
 	fs.Var(capacity, "capacity", "simulate capacity for a StorageClass kind: kind=quantity (repeatable)")
 	fs.BoolVar(&o.cfg.EnableTopology, "enable-topology", true, "report node topology")
 	fs.BoolVar(&o.cfg.EnableVolumeExpansion, "enable-volume-expansion", true, "offer volume expansion")
@@ -143,6 +152,12 @@ func parseFlags(args []string) (options, error) {
 	if len(capacity) > 0 {
 		o.cfg.Capacity = capacity
 	}
+	for _, r := range localRoots {
+		if !filepath.IsAbs(r) {
+			return o, fmt.Errorf("--local-root %q must be an absolute path", r)
+		}
+	}
+	o.cfg.LocalRoots = localRoots
 	switch {
 	case o.cfg.NodeID == "":
 		return o, errors.New("--nodeid is required: give the Kubernetes node name (for example --nodeid=$(hostname))")

@@ -1,4 +1,4 @@
-package main
+package csi
 
 import (
 	"fmt"
@@ -17,10 +17,10 @@ var quantitySuffixes = []struct {
 	{"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"P", 1e15}, {"E", 1e18},
 }
 
-// parseQuantity reads a size the way Kubernetes writes one (100Gi, 1.5T,
+// ParseQuantity reads a size the way Kubernetes writes one (100Gi, 1.5T,
 // 1048576). A whole module for resource.Quantity would be more than this
 // needs.
-func parseQuantity(s string) (int64, error) {
+func ParseQuantity(s string) (int64, error) {
 	num, mult := s, 1.0
 	for _, suf := range quantitySuffixes {
 		if strings.HasSuffix(s, suf.s) {

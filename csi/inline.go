@@ -1,0 +1,162 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Volumes that NodePublishVolume brings into being, with ids the CO chose:
+//
+//   - CSI ephemeral inline volumes (volume context
+//     csi.storage.k8s.io/ephemeral=true): a fresh directory volume of the
+//     "size" attribute (default 100Mi), made on publish and deleted on
+//     unpublish, and cleared at start if a crash left one unpublished;
+//   - static local volumes, like Kubernetes local PersistentVolumes: the
+//     "localPath" attribute names an existing directory under a root the
+//     operator allowed (--local-root); publish bind-mounts it.
+//
+// Both get an ordinary record (found by the CO's id through its name), so
+// locking, identity checks and unpublish work as for any volume.
+const (
+	ctxEphemeral         = "csi.storage.k8s.io/ephemeral"
+	ctxSize              = "size"
+	ctxLocalPath         = "localPath"
+	defaultEphemeralSize = 100 << 20
+	ephemeralPrefix      = "ephemeral/"
+	localPrefix          = "local/"
+)
+
+// nodeCreated reports whether a record was made by NodePublishVolume.
+func nodeCreated(v volumeRecord) bool {
+	return strings.HasPrefix(v.Name, ephemeralPrefix) || strings.HasPrefix(v.Name, localPrefix)
+}
+
+// lookupNodeVolume finds a volume by this driver's id, or by the CO's id
+// of an inline or local volume.
+func (d *Driver) lookupNodeVolume(id string) (volumeRecord, bool) {
+	if validVolumeID(id) {
+		v, ok := d.st.getVolume(id)
+		return v, ok && v.Phase == phaseReady
+	}
+	for _, name := range []string{ephemeralPrefix + id, localPrefix + id} {
+		if v, ok := d.st.volumeByName(name); ok && v.Phase == phaseReady {
+			return v, true
+		}
+	}
+	return volumeRecord{}, false
+}
+
+// provisionOnNode makes the record (and, for an inline volume, the data)
+// of a volume the volume context describes. It returns NotFound when the
+// context describes none.
+func (d *Driver) provisionOnNode(ctx context.Context, id string, vctx map[string]string, access string) (volumeRecord, error) {
+	if err := checkName("volume_id", id); err != nil {
+		return volumeRecord{}, err
+	}
+	switch {
+	case vctx[ctxEphemeral] == "true":
+		if access != accessMount {
+			return volumeRecord{}, invalid("inline ephemeral volumes are directories; a block capability cannot be served")
+		}
+		size := int64(defaultEphemeralSize)
+		if s, ok := vctx[ctxSize]; ok {
+			n, err := ParseQuantity(s)
+			if err != nil || n <= 0 {
+				return volumeRecord{}, invalid("volume attribute %s=%q: %v", ctxSize, s, err)
+			}
+			size = n
+		}
+		for k := range vctx {
+			if k != ctxEphemeral && k != ctxSize && !strings.HasPrefix(k, coParamPrefix) {
+				return volumeRecord{}, invalid("unknown volume attribute %q for an inline volume; this driver takes %q", k, ctxSize)
+			}
+		}
+		if d.cfg.MaxVolumeSize > 0 && size > d.cfg.MaxVolumeSize {
+			return volumeRecord{}, status.Errorf(codes.OutOfRange, "inline volume of %d bytes exceeds --max-volume-size %d", size, d.cfg.MaxVolumeSize)
+		}
+		rec := volumeRecord{ID: d.newVolumeID(), Name: ephemeralPrefix + id, CapacityBytes: size, AccessType: accessMount, Phase: phaseCreating, CreatedAt: time.Now().UTC()}
+		if err := d.st.reserveVolume(&rec, d.checkCapacity); err != nil {
+			return volumeRecord{}, err
+		}
+		if err := d.st.putVolume(rec); err != nil {
+			_ = d.st.dropVolume(rec.ID)
+			return volumeRecord{}, toStatus(err, "recording inline volume %s", id)
+		}
+		if err := d.createVolumeData(ctx, rec); err != nil {
+			_ = d.removeVolumeData(rec)
+			_ = d.st.dropVolume(rec.ID)
+			return volumeRecord{}, toStatus(err, "creating inline volume %s", id)
+		}
+		rec.Phase = phaseReady
+		return rec, toStatus(d.st.putVolume(rec), "recording inline volume %s", id)
+	case vctx[ctxLocalPath] != "":
+		path, err := d.checkLocalPath(vctx[ctxLocalPath])
+		if err != nil {
+			return volumeRecord{}, err
+		}
+		if access != accessMount {
+			return volumeRecord{}, invalid("local volumes are directories; a block capability cannot be served")
+		}
+		rec := volumeRecord{ID: d.newVolumeID(), Name: localPrefix + id, AccessType: accessMount, Phase: phaseReady, CreatedAt: time.Now().UTC(), LocalPath: path}
+		if err := d.st.reserveVolume(&rec, nil); err != nil {
+			return volumeRecord{}, err
+		}
+		return rec, toStatus(d.st.putVolume(rec), "recording local volume %s", id)
+	}
+	return volumeRecord{}, status.Errorf(codes.NotFound, "volume %q does not exist on this node", id)
+}
+
+// checkLocalPath allows an existing directory below one of --local-root,
+// symlinks resolved, and never the driver's own state dir.
+func (d *Driver) checkLocalPath(p string) (string, error) {
+	if !filepath.IsAbs(p) || strings.ContainsRune(p, 0) {
+		return "", invalid("local path %q is not an absolute path", p)
+	}
+	if len(d.cfg.LocalRoots) == 0 {
+		return "", invalid("local path %q: local volumes are off; allow a root with --local-root", p)
+	}
+	real, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return "", status.Errorf(codes.NotFound, "local path %q does not exist on node %s", p, d.cfg.NodeID)
+	}
+	fi, err := os.Stat(real)
+	if err != nil || !fi.IsDir() {
+		return "", status.Errorf(codes.NotFound, "local path %q is not a directory on node %s", p, d.cfg.NodeID)
+	}
+	if d.insideStateDir(real) {
+		return "", invalid("local path %q is inside the driver's state dir", p)
+	}
+	for _, root := range d.cfg.LocalRoots {
+		r, err := filepath.EvalSymlinks(root)
+		if err != nil {
+			continue
+		}
+		if rel, err := filepath.Rel(r, real); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+			return real, nil
+		}
+	}
+	return "", status.Errorf(codes.PermissionDenied, "local path %q (%s) is outside the allowed roots %v (--local-root)", p, real, d.cfg.LocalRoots)
+}
+
+// releaseNodeCreated deletes an inline volume, or forgets a local one,
+// once nothing publishes it any more.
+func (d *Driver) releaseNodeCreated(v volumeRecord) error {
+	if !nodeCreated(v) || len(v.Published) > 0 || len(v.Staged) > 0 {
+		return nil
+	}
+	v.Phase = phaseDeleting
+	if err := d.st.putVolume(v); err != nil {
+		return err
+	}
+	if err := d.removeVolumeData(v); err != nil {
+		return fmt.Errorf("removing inline volume %s: %w", v.Name, err)
+	}
+	return d.st.dropVolume(v.ID)
+}

@@ -1,0 +1,124 @@
+package csi
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hostpath-csi/hostpath/internal/testutil"
+)
+
+func TestEphemeralInlineVolume(t *testing.T) {
+	testutil.RequireRoot(t)
+	cfg := testConfig(t)
+	d := newDriver(t, cfg)
+	target := filepath.Join(t.TempDir(), "pod", "vol")
+	unmountAll(t, target)
+	vctx := map[string]string{ctxEphemeral: "true", ctxSize: "10Mi", "csi.storage.k8s.io/pod.name": "p"}
+	req := &csi.NodePublishVolumeRequest{VolumeId: "csi-0123abcd", TargetPath: target, VolumeCapability: rwo, VolumeContext: vctx}
+	for i := 0; i < 2; i++ {
+		if _, err := d.NodePublishVolume(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v, ok := d.lookupNodeVolume("csi-0123abcd")
+	if !ok || v.CapacityBytes != 10<<20 || mountOf(t, target) == nil {
+		t.Fatalf("inline volume %+v mounted=%v", v, mountOf(t, target) != nil)
+	}
+	os.WriteFile(filepath.Join(target, "f"), []byte("x"), 0o644)
+	if l, _ := d.ListVolumes(ctx, &csi.ListVolumesRequest{}); len(l.GetEntries()) != 0 {
+		t.Fatal("inline volume listed to the CO")
+	}
+	// A driver restart while the pod runs keeps it.
+	d2 := newDriver(t, cfg)
+	if _, ok := d2.lookupNodeVolume("csi-0123abcd"); !ok {
+		t.Fatal("restart dropped a published inline volume")
+	}
+	if _, err := d2.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-0123abcd", TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := d2.lookupNodeVolume("csi-0123abcd"); ok {
+		t.Fatal("inline volume outlived its unpublish")
+	}
+	if _, err := os.Stat(d2.volumeDataPath(v)); !os.IsNotExist(err) {
+		t.Fatal("inline volume's data left behind")
+	}
+	// Crash after publish: the target is gone at the next start.
+	target2 := filepath.Join(t.TempDir(), "vol2")
+	unmountAll(t, target2)
+	if _, err := d2.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "csi-crash", TargetPath: target2, VolumeCapability: rwo, VolumeContext: map[string]string{ctxEphemeral: "true"}}); err != nil {
+		t.Fatal(err)
+	}
+	v2, _ := d2.lookupNodeVolume("csi-crash")
+	os.Stat(target2)
+	for unmount(target2) == nil {
+	}
+	d3 := newDriver(t, cfg)
+	if _, ok := d3.lookupNodeVolume("csi-crash"); ok {
+		t.Fatal("an inline volume nobody mounts survived the restart")
+	}
+	if _, err := os.Stat(d3.volumeDataPath(v2)); !os.IsNotExist(err) {
+		t.Fatal("its data survived too")
+	}
+	for _, bad := range []map[string]string{{ctxEphemeral: "true", ctxSize: "lots"}, {ctxEphemeral: "true", "color": "red"}} {
+		_, err := d3.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "csi-bad", TargetPath: target2, VolumeCapability: rwo, VolumeContext: bad})
+		wantCode(t, err, codes.InvalidArgument)
+	}
+}
+
+func TestLocalVolume(t *testing.T) {
+	testutil.RequireRoot(t)
+	base := t.TempDir()
+	root := filepath.Join(base, "disks")
+	os.MkdirAll(filepath.Join(root, "ssd1"), 0o755)
+	os.WriteFile(filepath.Join(root, "ssd1", "data"), []byte("local"), 0o644)
+	os.MkdirAll(filepath.Join(base, "elsewhere"), 0o755)
+	os.Symlink(filepath.Join(base, "elsewhere"), filepath.Join(root, "escape"))
+	cfg := testConfig(t)
+	cfg.LocalRoots = []string{root}
+	d := newDriver(t, cfg)
+	target := filepath.Join(base, "target")
+	unmountAll(t, target)
+	pub := func(path string) error {
+		_, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "pv-local-1", TargetPath: target, VolumeCapability: rwo, VolumeContext: map[string]string{ctxLocalPath: path}})
+		return err
+	}
+	tests := []struct {
+		path string
+		code codes.Code
+		msg  string
+	}{
+		{filepath.Join(root, "missing"), codes.NotFound, filepath.Join(root, "missing")},
+		{filepath.Join(base, "elsewhere"), codes.PermissionDenied, "outside the allowed roots"},
+		{filepath.Join(root, "escape"), codes.PermissionDenied, "outside the allowed roots"},
+		{"relative", codes.InvalidArgument, "absolute"},
+	}
+	for _, tc := range tests {
+		err := pub(tc.path)
+		if status.Code(err) != tc.code || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s: %v, want %v naming %q", tc.path, err, tc.code, tc.msg)
+		}
+	}
+	for i := 0; i < 2; i++ { // an already-mounted target is success
+		if err := pub(filepath.Join(root, "ssd1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(target, "data")); string(b) != "local" {
+		t.Fatal("local path not visible at the target")
+	}
+	if _, err := d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "pv-local-1", TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, "ssd1", "data")); string(b) != "local" {
+		t.Fatal("unpublishing a local volume touched its data")
+	}
+	if _, ok := d.lookupNodeVolume("pv-local-1"); ok {
+		t.Fatal("local volume record outlived its publication")
+	}
+}
