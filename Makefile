@@ -10,7 +10,7 @@ NODE_ID   ?= $(shell hostname)
 
 export CGO_ENABLED = 0
 
-.PHONY: all build run demo test test-unit test-sanity bench bench-smoke lint deps clean
+.PHONY: all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
 
 all: build
 
@@ -35,7 +35,7 @@ demo: build
 
 # Every test: unit tests with the race detector, then csi-sanity against
 # the real binary for mount and block volumes.
-test: test-unit test-sanity bench-smoke
+test: test-unit test-sanity test-distroless bench-smoke
 
 test-unit:
 	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./csi/... ./cmd/... ./registrar/... ./bench/cmd/... ./test/e2e/...
@@ -49,6 +49,12 @@ test-sanity:
 # bench/results/{bench.txt,summary.md,ratios.svg}.
 BENCH_SIZE   ?= 256
 BENCH_ROUNDS ?= 3
+# csi-sanity against the binary alone in an empty root (only /dev, /proc,
+# /sys and the kubelet directory), as it runs in a distroless image.
+test-distroless:
+	SANITY_CHROOT=1 $(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-distroless-mount.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
+	SANITY_CHROOT=1 SANITY_ACCESS_TYPE=block $(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-distroless-block.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
+
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 120m ./bench/ -args -bench.size=$(BENCH_SIZE) -bench.rounds=$(BENCH_ROUNDS) | tee /tmp/hostpath-bench.txt
 	$(GO) run ./bench/cmd/benchreport -out bench/results < /tmp/hostpath-bench.txt

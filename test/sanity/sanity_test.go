@@ -5,11 +5,13 @@ package sanity
 
 import (
 	"context"
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,15 +35,32 @@ func TestSanity(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "hostpathplugin")
 	build := exec.Command("go", "build", "-o", bin, "../../cmd/hostpathplugin")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	build.Stderr = os.Stderr
 	if err := build.Run(); err != nil {
 		t.Fatalf("building the driver: %v", err)
 	}
-	sock := filepath.Join(dir, "csi.sock")
+	// The kubelet-style directory: sockets, staging and target paths.
+	kubelet := filepath.Join(dir, "kubelet")
+	if err := os.Mkdir(kubelet, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(kubelet, "csi.sock")
 	state := filepath.Join(dir, "state")
+	chroot := os.Getenv("SANITY_CHROOT") != ""
+	if chroot {
+		// As in a distroless image: the binary alone in an empty root.
+		state = "/var/lib/hostpath"
+		bin = emptyRoot(t, dir, bin, kubelet)
+	}
 	args := []string{"--endpoint=unix://" + sock, "--nodeid=sanity-node", "--statedir=" + state, "--enable-attach", "--enable-controller-modify-volume", "--maxvolumespernode=4", "--enable-snapshot-metadata", "-v=2"}
 	args = append(args, strings.Fields(os.Getenv("SANITY_DRIVER_ARGS"))...)
 	drv := exec.Command(bin, args...)
+	if chroot {
+		drv.SysProcAttr = &syscall.SysProcAttr{Chroot: filepath.Join(dir, "root")}
+		drv.Dir = "/"
+		state = filepath.Join(dir, "root", state)
+	}
 	logf, err := os.Create(filepath.Join(dir, "driver.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -79,8 +98,8 @@ func TestSanity(t *testing.T) {
 
 	cfg := sanity.NewTestConfig()
 	cfg.Address = "unix://" + sock
-	cfg.TargetPath = filepath.Join(dir, "mnt")
-	cfg.StagingPath = filepath.Join(dir, "staging")
+	cfg.TargetPath = filepath.Join(kubelet, "mnt")
+	cfg.StagingPath = filepath.Join(kubelet, "staging")
 	cfg.TestVolumeAccessType = access
 	// Small volumes: block volumes are preallocated, and CI disks vary.
 	cfg.TestVolumeSize = 64 << 20
@@ -120,9 +139,65 @@ var _ = ginkgo.ReportAfterSuite("sanity counts", func(r ginkgo.Report) {
 	if access == "" {
 		access = "mount"
 	}
+	if os.Getenv("SANITY_CHROOT") != "" {
+		access += "-distroless"
+	}
 	// One plain line a reader (or CI) can find.
 	fmt.Printf("\ncsi-sanity-%s: %d passed, %d failed, %d skipped\n", access, counts.passed, counts.failed, counts.skipped)
 })
+
+// emptyRoot makes <dir>/root hold nothing but the driver binary, /dev,
+// /proc and /sys, and the kubelet directory at the same path as on the
+// host, shared both ways (mounts the driver makes there appear on the
+// host, as with mountPropagation: Bidirectional). It returns the binary's
+// path inside the root. Everything is unmounted in t.Cleanup.
+func emptyRoot(t *testing.T, dir, bin, kubelet string) string {
+	t.Helper()
+	if f, err := elf.Open(bin); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, p := range f.Progs {
+			if p.Type == elf.PT_INTERP {
+				t.Fatal("the driver binary is dynamically linked; a distroless static image cannot run it")
+			}
+		}
+		f.Close()
+	}
+	root := filepath.Join(dir, "root")
+	for _, d := range []string{"dev", "proc", "sys", "bin", kubelet[1:]} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin", "hostpathplugin"), data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var mounted []string
+	mount := func(src, dst, fstype string, flags uintptr) {
+		if err := syscall.Mount(src, dst, fstype, flags, ""); err != nil {
+			t.Fatalf("mount %s on %s: %v", src, dst, err)
+		}
+		mounted = append(mounted, dst)
+	}
+	t.Cleanup(func() {
+		for i := len(mounted) - 1; i >= 0; i-- {
+			syscall.Unmount(mounted[i], syscall.MNT_DETACH)
+		}
+	})
+	mount("/dev", filepath.Join(root, "dev"), "", syscall.MS_BIND|syscall.MS_REC)
+	mount("proc", filepath.Join(root, "proc"), "proc", 0)
+	mount("/sys", filepath.Join(root, "sys"), "", syscall.MS_BIND|syscall.MS_REC)
+	mount(kubelet, kubelet, "", syscall.MS_BIND)
+	if err := syscall.Mount("", kubelet, "", syscall.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
+	mount(kubelet, filepath.Join(root, kubelet), "", syscall.MS_BIND)
+	return "/bin/hostpathplugin"
+}
 
 func waitReady(t *testing.T, sock string) {
 	t.Helper()
