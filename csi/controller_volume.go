@@ -469,7 +469,7 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 	defer unlock()
 	v, ok := d.st.getVolume(id)
 	if !ok || v.Phase != phaseReady {
-		return nil, status.Errorf(codes.NotFound, "volume %q does not exist", id)
+		return nil, d.notFoundVolume(id)
 	}
 	if lim := req.GetCapacityRange().GetLimitBytes(); lim > 0 && lim < v.CapacityBytes {
 		return nil, status.Errorf(codes.OutOfRange, "volume %s has %d bytes; shrinking to limit_bytes %d is not supported", id, v.CapacityBytes, lim)

@@ -1,0 +1,270 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// manifests holds every object of deploy/, decoded strictly: a field the
+// Kubernetes types do not have (a typo, a wrong indentation) fails.
+type manifests struct {
+	daemonSets    []appsv1.DaemonSet
+	accounts      map[string]bool
+	roles         map[string]bool
+	bindings      []rbacv1.RoleRef
+	subjects      []rbacv1.Subject
+	drivers       []storagev1.CSIDriver
+	classes       []storagev1.StorageClass
+	snapClasses   []snapv1.VolumeSnapshotClass
+	pods          []corev1.Pod
+	pvcs          []corev1.PersistentVolumeClaim
+	snapshots     []snapv1.VolumeSnapshot
+	kustomization map[string][]string
+}
+
+func load(t *testing.T) manifests {
+	t.Helper()
+	m := manifests{accounts: map[string]bool{}, roles: map[string]bool{}, kustomization: map[string][]string{}}
+	files, _ := filepath.Glob("../../deploy/*.yaml")
+	more, _ := filepath.Glob("../../deploy/example/*.yaml")
+	for _, f := range append(files, more...) {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range strings.Split(string(data), "\n---\n") {
+			var head struct{ Kind string }
+			if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			strict := func(into any) {
+				if err := yaml.UnmarshalStrict([]byte(doc), into); err != nil {
+					t.Fatalf("%s (%s): %v", f, head.Kind, err)
+				}
+			}
+			switch head.Kind {
+			case "Kustomization":
+				var k struct {
+					APIVersion string              `json:"apiVersion"`
+					Kind       string              `json:"kind"`
+					Namespace  string              `json:"namespace"`
+					Resources  []string            `json:"resources"`
+					Images     []map[string]string `json:"images"`
+				}
+				strict(&k)
+				m.kustomization[filepath.Dir(f)] = k.Resources
+			case "Namespace":
+				strict(&corev1.Namespace{})
+			case "ServiceAccount":
+				var sa corev1.ServiceAccount
+				strict(&sa)
+				m.accounts[sa.Namespace+"/"+sa.Name] = true
+			case "ClusterRole", "Role":
+				var r rbacv1.ClusterRole
+				strict(&r)
+				m.roles[head.Kind+"/"+r.Name] = true
+			case "ClusterRoleBinding", "RoleBinding":
+				var b rbacv1.ClusterRoleBinding
+				strict(&b)
+				m.bindings = append(m.bindings, b.RoleRef)
+				m.subjects = append(m.subjects, b.Subjects...)
+			case "DaemonSet":
+				var ds appsv1.DaemonSet
+				strict(&ds)
+				m.daemonSets = append(m.daemonSets, ds)
+			case "CSIDriver":
+				var d storagev1.CSIDriver
+				strict(&d)
+				m.drivers = append(m.drivers, d)
+			case "StorageClass":
+				var c storagev1.StorageClass
+				strict(&c)
+				m.classes = append(m.classes, c)
+			case "VolumeSnapshotClass":
+				var c snapv1.VolumeSnapshotClass
+				strict(&c)
+				m.snapClasses = append(m.snapClasses, c)
+			case "VolumeSnapshot":
+				var s snapv1.VolumeSnapshot
+				strict(&s)
+				m.snapshots = append(m.snapshots, s)
+			case "Pod":
+				var p corev1.Pod
+				strict(&p)
+				m.pods = append(m.pods, p)
+			case "PersistentVolumeClaim":
+				var c corev1.PersistentVolumeClaim
+				strict(&c)
+				m.pvcs = append(m.pvcs, c)
+			default:
+				t.Fatalf("%s: no check for kind %q", f, head.Kind)
+			}
+		}
+	}
+	return m
+}
+
+var envRef = regexp.MustCompile(`\$\(([A-Z_]+)\)`)
+
+// flagValue returns --name=value from args.
+func flagValue(args []string, name string) string {
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func TestManifests(t *testing.T) {
+	m := load(t)
+	// Every file is listed in its kustomization.
+	for dir, res := range m.kustomization {
+		files, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
+		for _, f := range files {
+			if base := filepath.Base(f); base != "kustomization.yaml" && !contains(res, base) {
+				t.Errorf("%s is not listed in %s/kustomization.yaml", base, dir)
+			}
+		}
+	}
+	if len(m.drivers) != 1 || len(m.daemonSets) != 1 {
+		t.Fatalf("want one CSIDriver and one DaemonSet, got %d and %d", len(m.drivers), len(m.daemonSets))
+	}
+	drv := m.drivers[0]
+	if drv.Spec.FSGroupPolicy == nil || *drv.Spec.FSGroupPolicy != storagev1.FileFSGroupPolicy || drv.Spec.StorageCapacity == nil || !*drv.Spec.StorageCapacity {
+		t.Error("CSIDriver needs fsGroupPolicy File and storageCapacity")
+	}
+	ds := m.daemonSets[0]
+	spec := ds.Spec.Template.Spec
+	if !m.accounts[ds.Namespace+"/"+spec.ServiceAccountName] {
+		t.Errorf("DaemonSet uses service account %q, which deploy/ does not create", spec.ServiceAccountName)
+	}
+	for _, r := range m.bindings {
+		if !m.roles[r.Kind+"/"+r.Name] {
+			t.Errorf("a binding refers to %s %q, which deploy/ does not create", r.Kind, r.Name)
+		}
+	}
+	for _, s := range m.subjects {
+		if !m.accounts[s.Namespace+"/"+s.Name] {
+			t.Errorf("a binding names service account %s/%s, which deploy/ does not create", s.Namespace, s.Name)
+		}
+	}
+	hostPaths := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	var driver *corev1.Container
+	for i, c := range spec.Containers {
+		if c.Name == "hostpath" {
+			driver = &spec.Containers[i]
+		}
+	}
+	if driver == nil {
+		t.Fatal("no driver container")
+	}
+	// The driver's own flag parsing accepts the args, with the env
+	// references kubelet would expand.
+	var args []string
+	for _, a := range driver.Args {
+		args = append(args, envRef.ReplaceAllString(a, "node-1"))
+	}
+	o, err := parseFlags(args)
+	if err != nil {
+		t.Fatalf("the driver refuses the DaemonSet's args: %v", err)
+	}
+	for _, c := range m.classes {
+		if c.Provisioner != o.cfg.DriverName || c.VolumeBindingMode == nil || *c.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
+			t.Errorf("StorageClass %s: provisioner %q (want %q), binding mode must be WaitForFirstConsumer", c.Name, c.Provisioner, o.cfg.DriverName)
+		}
+	}
+	for _, c := range m.snapClasses {
+		if c.Driver != o.cfg.DriverName {
+			t.Errorf("VolumeSnapshotClass %s names driver %q", c.Name, c.Driver)
+		}
+	}
+	if drv.Name != o.cfg.DriverName {
+		t.Errorf("CSIDriver %q, driver runs as %q", drv.Name, o.cfg.DriverName)
+	}
+	// Sockets: where the driver listens is where the sidecars dial, on the
+	// same volume, and what kubelet is told is that volume's host path.
+	sock := strings.TrimPrefix(o.cfg.Endpoint, "unix://")
+	sockVol := volumeAt(t, driver, filepath.Dir(sock))
+	want := filepath.Join(hostPaths[sockVol], filepath.Base(sock))
+	if o.kubeletRegistrationPath != want {
+		t.Errorf("--kubelet-registration-path %q, but the socket is at %q on the host", o.kubeletRegistrationPath, want)
+	}
+	if hostPaths[volumeAt(t, driver, o.pluginRegistrationPath)] != "/var/lib/kubelet/plugins_registry" {
+		t.Error("--plugin-registration-path is not kubelet's plugins_registry")
+	}
+	for _, c := range spec.Containers {
+		if c.Name == "hostpath" {
+			continue
+		}
+		addr := flagValue(c.Args, "csi-address")
+		if addr != sock || volumeAt(t, &c, filepath.Dir(addr)) != sockVol {
+			t.Errorf("sidecar %s dials %q, the driver listens on %q (volume %s)", c.Name, addr, sock, sockVol)
+		}
+	}
+	// Mounts the driver makes must reach kubelet and the pods.
+	for _, mnt := range driver.VolumeMounts {
+		if strings.HasPrefix(mnt.MountPath, "/var/lib/kubelet/p") && (mnt.MountPropagation == nil || *mnt.MountPropagation != corev1.MountPropagationBidirectional) {
+			t.Errorf("%s needs mountPropagation Bidirectional", mnt.MountPath)
+		}
+	}
+	if driver.SecurityContext == nil || driver.SecurityContext.Privileged == nil || !*driver.SecurityContext.Privileged {
+		t.Error("the driver container must be privileged (mount, loop devices)")
+	}
+	if p := driver.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || !strings.HasSuffix(o.httpEndpoint, ":9808") {
+		t.Error("liveness probe must hit /healthz on the --http-endpoint port")
+	}
+	// The examples use the class and driver deploy/ defines.
+	for _, p := range m.pods {
+		for _, v := range p.Spec.Volumes {
+			if v.CSI != nil && v.CSI.Driver != o.cfg.DriverName {
+				t.Errorf("pod %s: inline volume of driver %q", p.Name, v.CSI.Driver)
+			}
+		}
+	}
+	for _, c := range m.pvcs {
+		if c.Spec.StorageClassName == nil || *c.Spec.StorageClassName != m.classes[0].Name {
+			t.Errorf("PVC %s does not use StorageClass %s", c.Name, m.classes[0].Name)
+		}
+	}
+	for _, s := range m.snapshots {
+		if s.Spec.VolumeSnapshotClassName == nil || *s.Spec.VolumeSnapshotClassName != m.snapClasses[0].Name {
+			t.Errorf("VolumeSnapshot %s does not use class %s", s.Name, m.snapClasses[0].Name)
+		}
+	}
+}
+
+// volumeAt names the volume mounted at path in the container.
+func volumeAt(t *testing.T, c *corev1.Container, path string) string {
+	for _, m := range c.VolumeMounts {
+		if m.MountPath == path {
+			return m.Name
+		}
+	}
+	t.Errorf("container %s mounts nothing at %s", c.Name, path)
+	return ""
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
