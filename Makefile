@@ -10,7 +10,7 @@ NODE_ID   ?= $(shell hostname)
 
 export CGO_ENABLED = 0
 
-.PHONY: all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
+.PHONY: fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
 
 all: build
 
@@ -35,7 +35,7 @@ demo: build
 
 # Every test: unit tests with the race detector, then csi-sanity against
 # the real binary for mount and block volumes.
-test: test-unit test-sanity test-distroless bench-smoke
+test: test-unit test-sanity test-distroless fuzz bench-smoke
 
 test-unit:
 	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./csi/... ./cmd/... ./registrar/... ./bench/cmd/... ./test/e2e/...
@@ -54,6 +54,14 @@ BENCH_ROUNDS ?= 3
 test-distroless:
 	SANITY_CHROOT=1 $(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-distroless-mount.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
 	SANITY_CHROOT=1 SANITY_ACCESS_TYPE=block $(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-distroless-block.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
+
+# Each fuzz target briefly (make fuzz FUZZTIME=10m for a long run).
+FUZZTIME ?= 4s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzPaginationToken$$' -fuzztime $(FUZZTIME) ./csi/
+	$(GO) test -run '^$$' -fuzz '^FuzzIDsAndNames$$' -fuzztime $(FUZZTIME) ./csi/
+	$(GO) test -run '^$$' -fuzz '^FuzzCreateVolume$$' -fuzztime $(FUZZTIME) ./csi/
+	$(GO) test -run '^$$' -fuzz '^FuzzExtract$$' -fuzztime $(FUZZTIME) ./archive/
 
 # Needs a Docker engine (none runs on the CI machines).
 image:

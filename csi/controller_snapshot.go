@@ -144,7 +144,13 @@ func (d *Driver) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 		_ = d.st.dropSnapshot(s.ID)
 		return snapshotRecord{}, toStatus(err, "recording snapshot %s", s.ID)
 	}
+	release, err := d.heavySlot(ctx)
+	if err != nil {
+		_ = d.st.dropSnapshot(s.ID)
+		return snapshotRecord{}, err
+	}
 	size, sum, err := d.writeSnapshot(ctx, v, s, compact)
+	release()
 	if err != nil {
 		if rmErr := d.removeSnapshotData(s); rmErr != nil {
 			klog.ErrorS(rmErr, "cleaning up after failed snapshot", "snapshot_id", s.ID)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/fsops"
@@ -46,6 +48,11 @@ type Config struct {
 	// LocalRoots are the directories static local volumes may come from.
 	LocalRoots []string
 
+	// MaxHeavyOps bounds the clones, snapshots and restores that run at
+	// once, so a burst cannot exhaust memory or file descriptors; more
+	// wait their turn (as long as their caller's deadline allows).
+	MaxHeavyOps int
+
 	// ShutdownGrace bounds how long calls in flight may run after SIGTERM.
 	ShutdownGrace time.Duration
 }
@@ -67,6 +74,7 @@ type Driver struct {
 	// reflink: files in the state dir can share blocks (FICLONE works).
 	reflink bool
 	metrics *metrics
+	heavy   chan struct{} // semaphore of MaxHeavyOps slots
 
 	mu     sync.Mutex
 	socket string // the CSI socket once it listens
@@ -98,6 +106,9 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.ShutdownGrace == 0 {
 		cfg.ShutdownGrace = 25 * time.Second
 	}
+	if cfg.MaxHeavyOps <= 0 {
+		cfg.MaxHeavyOps = 4
+	}
 	root, err := filepath.Abs(cfg.StateDir)
 	if err != nil {
 		return nil, err
@@ -105,6 +116,7 @@ func New(cfg Config) (*Driver, error) {
 	cfg.StateDir = root
 	d := &Driver{cfg: cfg, paths: layout{root: root}, locks: newKeyLocks(), tag: nodeTag(cfg.NodeID)}
 	d.metrics = newMetrics(d)
+	d.heavy = make(chan struct{}, cfg.MaxHeavyOps)
 	if err := d.prepareStateDir(); err != nil {
 		return nil, err
 	}
@@ -212,3 +224,14 @@ func socketPath(endpoint string) (string, error) {
 
 // SocketPath is socketPath for the command line's validation.
 func SocketPath(endpoint string) (string, error) { return socketPath(endpoint) }
+
+// heavySlot waits for one of the MaxHeavyOps slots for a clone, snapshot
+// or restore, or for the caller to give up.
+func (d *Driver) heavySlot(ctx context.Context) (func(), error) {
+	select {
+	case d.heavy <- struct{}{}:
+		return func() { <-d.heavy }, nil
+	case <-ctx.Done():
+		return nil, status.Errorf(codes.Aborted, "%d clones, snapshots or restores are running; this one waited until its deadline: %v", cap(d.heavy), ctx.Err())
+	}
+}

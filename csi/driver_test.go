@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -306,5 +307,27 @@ func TestValidateVolumeCapabilities(t *testing.T) {
 				t.Fatal("an unconfirmed answer must say why")
 			}
 		})
+	}
+}
+
+func TestHeavySlots(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.MaxHeavyOps = 1
+	d := newDriver(t, cfg)
+	release, err := d.heavySlot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := mustCreate(t, d, "v", 1<<20)
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	_, err = d.CreateSnapshot(short, snapReq("s", v.GetVolumeId(), nil))
+	wantCode(t, err, codes.Aborted)
+	if _, ok := d.st.snapshotByName("s"); ok {
+		t.Fatal("a snapshot that never ran left a record")
+	}
+	release()
+	if _, err := d.CreateSnapshot(ctx, snapReq("s", v.GetVolumeId(), nil)); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -28,6 +28,13 @@ func (d *Driver) volumeDataPath(v volumeRecord) string {
 
 // createVolumeData makes the volume's data, empty or from its source.
 func (d *Driver) createVolumeData(ctx context.Context, v volumeRecord) error {
+	if v.SourceSnapshot != "" || v.SourceVolume != "" {
+		release, err := d.heavySlot(ctx)
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
 	if v.AccessType == accessBlock {
 		return d.createBlockData(ctx, v)
 	}
