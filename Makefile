@@ -10,7 +10,7 @@ NODE_ID   ?= $(shell hostname)
 
 export CGO_ENABLED = 0
 
-.PHONY: fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
+.PHONY: stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
 
 all: build
 
@@ -38,7 +38,7 @@ demo: build
 test: test-unit test-sanity test-distroless fuzz bench-smoke
 
 test-unit:
-	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./csi/... ./cmd/... ./registrar/... ./bench/cmd/... ./test/e2e/... ./test/crash/...
+	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./csi/... ./cmd/... ./registrar/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
 
 test-sanity:
 	$(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-mount.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
@@ -62,6 +62,11 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzIDsAndNames$$' -fuzztime $(FUZZTIME) ./csi/
 	$(GO) test -run '^$$' -fuzz '^FuzzCreateVolume$$' -fuzztime $(FUZZTIME) ./csi/
 	$(GO) test -run '^$$' -fuzz '^FuzzExtract$$' -fuzztime $(FUZZTIME) ./archive/
+
+# The long versions of the reliability tests (the test command runs short ones).
+stress:
+	STRESS_DURATION=60s $(GO) test -count=1 -v -run TestConcurrentClients ./test/stress/
+	CRASH_ITERATIONS=500 $(GO) test -count=1 -v -timeout 60m -run TestCrashConsistency ./test/crash/
 
 # Needs a Docker engine (none runs on the CI machines).
 image:
