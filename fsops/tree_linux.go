@@ -34,18 +34,12 @@ type fileJob struct {
 	name     string
 }
 
-type dirMeta struct {
-	rel  string
-	meta Meta
-}
-
 type treeCopier struct {
 	ctx     context.Context
 	dstRoot int
 	probe   copyProbe
 	stats   CopyStats
 	links   map[[2]uint64]string // source inode -> destination path
-	dirs    []dirMeta
 	jobs    chan fileJob
 	wg      sync.WaitGroup
 	errOnce sync.Once
@@ -95,7 +89,6 @@ func CopyTree(ctx context.Context, src, dst string) (CopyStats, error) {
 		if walkErr == nil {
 			walkErr = SetXattrs(dfd, rootX)
 		}
-		c.dirs = append(c.dirs, dirMeta{rel: ".", meta: MetaOf(&rootSt)})
 	} else {
 		unix.Close(sfd)
 	}
@@ -107,13 +100,8 @@ func CopyTree(ctx context.Context, src, dst string) (CopyStats, error) {
 	if c.err != nil {
 		return c.stats, c.err
 	}
-	// Directory times last, deepest first, after everything inside them
-	// was written.
-	for i := len(c.dirs) - 1; i >= 0; i-- {
-		dm := c.dirs[i]
-		if err := ApplyMeta(dfd, dm.rel, dm.meta, false); err != nil {
-			return c.stats, err
-		}
+	if err := ApplyMetaFD(dfd, MetaOf(&rootSt), nil); err != nil {
+		return c.stats, err
 	}
 	return c.stats, nil
 }
@@ -232,8 +220,16 @@ func (c *treeCopier) copyEntry(sfd, dfd int, rel, name string) error {
 			return err
 		}
 		c.stats.Dirs++
-		c.dirs = append(c.dirs, dirMeta{rel: p, meta: meta})
-		return c.copyDir(sub, dsub, p)
+		if err := c.copyDir(sub, dsub, p); err != nil {
+			return err
+		}
+		// Every entry of the directory exists now (workers only fill in
+		// file data), so its times can be set, through its descriptor:
+		// a path from the root may be longer than PATH_MAX.
+		if err := ApplyMetaFD(dsub, meta, nil); err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		return nil
 	case unix.S_IFREG:
 		s, err := unix.Openat(sfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
 		if err != nil {

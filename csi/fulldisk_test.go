@@ -1,0 +1,69 @@
+package csi
+
+import (
+	"crypto/rand"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/hostpath-csi/hostpath/internal/testfs"
+)
+
+// TestFullDisk: on a small file system that fills up, a clone, a snapshot
+// and a restore fail with ResourceExhausted, leave no partial result and
+// no record, and leave the source and the state as they were.
+func TestFullDisk(t *testing.T) {
+	mnt := testfs.FileSystem(t, run, "ext4", 64<<20, []string{"-m", "0"}, "")
+	cfg := testConfig(t)
+	cfg.StateDir = filepath.Join(mnt, "state")
+	cfg.Capacity = map[string]int64{"sim": 1 << 40} // let creates through; the disk is what runs out
+	d := newDriver(t, cfg)
+	src := mustCreate(t, d, "src", 1<<20)
+	data := make([]byte, 24<<20) // incompressible
+	rand.Read(data)
+	if err := os.WriteFile(filepath.Join(d.paths.volumeDir(src.GetVolumeId()), "data"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A snapshot made while there is room, for the restore below.
+	snap, err := d.CreateSnapshot(ctx, snapReq("early", src.GetVolumeId(), map[string]string{"format": "tar.gz"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := stateFiles(t, d)
+
+	_, err = d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "clone", VolumeCapabilities: []*csi.VolumeCapability{rwo},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: src.GetVolumeId()}}}})
+	wantCode(t, err, codes.ResourceExhausted)
+	_, err = d.CreateSnapshot(ctx, snapReq("late", src.GetVolumeId(), map[string]string{"format": "tar.gz"}))
+	wantCode(t, err, codes.ResourceExhausted)
+	_, err = d.CreateVolume(ctx, fromSnapshot("restore", snap.GetSnapshot().GetSnapshotId(), 32<<20))
+	wantCode(t, err, codes.ResourceExhausted)
+
+	if after := stateFiles(t, d); after != before {
+		t.Fatalf("failed operations changed the state dir:\nbefore %s\nafter  %s", before, after)
+	}
+	if got, _ := os.ReadFile(filepath.Join(d.paths.volumeDir(src.GetVolumeId()), "data")); len(got) != len(data) {
+		t.Fatal("the source changed")
+	}
+	// With room again, the same requests succeed.
+	os.Remove(filepath.Join(d.paths.volumeDir(src.GetVolumeId()), "data"))
+	if _, err := d.CreateVolume(ctx, fromSnapshot("restore", snap.GetSnapshot().GetSnapshotId(), 32<<20)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// stateFiles lists what is in the state dir (names only).
+func stateFiles(t *testing.T, d *Driver) string {
+	var out []string
+	filepath.Walk(d.paths.root, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && p != d.paths.root {
+			rel, _ := filepath.Rel(d.paths.root, p)
+			out = append(out, rel)
+		}
+		return nil
+	})
+	return filepath.Join(out...)
+}
