@@ -10,7 +10,7 @@ NODE_ID   ?= $(shell hostname)
 
 export CGO_ENABLED = 0
 
-.PHONY: stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
+.PHONY: scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
 
 all: build
 
@@ -75,6 +75,11 @@ image:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 120m ./bench/ -args -bench.size=$(BENCH_SIZE) -bench.rounds=$(BENCH_ROUNDS) | tee /tmp/hostpath-bench.txt
 	$(GO) run ./bench/cmd/benchreport -out bench/results < /tmp/hostpath-bench.txt
+
+# 10,000 volumes on one node: create latency first vs last thousand,
+# ListVolumes paging, restart time.
+scale:
+	$(GO) test -run '^$$' -bench BenchmarkScale -benchtime=1x -timeout 60m ./bench/ -args -scale.volumes=10000
 
 # Each benchmark once on tiny data, so the suite never rots.
 bench-smoke:
