@@ -109,7 +109,17 @@ func (r *Registrar) Run(ctx context.Context) error {
 	}
 	srv := grpc.NewServer()
 	registerapi.RegisterRegistrationServer(srv, &service{r: r})
-	defer srv.Stop()
+	defer func() {
+		// Let a call in flight (kubelet's NotifyRegistrationStatus that
+		// ended Run) get its answer, but not for long.
+		done := make(chan struct{})
+		go func() { srv.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			srv.Stop()
+		}
+	}()
 	lis, err := r.listen()
 	if err != nil {
 		return err
