@@ -69,10 +69,10 @@ func (p *filePool) releaseFile(f *bigFile) {
 				return &os.PathError{Op: "ftruncate", Path: f.rel, Err: err}
 			}
 		}
-		if err := fsops.SetXattrs(f.fd, f.xattrs); err != nil {
+		if err := fsops.ApplyMetaFD(f.fd, f.meta, nil); err != nil {
 			return err
 		}
-		return fsops.ApplyMetaFD(f.fd, f.meta, nil)
+		return fsops.SetXattrs(f.fd, f.xattrs)
 	}()
 	if err != nil {
 		p.first.CompareAndSwap(nil, &err)
@@ -176,10 +176,11 @@ func (p *filePool) write(j fileJob) error {
 			return &os.PathError{Op: "ftruncate", Path: j.rel, Err: err}
 		}
 	}
-	if err := fsops.SetXattrs(fd, j.xattrs); err != nil {
-		return err
-	}
 	have := p.owner
 	have.Mode = fsops.CreatedMode(j.meta.Mode)
-	return fsops.ApplyMetaFD(fd, j.meta, &have)
+	if err := fsops.ApplyMetaFD(fd, j.meta, &have); err != nil {
+		return err
+	}
+	// After the owner: chown clears security.capability.
+	return fsops.SetXattrs(fd, j.xattrs)
 }

@@ -48,10 +48,13 @@ type copyProbe struct {
 // holes; a plain copy_file_range fills them on ext4), then read/write that
 // skips zero blocks. buf is a scratch buffer for the last resort.
 func CopyFileData(dst, src int, size int64, buf []byte) (CopyMethod, error) {
-	return (&copyProbe{}).copyData(dst, src, size, buf)
+	return (&copyProbe{}).copyData(dst, src, size, false, buf)
 }
 
-func (p *copyProbe) copyData(dst, src int, size int64, buf []byte) (CopyMethod, error) {
+// copyData copies a file's data. dense says the file has no holes (its
+// blocks cover its size), which spares the extent lookups: one
+// copy_file_range does a small file.
+func (p *copyProbe) copyData(dst, src int, size int64, dense bool, buf []byte) (CopyMethod, error) {
 	if size == 0 {
 		return CopyRange, nil
 	}
@@ -66,7 +69,12 @@ func (p *copyProbe) copyData(dst, src int, size int64, buf []byte) (CopyMethod, 
 		p.noReflink.Store(true)
 	}
 	if !p.noRange.Load() {
-		err := copyExtents(dst, src, size)
+		var err error
+		if dense {
+			err = copyRange(dst, src, 0, size)
+		} else {
+			err = copyExtents(dst, src, size)
+		}
 		if err == nil {
 			return CopyRange, nil
 		}
@@ -79,6 +87,21 @@ func (p *copyProbe) copyData(dst, src int, size int64, buf []byte) (CopyMethod, 
 		}
 	}
 	return CopyReadWrite, WriteSparse(dst, io.NewSectionReader(os.NewFile(uintptr(src), ""), 0, size), size, buf)
+}
+
+// copyRange moves [off, end) with copy_file_range, at the same offsets.
+func copyRange(dst, src int, off, end int64) error {
+	for off < end {
+		woff := off
+		n, err := unix.CopyFileRange(src, &off, dst, &woff, int(min(end-off, 1<<30)), 0)
+		if err != nil {
+			return &os.PathError{Op: "copy_file_range", Path: "", Err: err}
+		}
+		if n == 0 {
+			return &os.PathError{Op: "copy_file_range", Path: "", Err: fmt.Errorf("source shrank during copy: %w", unix.EIO)}
+		}
+	}
+	return nil
 }
 
 // copyExtents moves each data extent with copy_file_range, leaving holes.
@@ -97,15 +120,8 @@ func copyExtents(dst, src int, size int64) error {
 			return &os.PathError{Op: "lseek(SEEK_HOLE)", Path: "", Err: err}
 		}
 		hole = min(hole, size)
-		for data < hole {
-			woff := data
-			n, err := unix.CopyFileRange(src, &data, dst, &woff, int(min(hole-data, 1<<30)), 0)
-			if err != nil {
-				return &os.PathError{Op: "copy_file_range", Path: "", Err: err}
-			}
-			if n == 0 {
-				return &os.PathError{Op: "copy_file_range", Path: "", Err: fmt.Errorf("source shrank during copy: %w", unix.EIO)}
-			}
+		if err := copyRange(dst, src, data, hole); err != nil {
+			return err
 		}
 		off = hole
 	}

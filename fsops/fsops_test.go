@@ -253,3 +253,29 @@ func TestCopyTreeRefusesSymlinkRoot(t *testing.T) {
 		t.Fatalf("copy from a symlink root: %v", err)
 	}
 }
+
+// TestCopyKeepsCapabilities: security.capability survives the copy of a
+// file owned by someone else (chown would clear it if done after).
+func TestCopyKeepsCapabilities(t *testing.T) {
+	testutil.RequireRoot(t)
+	base := t.TempDir()
+	src, dst := filepath.Join(base, "src"), filepath.Join(base, "dst")
+	os.Mkdir(src, 0o755)
+	os.Mkdir(dst, 0o755)
+	f := filepath.Join(src, "ping")
+	os.WriteFile(f, []byte("binary"), 0o755)
+	os.Chown(f, 1000, 1000)
+	// VFS_CAP_REVISION_2, cap_net_raw permitted+effective.
+	capv := []byte{0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+	if err := unix.Setxattr(f, "security.capability", capv, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CopyTree(context.Background(), src, dst); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 64)
+	n, err := unix.Getxattr(filepath.Join(dst, "ping"), "security.capability", got)
+	if err != nil || !bytes.Equal(got[:n], capv) {
+		t.Fatalf("capability lost in the copy: %v", err)
+	}
+}

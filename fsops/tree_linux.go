@@ -29,22 +29,24 @@ func copyWorkers() int { return max(2, runtime.GOMAXPROCS(0)) }
 type fileJob struct {
 	src, dst int
 	size     int64
+	dense    bool // no holes: blocks cover the size
 	meta     Meta
 	xattrs   map[string][]byte
 	name     string
 }
 
 type treeCopier struct {
-	ctx     context.Context
-	dstRoot int
-	probe   copyProbe
-	stats   CopyStats
-	links   map[[2]uint64]string // source inode -> destination path
-	jobs    chan fileJob
-	wg      sync.WaitGroup
-	errOnce sync.Once
-	err     error
-	failed  atomic.Bool
+	ctx      context.Context
+	uid, gid uint32 // who new files belong to
+	dstRoot  int
+	probe    copyProbe
+	stats    CopyStats
+	links    map[[2]uint64]string // source inode -> destination path
+	jobs     chan fileJob
+	wg       sync.WaitGroup
+	errOnce  sync.Once
+	err      error
+	failed   atomic.Bool
 }
 
 func (c *treeCopier) fail(err error) {
@@ -73,7 +75,7 @@ func CopyTree(ctx context.Context, src, dst string) (CopyStats, error) {
 		return CopyStats{}, &os.PathError{Op: "open", Path: dst, Err: err}
 	}
 	defer unix.Close(dfd)
-	c := &treeCopier{ctx: ctx, dstRoot: dfd, links: map[[2]uint64]string{}, jobs: make(chan fileJob, 64)}
+	c := &treeCopier{ctx: ctx, uid: uint32(os.Geteuid()), gid: uint32(os.Getegid()), dstRoot: dfd, links: map[[2]uint64]string{}, jobs: make(chan fileJob, 64)}
 	for i := 0; i < copyWorkers(); i++ {
 		c.wg.Add(1)
 		go c.worker()
@@ -121,30 +123,23 @@ func (c *treeCopier) worker() {
 }
 
 func (c *treeCopier) copyFile(j fileJob, buf []byte) error {
-	m, err := c.probe.copyData(j.dst, j.src, j.size, buf)
+	m, err := c.probe.copyData(j.dst, j.src, j.size, j.dense, buf)
 	if err != nil {
 		return fmt.Errorf("copying %s: %w", j.name, err)
 	}
 	if m == CopyReflink {
 		atomic.AddInt64(&c.stats.Reflinked, 1)
 	}
-	if err := SetXattrs(j.dst, j.xattrs); err != nil {
+	// The file was created with its final permission bits by this
+	// process: owner and mode calls are needed only if they differ.
+	have := unix.Stat_t{Uid: c.uid, Gid: c.gid, Mode: CreatedMode(j.meta.Mode & 0o777)}
+	if err := ApplyMetaFD(j.dst, j.meta, &have); err != nil {
 		return fmt.Errorf("copying %s: %w", j.name, err)
 	}
-	return applyMetaFD(j.dst, j.meta, j.name)
-}
-
-// applyMetaFD is ApplyMeta on an open regular file.
-func applyMetaFD(fd int, m Meta, name string) error {
-	if err := unix.Fchown(fd, m.UID, m.GID); err != nil {
-		return &os.PathError{Op: "fchown", Path: name, Err: err}
-	}
-	if err := unix.Fchmod(fd, m.Mode); err != nil {
-		return &os.PathError{Op: "fchmod", Path: name, Err: err}
-	}
-	ts := []unix.Timespec{m.Atime, m.Mtime}
-	if err := unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH); err != nil {
-		return &os.PathError{Op: "utimensat", Path: name, Err: err}
+	// Extended attributes after the owner: chown clears
+	// security.capability. Setting them leaves mtime alone.
+	if err := SetXattrs(j.dst, j.xattrs); err != nil {
+		return fmt.Errorf("copying %s: %w", j.name, err)
 	}
 	return nil
 }
@@ -247,7 +242,7 @@ func (c *treeCopier) copyEntry(sfd, dfd int, rel, name string) error {
 			unix.Close(s)
 			return err
 		}
-		d, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		d, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, meta.Mode&0o777)
 		if err != nil {
 			unix.Close(s)
 			return &os.PathError{Op: "openat", Path: p, Err: err}
@@ -255,7 +250,7 @@ func (c *treeCopier) copyEntry(sfd, dfd int, rel, name string) error {
 		c.stats.Files++
 		c.stats.Bytes += st2.Size
 		select {
-		case c.jobs <- fileJob{src: s, dst: d, size: st2.Size, meta: meta, xattrs: x, name: p}:
+		case c.jobs <- fileJob{src: s, dst: d, size: st2.Size, dense: st2.Blocks*512 >= st2.Size, meta: meta, xattrs: x, name: p}:
 		case <-c.ctx.Done():
 			unix.Close(s)
 			unix.Close(d)
