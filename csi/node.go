@@ -112,19 +112,32 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	return &csi.NodeStageVolumeResponse{}, nil
 }
 
+// inspectMount returns the mount at path (nil if there is none) and
+// whether it shows the volume.
+func (d *Driver) inspectMount(path string, v volumeRecord) (*fsops.MountPoint, bool, error) {
+	mp, err := fsops.GetMountPoint(path)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, false, toStatus(err, "inspecting %s", path)
+	}
+	if mp == nil {
+		return nil, false, nil
+	}
+	ours, err := d.mountShows(mp, v)
+	if err != nil {
+		return nil, false, toStatus(err, "inspecting %s", path)
+	}
+	return mp, ours, nil
+}
+
 // bindVolume mounts the volume at path unless it is already there. A
 // different mount at path is FailedPrecondition; path is created (a
 // directory, or a file for a block volume) if it does not exist.
 func (d *Driver) bindVolume(v volumeRecord, path string, flags uintptr, dir bool) error {
-	mp, err := fsops.GetMountPoint(path)
-	if err != nil && !os.IsNotExist(err) {
-		return toStatus(err, "inspecting %s", path)
+	mp, ours, err := d.inspectMount(path, v)
+	if err != nil {
+		return err
 	}
 	if mp != nil {
-		ours, err := d.showsVolume(path, v)
-		if err != nil {
-			return toStatus(err, "inspecting %s", path)
-		}
 		if !ours {
 			return status.Errorf(codes.FailedPrecondition, "%s already has another mount (%s on %s); it cannot also show volume %s", path, mp.Source, mp.Root, v.ID)
 		}
@@ -202,15 +215,11 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 // unbindVolume unmounts the volume from path if it is mounted there, and
 // removes path if asked. A mount of something else is refused.
 func (d *Driver) unbindVolume(v volumeRecord, path string, remove bool) error {
-	mp, err := fsops.GetMountPoint(path)
-	if err != nil && !os.IsNotExist(err) {
-		return toStatus(err, "inspecting %s", path)
+	mp, ours, err := d.inspectMount(path, v)
+	if err != nil {
+		return err
 	}
 	if mp != nil {
-		ours, err := d.showsVolume(path, v)
-		if err != nil {
-			return toStatus(err, "inspecting %s", path)
-		}
 		if !ours {
 			return status.Errorf(codes.FailedPrecondition, "%s shows another mount (%s on %s), not volume %s; not unmounting it", path, mp.Source, mp.Root, v.ID)
 		}

@@ -120,6 +120,12 @@ func (d *Driver) showsVolume(path string, v volumeRecord) (bool, error) {
 	if err != nil || mp == nil {
 		return false, err
 	}
+	return d.mountShows(mp, v)
+}
+
+// mountShows reports whether a mount point shows this volume: the same
+// directory inode, or the device of one of its loop devices.
+func (d *Driver) mountShows(mp *fsops.MountPoint, v volumeRecord) (bool, error) {
 	if v.AccessType == accessBlock {
 		devs, err := d.blockDevices(v)
 		if err != nil {
