@@ -76,10 +76,11 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 120m ./bench/ -args -bench.size=$(BENCH_SIZE) -bench.rounds=$(BENCH_ROUNDS) | tee /tmp/hostpath-bench.txt
 	$(GO) run ./bench/cmd/benchreport -out bench/results < /tmp/hostpath-bench.txt
 
-# 10,000 volumes on one node: create latency first vs last thousand,
-# ListVolumes paging, restart time.
+# 10,000 volumes on one node (create latency first vs last thousand,
+# ListVolumes paging, restart time), peak memory of a 10 GiB snapshot and
+# restore, and a million empty files cloned, archived and restored.
 scale:
-	$(GO) test -run '^$$' -bench BenchmarkScale -benchtime=1x -timeout 60m ./bench/ -args -scale.volumes=10000
+	$(GO) test -run '^$$' -bench 'BenchmarkScale|BenchmarkSnapshotMemory|BenchmarkManyFiles' -benchtime=1x -timeout 90m ./bench/ -args -scale.volumes=10000 -mem.gib=10 -many.files=1000000
 
 # Each benchmark once on tiny data, so the suite never rots.
 bench-smoke:
