@@ -31,15 +31,11 @@ func (d *Driver) ControllerPublishVolume(ctx context.Context, req *csi.Controlle
 	if err != nil {
 		return nil, err
 	}
-	unlock, err := d.locks.lock("volume "+id, volIDKey(id))
+	v, unlock, err := d.lockVolume(id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	v, ok := d.st.getVolume(id)
-	if !validVolumeID(id) || !ok || v.Phase != phaseReady {
-		return nil, status.Errorf(codes.NotFound, "volume %q does not exist", id)
-	}
 	if node != d.cfg.NodeID {
 		return nil, status.Errorf(codes.NotFound, "node %q is not this driver's node %q; a local volume can only be attached where it lives", node, d.cfg.NodeID)
 	}

@@ -462,15 +462,11 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 	if req.GetCapacityRange() == nil {
 		return nil, invalid("capacity_range is required")
 	}
-	unlock, err := d.locks.lock("volume "+id, volIDKey(id))
+	v, unlock, err := d.lockVolume(id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	v, ok := d.st.getVolume(id)
-	if !ok || v.Phase != phaseReady {
-		return nil, d.notFoundVolume(id)
-	}
 	if lim := req.GetCapacityRange().GetLimitBytes(); lim > 0 && lim < v.CapacityBytes {
 		return nil, status.Errorf(codes.OutOfRange, "volume %s has %d bytes; shrinking to limit_bytes %d is not supported", id, v.CapacityBytes, lim)
 	}
@@ -488,4 +484,19 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 		}
 	}
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.CapacityBytes, NodeExpansionRequired: false}, nil
+}
+
+// lockVolume takes a volume's lock and returns its record: NotFound (or
+// ResourceExhausted for another node's id) if there is no ready volume.
+func (d *Driver) lockVolume(id string) (volumeRecord, func(), error) {
+	unlock, err := d.locks.lock("volume "+id, volIDKey(id))
+	if err != nil {
+		return volumeRecord{}, nil, err
+	}
+	v, ok := d.st.getVolume(id)
+	if !ok || v.Phase != phaseReady {
+		unlock()
+		return volumeRecord{}, nil, d.notFoundVolume(id)
+	}
+	return v, unlock, nil
 }

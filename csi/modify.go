@@ -78,15 +78,11 @@ func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.Controller
 	if err := d.checkMutable(req.GetMutableParameters()); err != nil {
 		return nil, err
 	}
-	unlock, err := d.locks.lock("volume "+id, volIDKey(id))
+	v, unlock, err := d.lockVolume(id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	v, ok := d.st.getVolume(id)
-	if !ok || v.Phase != phaseReady {
-		return nil, d.notFoundVolume(id)
-	}
 	if k, ok := req.GetMutableParameters()[mutableKind]; ok && k != v.Kind {
 		if err := d.st.checkVolumes(func(all map[string]volumeRecord) error {
 			var used int64
