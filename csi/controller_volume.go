@@ -10,8 +10,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
-
-	"github.com/hostpath-csi/hostpath/fsops"
 )
 
 // CreateVolume makes a directory or block volume, empty or filled from a
@@ -160,62 +158,6 @@ func (d *Driver) existingVolume(old, want volumeRecord, cr *csi.CapacityRange) (
 	return nil, status.Errorf(codes.AlreadyExists, "volume %q already exists as %s and is incompatible: %s", old.Name, old.ID, diff)
 }
 
-// checkCapacity runs under the store's lock when a volume is reserved, so
-// concurrent creates cannot overcommit. It picks a --capacity kind when the
-// request named none.
-func (d *Driver) checkCapacity(v *volumeRecord, all map[string]volumeRecord) error {
-	if d.quota == quotaProject && v.AccessType == accessMount {
-		assignProjectID(v, all)
-	}
-	if len(d.cfg.Capacity) > 0 {
-		used := map[string]int64{}
-		for _, o := range all {
-			used[o.Kind] += o.CapacityBytes
-		}
-		kinds := []string{v.Kind}
-		if v.Kind == "" {
-			kinds = kinds[:0]
-			for k := range d.cfg.Capacity {
-				kinds = append(kinds, k)
-			}
-			sort.Strings(kinds)
-		}
-		for _, k := range kinds {
-			if d.cfg.Capacity[k]-used[k] >= v.CapacityBytes {
-				v.Kind = k
-				return nil
-			}
-		}
-		return status.Errorf(codes.ResourceExhausted, "no simulated capacity left for %d bytes (kinds %v)", v.CapacityBytes, kinds)
-	}
-	avail, err := d.availableBytes(all)
-	if err != nil {
-		return toStatus(err, "reading the state dir's free space")
-	}
-	if v.CapacityBytes > avail {
-		return status.Errorf(codes.ResourceExhausted, "%d bytes requested but only %d are free on %s after what existing volumes reserve", v.CapacityBytes, avail, d.paths.root)
-	}
-	return nil
-}
-
-// availableBytes is the state dir's free space minus what directory
-// volumes have been promised. A block volume's file is preallocated, so its
-// space is already out of the free count. The space directory volumes
-// already use is counted twice: GetCapacity errs on the side of caution.
-func (d *Driver) availableBytes(all map[string]volumeRecord) (int64, error) {
-	fs, err := fsops.Statfs(d.paths.root)
-	if err != nil {
-		return 0, err
-	}
-	avail := fs.AvailableBytes
-	for _, o := range all {
-		if o.AccessType == accessMount && o.LocalPath == "" {
-			avail -= o.CapacityBytes
-		}
-	}
-	return max(avail, 0), nil
-}
-
 // csiVolume is the CSI view of a record.
 func (d *Driver) csiVolume(v volumeRecord) *csi.Volume {
 	out := &csi.Volume{VolumeId: v.ID, CapacityBytes: v.CapacityBytes}
@@ -358,58 +300,6 @@ func (d *Driver) ControllerGetVolume(ctx context.Context, req *csi.ControllerGet
 		Volume: d.csiVolume(v),
 		Status: &csi.ControllerGetVolumeResponse_VolumeStatus{PublishedNodeIds: attachedNodes(v)},
 	}, nil
-}
-
-// GetCapacity reports what a new volume may still take: the real free
-// space of the state dir's file system less what volumes reserved, or the
-// rest of a simulated --capacity kind.
-func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
-	kind, err := d.checkVolumeParameters(req.GetParameters())
-	if err != nil {
-		return nil, err
-	}
-	zero := &csi.GetCapacityResponse{}
-	if len(req.GetVolumeCapabilities()) > 0 {
-		if _, err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
-			return zero, nil // capabilities this driver cannot serve have no capacity
-		}
-	}
-	if d.cfg.EnableTopology && req.GetAccessibleTopology() != nil && !d.onThisNode(req.GetAccessibleTopology()) {
-		return zero, nil
-	}
-	all := map[string]volumeRecord{}
-	for _, v := range d.st.allVolumes() {
-		all[v.ID] = v
-	}
-	var avail int64
-	if len(d.cfg.Capacity) > 0 {
-		kinds := []string{kind}
-		if kind == "" {
-			kinds = kinds[:0]
-			for k := range d.cfg.Capacity {
-				kinds = append(kinds, k)
-			}
-		}
-		for _, k := range kinds {
-			left := d.cfg.Capacity[k]
-			for _, v := range all {
-				if v.Kind == k {
-					left -= v.CapacityBytes
-				}
-			}
-			avail = max(avail, left)
-		}
-	} else if avail, err = d.availableBytes(all); err != nil {
-		return nil, toStatus(err, "reading the state dir's free space")
-	}
-	if d.quota == quotaNone {
-		klog.V(2).InfoS("GetCapacity: directory volume sizes are accounted, not enforced (no project quotas or btrfs quota groups on the state dir)")
-	}
-	resp := &csi.GetCapacityResponse{AvailableCapacity: avail}
-	if d.cfg.MaxVolumeSize > 0 {
-		resp.MaximumVolumeSize = wrapInt64(min(d.cfg.MaxVolumeSize, avail))
-	}
-	return resp, nil
 }
 
 // ControllerGetCapabilities lists what the controller does, following the
