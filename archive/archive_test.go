@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hostpath-csi/hostpath/fsops"
 )
 
 var ctx = context.Background()
@@ -334,4 +336,43 @@ func TestSnapshotSymlinkSwapRace(t *testing.T) {
 	}
 	close(stop)
 	<-done
+}
+
+// TestDeepTree: a 4,000-deep directory tree (paths twice PATH_MAX) is
+// archived and restored, and nothing is written outside.
+func TestDeepTree(t *testing.T) {
+	base := t.TempDir()
+	src := filepath.Join(base, "src")
+	os.Mkdir(src, 0o755)
+	fd, _ := unix.Open(src, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	for i := 0; i < 4000; i++ {
+		unix.Mkdirat(fd, "d", 0o755)
+		next, err := unix.Openat(fd, "d", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd = next
+	}
+	unix.Close(fd)
+	var buf bytes.Buffer
+	st, err := Write(ctx, src, &buf, Options{})
+	if err != nil || st.Dirs != 4000 {
+		t.Fatalf("archiving a 4,000-deep tree: %+v %v", st, err)
+	}
+	dst := filepath.Join(base, "dst")
+	os.Mkdir(dst, 0o755)
+	rs, err := Extract(ctx, bytes.NewReader(buf.Bytes()), dst)
+	if err != nil || rs.Dirs != 4000 {
+		t.Fatalf("restoring a 4,000-deep archive: %+v %v", rs, err)
+	}
+	if entries, _ := os.ReadDir(base); len(entries) != 2 {
+		t.Fatalf("restore wrote outside: %v", entries)
+	}
+	os.Chmod(dst, 0o755)
+	for _, d := range []string{src, dst} {
+		if err := fsops.RemoveAll(d); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

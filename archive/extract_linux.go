@@ -53,7 +53,13 @@ func Extract(ctx context.Context, r io.Reader, dir string) (Stats, error) {
 		return x.stats, formatErr(err)
 	}
 	for i := len(x.dirs) - 1; i >= 0; i-- {
-		if err := fsops.ApplyMeta(root, x.dirs[i].rel, x.dirs[i].meta, false); err != nil {
+		fd, err := fsops.OpenBeneathLong(root, x.dirs[i].rel, unix.O_RDONLY|unix.O_DIRECTORY)
+		if err != nil {
+			return x.stats, err
+		}
+		err = fsops.ApplyMetaFD(fd, x.dirs[i].meta, nil)
+		unix.Close(fd)
+		if err != nil {
 			return x.stats, err
 		}
 	}
@@ -145,7 +151,7 @@ func (x *extractor) parent(rel string) (int, string, error) {
 		return x.parentFD, base, nil
 	}
 	x.closeParent()
-	fd, err := fsops.OpenBeneath(x.root, dir, unix.O_RDONLY|unix.O_DIRECTORY)
+	fd, err := fsops.OpenBeneathLong(x.root, dir, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return -1, "", err
 	}
@@ -236,7 +242,7 @@ func (x *extractor) entry(h *tar.Header, r io.Reader) error {
 		// without AT_SYMLINK_FOLLOW links the entry itself, never what a
 		// symlink points to.
 		tdir, tbase := path.Split(target)
-		tfd, err := fsops.OpenBeneath(x.root, path.Clean(tdir), unix.O_RDONLY|unix.O_DIRECTORY)
+		tfd, err := fsops.OpenBeneathLong(x.root, path.Clean(tdir), unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
 			return err
 		}

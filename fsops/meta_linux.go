@@ -254,3 +254,39 @@ var umask = func() uint32 {
 
 // CreatedMode is the mode a file created with perm really gets.
 func CreatedMode(perm uint32) uint32 { return perm &^ umask & 0o777 }
+
+// longPathChunk keeps each openat2 path well under PATH_MAX.
+const longPathChunk = 2048
+
+// OpenBeneathLong is OpenBeneath for paths of any length: a path longer
+// than PATH_MAX is opened a piece at a time, each piece beneath the
+// directory the previous one opened, so a 4,000-deep tree can be reached
+// and still nothing outside the root.
+func OpenBeneathLong(rootfd int, rel string, flags int) (int, error) {
+	if len(rel) <= longPathChunk {
+		return OpenBeneath(rootfd, rel, flags)
+	}
+	dirfd, owned := rootfd, false
+	for len(rel) > longPathChunk {
+		cut := strings.LastIndexByte(rel[:longPathChunk], '/')
+		if cut <= 0 {
+			if owned {
+				unix.Close(dirfd)
+			}
+			return -1, &os.PathError{Op: "openat2", Path: rel[:64] + "...", Err: unix.ENAMETOOLONG}
+		}
+		fd, err := OpenBeneath(dirfd, rel[:cut], unix.O_RDONLY|unix.O_DIRECTORY)
+		if owned {
+			unix.Close(dirfd)
+		}
+		if err != nil {
+			return -1, err
+		}
+		dirfd, owned, rel = fd, true, rel[cut+1:]
+	}
+	fd, err := OpenBeneath(dirfd, rel, flags)
+	if owned {
+		unix.Close(dirfd)
+	}
+	return fd, err
+}

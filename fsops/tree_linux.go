@@ -181,7 +181,14 @@ func (c *treeCopier) copyEntry(sfd, dfd int, rel, name string) error {
 	if kind != unix.S_IFDIR && st.Nlink > 1 {
 		key := [2]uint64{st.Dev, st.Ino}
 		if first, ok := c.links[key]; ok {
-			if err := unix.Linkat(c.dstRoot, first, dfd, name, 0); err != nil {
+			dir, base := path.Split(first)
+			fd, err := OpenBeneathLong(c.dstRoot, path.Clean(dir), unix.O_RDONLY|unix.O_DIRECTORY)
+			if err != nil {
+				return err
+			}
+			err = unix.Linkat(fd, base, dfd, name, 0)
+			unix.Close(fd)
+			if err != nil {
 				return &os.PathError{Op: "linkat", Path: p, Err: err}
 			}
 			c.stats.Hardlinks++
