@@ -5,6 +5,8 @@ package testutil
 
 import (
 	"os"
+	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -22,4 +24,20 @@ func RequireRoot(t testing.TB) {
 		t.Skipf("not root and %s is set: skipping privileged test", SkipEnv)
 	}
 	t.Fatalf("this test needs root (mounts, loop devices); run as root or set %s=1 to skip it", SkipEnv)
+}
+
+// UnmountUnder detaches every mount below dir and reports each as a test
+// error: for t.Cleanup, so a failed run leaves nothing mounted and
+// TempDir can be removed.
+func UnmountUnder(t testing.TB, dir string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir) {
+			syscall.Unmount(f[4], syscall.MNT_DETACH)
+			t.Errorf("mount left behind: %s", f[4])
+		}
+	}
 }

@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -259,14 +258,7 @@ func TestCrashConsistency(t *testing.T) {
 			h.cmd.Process.Kill()
 			h.cmd.Wait()
 		}
-		if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-			for _, line := range strings.Split(string(b), "\n") {
-				if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir) {
-					syscall.Unmount(f[4], syscall.MNT_DETACH)
-					t.Errorf("mount left behind: %s", f[4])
-				}
-			}
-		}
+		testutil.UnmountUnder(t, dir)
 	})
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)

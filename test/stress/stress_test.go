@@ -18,7 +18,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -87,15 +86,7 @@ func TestConcurrentClients(t *testing.T) {
 	t.Cleanup(func() {
 		cmd.Process.Kill()
 		cmd.Wait()
-		// Whatever a failed run left mounted goes, so TempDir can go too.
-		if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-			for _, line := range strings.Split(string(b), "\n") {
-				if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir) {
-					syscall.Unmount(f[4], syscall.MNT_DETACH)
-					t.Errorf("mount left behind: %s", f[4])
-				}
-			}
-		}
+		testutil.UnmountUnder(t, dir)
 		if strings.Contains(stderr.String(), "DATA RACE") || strings.Contains(stderr.String(), "panic") {
 			t.Errorf("driver output:\n%s", stderr.String())
 		}
