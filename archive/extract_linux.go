@@ -85,17 +85,15 @@ type extractor struct {
 	root  int
 	stats Stats
 	dirs  []dirMeta
-	buf   []byte
 	jobs  *filePool
 	// The parent directory of the last entry stays open: archives list a
 	// directory's files together, so most entries reuse it.
 	parentRel string
 	parentRef *dirRef
-	parentFD  int
 }
 
 func newExtractor(root int) *extractor {
-	return &extractor{root: root, parentFD: -1, buf: make([]byte, 1<<20), jobs: newFilePool()}
+	return &extractor{root: root, jobs: newFilePool()}
 }
 
 func (x *extractor) run(ctx context.Context, tr *tar.Reader) error {
@@ -122,7 +120,7 @@ func (x *extractor) run(ctx context.Context, tr *tar.Reader) error {
 func (x *extractor) closeParent() {
 	if x.parentRef != nil {
 		x.parentRef.release()
-		x.parentRef, x.parentFD = nil, -1
+		x.parentRef = nil
 	}
 }
 
@@ -147,16 +145,15 @@ func cleanName(name string) (string, error) {
 func (x *extractor) parent(rel string) (int, string, error) {
 	dir, base := path.Split(rel)
 	dir = path.Clean(dir)
-	if x.parentFD >= 0 && x.parentRel == dir {
-		return x.parentFD, base, nil
+	if x.parentRef != nil && x.parentRel == dir {
+		return x.parentRef.fd, base, nil
 	}
 	x.closeParent()
 	fd, err := fsops.OpenBeneathLong(x.root, dir, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return -1, "", err
 	}
-	x.parentRef = newDirRef(fd)
-	x.parentFD, x.parentRel = fd, dir
+	x.parentRef, x.parentRel = newDirRef(fd), dir
 	return fd, base, nil
 }
 

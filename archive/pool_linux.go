@@ -167,7 +167,7 @@ func (p *filePool) write(j fileJob) error {
 		return err
 	}
 	defer unix.Close(fd)
-	full, err := fsops.WriteSparseBytes(fd, j.data)
+	full, err := fsops.WriteSparseAt(fd, j.data, 0)
 	if err != nil {
 		return err
 	}

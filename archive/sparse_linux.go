@@ -21,31 +21,27 @@ import (
 // then a file entry whose content is the text map of data extents followed
 // by the extents themselves. Holes are recorded, never read or compressed.
 
-type extent struct{ off, length int64 }
-
-// dataExtents lists a file's data. ok is false when the file has no hole
+// dataExtents lists a file's data and its total. ok is false when the file has no hole
 // worth recording (or the file system cannot say), in which case it is
 // archived as a plain file.
-func dataExtents(fd int, size int64) (exts []extent, ok bool) {
-	es, err := fsops.DataExtents(fd, 0, size)
+func dataExtents(fd int, size int64) (exts []fsops.Extent, data int64, ok bool) {
+	exts, err := fsops.DataExtents(fd, 0, size)
 	if err != nil {
-		return nil, false
+		return nil, 0, false
 	}
-	var data int64
-	for _, e := range es {
-		exts = append(exts, extent{e.Offset, e.Length})
+	for _, e := range exts {
 		data += e.Length
 	}
 	// A file that is all data, or whose holes save less than a block,
 	// stays a plain entry: simpler for every reader.
 	if size-data < 64<<10 {
-		return nil, false
+		return nil, 0, false
 	}
 	// GNU sparse maps end with an extent at the end of the file.
-	if len(exts) == 0 || exts[len(exts)-1].off+exts[len(exts)-1].length < size {
-		exts = append(exts, extent{size, 0})
+	if len(exts) == 0 || exts[len(exts)-1].Offset+exts[len(exts)-1].Length < size {
+		exts = append(exts, fsops.Extent{Offset: size})
 	}
-	return exts, true
+	return exts, data, true
 }
 
 func paxRecord(k, v string) string {
@@ -100,7 +96,7 @@ func pad(w io.Writer, n int64) error {
 
 // writeSparse writes one sparse regular file. w is the stream under the
 // tar.Writer, which holds no state between entries once flushed.
-func (a *writer) writeSparse(f *os.File, h *tar.Header, exts []extent) error {
+func (a *writer) writeSparse(f *os.File, h *tar.Header, exts []fsops.Extent) error {
 	if err := a.tw.Flush(); err != nil {
 		return err
 	}
@@ -108,8 +104,8 @@ func (a *writer) writeSparse(f *os.File, h *tar.Header, exts []extent) error {
 	fmt.Fprintf(&m, "%d\n", len(exts))
 	var data int64
 	for _, e := range exts {
-		fmt.Fprintf(&m, "%d\n%d\n", e.off, e.length)
-		data += e.length
+		fmt.Fprintf(&m, "%d\n%d\n", e.Offset, e.Length)
+		data += e.Length
 	}
 	if r := m.Len() % 512; r != 0 {
 		m.Write(make([]byte, 512-r))
@@ -155,12 +151,12 @@ func (a *writer) writeSparse(f *os.File, h *tar.Header, exts []extent) error {
 		return err
 	}
 	for _, e := range exts {
-		n, err := io.CopyBuffer(w, io.NewSectionReader(f, e.off, e.length), a.buf)
+		n, err := io.CopyBuffer(w, io.NewSectionReader(f, e.Offset, e.Length), a.buf)
 		if err != nil {
 			return err
 		}
-		if n < e.length { // file shrank while archived: keep the stream valid
-			if _, err := io.CopyBuffer(w, io.LimitReader(zeroReader{}, e.length-n), a.buf); err != nil {
+		if n < e.Length { // file shrank while archived: keep the stream valid
+			if _, err := io.CopyBuffer(w, io.LimitReader(zeroReader{}, e.Length-n), a.buf); err != nil {
 				return err
 			}
 		}

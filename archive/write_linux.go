@@ -218,15 +218,13 @@ func (a *writer) file(dirfd int, name, p string, st *unix.Stat_t) error {
 	}
 	h := header(p, tar.TypeReg, &st2, x)
 	h.Size = st2.Size
-	if exts, ok := dataExtents(fd, h.Size); ok {
+	if exts, data, ok := dataExtents(fd, h.Size); ok {
 		if err := a.writeSparse(f, h, exts); err != nil {
 			return fmt.Errorf("archiving %s: %w", p, err)
 		}
 		a.stats.Files++
 		a.stats.Bytes += h.Size
-		for _, e := range exts {
-			a.stats.DataBytes += e.length
-		}
+		a.stats.DataBytes += data
 		return nil
 	}
 	if err := a.tw.WriteHeader(h); err != nil {

@@ -149,16 +149,26 @@ func (d *Driver) releaseBlockDevice(rdev uint64, v volumeRecord) error {
 // reattachBlockVolumes gives every block volume its loop device back after
 // a restart or reboot, before Probe reports ready.
 func (d *Driver) reattachBlockVolumes() error {
+	bound, err := loop.List()
+	if err != nil {
+		return err
+	}
+	attached := map[[2]uint64]bool{}
+	for _, b := range bound {
+		if !b.ReadOnly {
+			attached[[2]uint64{b.BackingDev, b.BackingIno}] = true
+		}
+	}
 	for _, v := range d.st.allVolumes() {
 		if v.AccessType != accessBlock || v.Phase != phaseReady {
 			continue
 		}
 		path := d.volumeDataPath(v)
-		_, ok, err := loop.Find(path)
-		if err != nil {
-			return err
+		var st unix.Stat_t
+		if err := unix.Stat(path, &st); err != nil {
+			return &os.PathError{Op: "stat", Path: path, Err: err}
 		}
-		if ok {
+		if attached[[2]uint64{st.Dev, st.Ino}] {
 			continue
 		}
 		dev, err := loop.Attach(path, loop.Options{})

@@ -7,6 +7,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/fsops"
@@ -115,7 +116,7 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 	}
 	resp := &csi.GetCapacityResponse{AvailableCapacity: avail}
 	if d.cfg.MaxVolumeSize > 0 {
-		resp.MaximumVolumeSize = wrapInt64(min(d.cfg.MaxVolumeSize, avail))
+		resp.MaximumVolumeSize = wrapperspb.Int64(min(d.cfg.MaxVolumeSize, avail))
 	}
 	return resp, nil
 }

@@ -3,6 +3,7 @@ package csi
 import (
 	"context"
 	"slices"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -70,17 +71,8 @@ func attachKey(node string, readOnly bool) string {
 }
 
 func nodeOfAttachment(key string) string {
-	if n, ok := cutSuffix(key, "\x00ro"); ok {
-		return n
-	}
-	return key
-}
-
-func cutSuffix(s, suffix string) (string, bool) {
-	if len(s) >= len(suffix) && s[len(s)-len(suffix):] == suffix {
-		return s[:len(s)-len(suffix)], true
-	}
-	return s, false
+	n, _ := strings.CutSuffix(key, "\x00ro")
+	return n
 }
 
 func (d *Driver) attachedCount(node string) int64 {

@@ -108,30 +108,41 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return d.existingVolume(old, rec, req.GetCapacityRange())
 	}
 
+	rec, err = d.provisionVolume(ctx, rec)
+	if err != nil {
+		return nil, err
+	}
+	return &csi.CreateVolumeResponse{Volume: d.csiVolume(rec)}, nil
+}
+
+// provisionVolume takes a new volume through the create protocol: reserve
+// it (capacity checked under the index lock), record it "creating", make
+// its data, record it "ready". A failure undoes what it can; what it cannot
+// stays "creating" for the next start to clear.
+func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord) (volumeRecord, error) {
 	rec.ID = d.newVolumeID()
 	rec.Phase = phaseCreating
 	rec.CreatedAt = time.Now().UTC()
 	if err := d.st.reserveVolume(&rec, d.checkCapacity); err != nil {
-		return nil, err
+		return volumeRecord{}, err
 	}
 	if err := d.st.putVolume(rec); err != nil {
 		_ = d.st.dropVolume(rec.ID)
-		return nil, toStatus(err, "recording volume %s", rec.ID)
+		return volumeRecord{}, toStatus(err, "recording volume %s", rec.ID)
 	}
 	if err := d.createVolumeData(ctx, rec); err != nil {
 		if rmErr := d.removeVolumeData(rec); rmErr != nil {
-			// The record stays "creating": the next start clears it.
 			klog.ErrorS(rmErr, "cleaning up after failed create", "volume_id", rec.ID)
-			return nil, toStatus(err, "creating volume %s", rec.ID)
+		} else {
+			_ = d.st.dropVolume(rec.ID)
 		}
-		_ = d.st.dropVolume(rec.ID)
-		return nil, toStatus(err, "creating volume %q", name)
+		return volumeRecord{}, toStatus(err, "creating volume %q", rec.Name)
 	}
 	rec.Phase = phaseReady
 	if err := d.st.putVolume(rec); err != nil {
-		return nil, toStatus(err, "recording volume %s", rec.ID)
+		return volumeRecord{}, toStatus(err, "recording volume %s", rec.ID)
 	}
-	return &csi.CreateVolumeResponse{Volume: d.csiVolume(rec)}, nil
+	return rec, nil
 }
 
 // existingVolume answers a repeated CreateVolume: the same volume if the

@@ -152,9 +152,18 @@ func (d *Driver) prepareStateDir() error {
 			return fmt.Errorf("state dir %s is not usable: %w", root, err)
 		}
 	}
-	probe := filepath.Join(d.paths.tmp(), ".write-probe")
-	if err := fsops.WriteFileAtomic(probe, []byte("ok"), 0o600); err != nil {
+	if err := d.probeWritable(".write-probe"); err != nil {
 		return fmt.Errorf("state dir %s is not writable: %w", root, err)
+	}
+	return nil
+}
+
+// probeWritable proves the state dir takes a durable write, the way the
+// state is written, and removes what it wrote.
+func (d *Driver) probeWritable(name string) error {
+	probe := filepath.Join(d.paths.tmp(), name)
+	if err := fsops.WriteFileAtomic(probe, []byte("ok"), 0o600); err != nil {
+		return err
 	}
 	return os.Remove(probe)
 }
@@ -162,7 +171,7 @@ func (d *Driver) prepareStateDir() error {
 // Serve listens on the endpoint (unix://path or a bare path; a stale socket
 // is replaced) and serves until ctx is done, then stops gracefully.
 func (d *Driver) Serve(ctx context.Context) error {
-	path, err := socketPath(d.cfg.Endpoint)
+	path, err := SocketPath(d.cfg.Endpoint)
 	if err != nil {
 		return err
 	}
@@ -205,8 +214,8 @@ func (d *Driver) Serve(ctx context.Context) error {
 	return srv.Serve(lis)
 }
 
-// socketPath accepts unix:///abs, unix://abs, unix:abs or a bare path.
-func socketPath(endpoint string) (string, error) {
+// SocketPath accepts unix:///abs, unix://abs, unix:abs or a bare path.
+func SocketPath(endpoint string) (string, error) {
 	p := endpoint
 	switch {
 	case strings.HasPrefix(p, "unix://"):
@@ -221,9 +230,6 @@ func socketPath(endpoint string) (string, error) {
 	}
 	return filepath.Abs(p)
 }
-
-// SocketPath is socketPath for the command line's validation.
-func SocketPath(endpoint string) (string, error) { return socketPath(endpoint) }
 
 // heavySlot waits for one of the MaxHeavyOps slots for a clone, snapshot
 // or restore, or for the caller to give up.

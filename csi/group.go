@@ -28,6 +28,14 @@ func (d *Driver) GroupControllerGetCapabilities(context.Context, *csi.GroupContr
 	}}}, nil
 }
 
+// sameSet reports whether two lists hold the same ids in any order.
+func sameSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
+
 func (d *Driver) csiGroup(g groupRecord) *csi.VolumeGroupSnapshot {
 	out := &csi.VolumeGroupSnapshot{GroupSnapshotId: g.ID, CreationTime: timestamppb.New(g.CreatedAt), ReadyToUse: g.Phase == phaseReady}
 	for _, id := range g.Snapshots {
@@ -68,10 +76,7 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 	}
 	defer unlock()
 	if old, ok := d.st.groupByName(name); ok {
-		a, b := slices.Clone(old.Volumes), slices.Clone(srcs)
-		slices.Sort(a)
-		slices.Sort(b)
-		if !slices.Equal(a, b) {
+		if !sameSet(old.Volumes, srcs) {
 			return nil, status.Errorf(codes.AlreadyExists, "group snapshot %q already exists as %s of other volumes", name, old.ID)
 		}
 		return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: d.csiGroup(old)}, nil
@@ -121,10 +126,7 @@ func (d *Driver) GetVolumeGroupSnapshot(ctx context.Context, req *csi.GetVolumeG
 		return nil, status.Errorf(codes.NotFound, "group snapshot %q does not exist", req.GetGroupSnapshotId())
 	}
 	if len(req.GetSnapshotIds()) > 0 {
-		a, b := slices.Clone(g.Snapshots), slices.Clone(req.GetSnapshotIds())
-		slices.Sort(a)
-		slices.Sort(b)
-		if !slices.Equal(a, b) {
+		if !sameSet(g.Snapshots, req.GetSnapshotIds()) {
 			return nil, invalid("snapshot_ids do not match the members of group snapshot %s", g.ID)
 		}
 	}

@@ -3,7 +3,6 @@ package csi
 import (
 	"context"
 	"os"
-	"path/filepath"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -110,12 +109,10 @@ func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStora
 	bad := func(t csi.StorageHealthErrorType, reason, msg string) {
 		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{Status: t, Reason: reason, Message: msg})
 	}
-	probe := filepath.Join(d.paths.tmp(), ".health-probe")
-	if err := fsops.WriteFileAtomic(probe, []byte("ok"), 0o600); err != nil {
+	if err := d.probeWritable(".health-probe"); err != nil {
 		bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "StateDirNotWritable", d.paths.root+": "+err.Error())
 		return resp, nil
 	}
-	os.Remove(probe)
 	fs, err := fsops.Statfs(d.paths.root)
 	if err != nil {
 		bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "StateDirUnreadable", err.Error())

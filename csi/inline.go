@@ -57,8 +57,10 @@ func (d *Driver) lookupNodeVolume(id string) (volumeRecord, bool) {
 // of a volume the volume context describes. It returns NotFound when the
 // context describes none.
 func (d *Driver) provisionOnNode(ctx context.Context, id string, vctx map[string]string, access string) (volumeRecord, error) {
-	if err := checkName("volume_id", id); err != nil {
-		return volumeRecord{}, err
+	if vctx[ctxEphemeral] == "true" || vctx[ctxLocalPath] != "" {
+		if err := checkName("volume_id", id); err != nil {
+			return volumeRecord{}, err
+		}
 	}
 	switch {
 	case vctx[ctxEphemeral] == "true":
@@ -81,21 +83,7 @@ func (d *Driver) provisionOnNode(ctx context.Context, id string, vctx map[string
 		if d.cfg.MaxVolumeSize > 0 && size > d.cfg.MaxVolumeSize {
 			return volumeRecord{}, status.Errorf(codes.OutOfRange, "inline volume of %d bytes exceeds --max-volume-size %d", size, d.cfg.MaxVolumeSize)
 		}
-		rec := volumeRecord{ID: d.newVolumeID(), Name: ephemeralPrefix + id, CapacityBytes: size, AccessType: accessMount, Phase: phaseCreating, CreatedAt: time.Now().UTC()}
-		if err := d.st.reserveVolume(&rec, d.checkCapacity); err != nil {
-			return volumeRecord{}, err
-		}
-		if err := d.st.putVolume(rec); err != nil {
-			_ = d.st.dropVolume(rec.ID)
-			return volumeRecord{}, toStatus(err, "recording inline volume %s", id)
-		}
-		if err := d.createVolumeData(ctx, rec); err != nil {
-			_ = d.removeVolumeData(rec)
-			_ = d.st.dropVolume(rec.ID)
-			return volumeRecord{}, toStatus(err, "creating inline volume %s", id)
-		}
-		rec.Phase = phaseReady
-		return rec, toStatus(d.st.putVolume(rec), "recording inline volume %s", id)
+		return d.provisionVolume(ctx, volumeRecord{Name: ephemeralPrefix + id, CapacityBytes: size, AccessType: accessMount})
 	case vctx[ctxLocalPath] != "":
 		path, err := d.checkLocalPath(vctx[ctxLocalPath])
 		if err != nil {
@@ -138,7 +126,7 @@ func (d *Driver) checkLocalPath(p string) (string, error) {
 		if err != nil {
 			continue
 		}
-		if rel, err := filepath.Rel(r, real); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+		if within(r, real) {
 			return real, nil
 		}
 	}

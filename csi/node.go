@@ -15,36 +15,23 @@ import (
 	"github.com/hostpath-csi/hostpath/loop"
 )
 
-// nodeVolume validates the common fields of node requests, takes the
-// volume's lock and returns its record.
+// nodeVolume takes the volume's lock and returns its record.
 func (d *Driver) nodeVolume(id string) (volumeRecord, func(), error) {
+	return d.nodeVolumeOrProvision(context.Background(), id, nil, "")
+}
+
+// nodeVolumeOrProvision is nodeVolume, but brings an inline or local
+// volume the volume context describes into being if it is not there yet
+// (with no context it answers NotFound).
+func (d *Driver) nodeVolumeOrProvision(ctx context.Context, id string, vctx map[string]string, access string) (volumeRecord, func(), error) {
 	unlock, err := d.locks.lock("volume "+id, volIDKey(id))
 	if err != nil {
 		return volumeRecord{}, nil, err
 	}
-	v, ok := d.lookupNodeVolume(id)
-	if !ok {
-		unlock()
-		return volumeRecord{}, nil, status.Errorf(codes.NotFound, "volume %q does not exist on this node", id)
-	}
-	return v, unlock, nil
-}
-
-// nodeVolumeOrProvision is nodeVolume, but brings an inline or local
-// volume the volume context describes into being if it is not there yet.
-func (d *Driver) nodeVolumeOrProvision(ctx context.Context, id string, vctx map[string]string, access string) (volumeRecord, func(), error) {
-	v, unlock, err := d.nodeVolume(id)
-	if status.Code(err) != codes.NotFound {
-		return v, unlock, err
-	}
-	unlock, err = d.locks.lock("volume "+id, volIDKey(id))
-	if err != nil {
-		return volumeRecord{}, nil, err
-	}
-	if v, ok := d.lookupNodeVolume(id); ok { // made meanwhile
+	if v, ok := d.lookupNodeVolume(id); ok {
 		return v, unlock, nil
 	}
-	v, err = d.provisionOnNode(ctx, id, vctx, access)
+	v, err := d.provisionOnNode(ctx, id, vctx, access)
 	if err != nil {
 		unlock()
 		return volumeRecord{}, nil, err
@@ -53,20 +40,18 @@ func (d *Driver) nodeVolumeOrProvision(ctx context.Context, id string, vctx map[
 }
 
 // mountSource is what gets bind-mounted for a volume: its directory, or
-// the device node of its loop device (a read-only one for a read-only
-// publication).
-func (d *Driver) mountSource(v volumeRecord, readOnly bool) (string, error) {
+// the device node of its loop device (a read-only device of its own for a
+// read-only publication, returned too so a failed mount can let it go).
+func (d *Driver) mountSource(v volumeRecord, readOnly bool) (string, *loop.Device, error) {
 	if v.AccessType == accessMount {
-		return d.volumeDataPath(v), nil
+		return d.volumeDataPath(v), nil, nil
+	}
+	if readOnly {
+		dev, err := d.readOnlyBlockDevice(v)
+		return dev.Path(), &dev, err
 	}
 	dev, err := d.attachBlock(v)
-	if readOnly && err == nil {
-		dev, err = d.readOnlyBlockDevice(v)
-	}
-	if err != nil {
-		return "", err
-	}
-	return dev.Path(), nil
+	return dev.Path(), nil, err
 }
 
 // NodeStageVolume bind-mounts a directory volume at the staging path. A
@@ -149,14 +134,13 @@ func (d *Driver) bindVolume(v volumeRecord, path string, flags uintptr, dir bool
 	if err := makeTarget(path, dir); err != nil {
 		return toStatus(err, "creating %s", path)
 	}
-	src, err := d.mountSource(v, flags&unix.MS_RDONLY != 0)
+	src, roDev, err := d.mountSource(v, flags&unix.MS_RDONLY != 0)
 	if err != nil {
 		return toStatus(err, "finding the source of volume %s", v.ID)
 	}
 	if err := fsops.BindMount(src, path, flags); err != nil {
-		if v.AccessType == accessBlock && flags&unix.MS_RDONLY != 0 {
-			_, _, rdev, _ := fsops.Identity(src)
-			_ = d.releaseBlockDevice(rdev, v)
+		if roDev != nil {
+			_ = loop.Detach(*roDev)
 		}
 		return toStatus(err, "mounting volume %s at %s", v.ID, path)
 	}

@@ -230,7 +230,10 @@ func (d *Driver) checkCOPath(field, p string) (string, error) {
 	return clean, nil
 }
 
-func (d *Driver) insideStateDir(p string) bool {
-	rel, err := filepath.Rel(d.paths.root, p)
+func (d *Driver) insideStateDir(p string) bool { return within(d.paths.root, p) }
+
+// within reports whether p is dir or below it (both clean and absolute).
+func within(dir, p string) bool {
+	rel, err := filepath.Rel(dir, p)
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }

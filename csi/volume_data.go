@@ -7,12 +7,9 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hostpath-csi/hostpath/fsops"
 )
-
-func wrapInt64(n int64) *wrapperspb.Int64Value { return wrapperspb.Int64(n) }
 
 // volumeDataPath is where a volume's data lives: a directory for a mount
 // volume, a backing file for a block volume.

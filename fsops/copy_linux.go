@@ -106,24 +106,14 @@ func copyRange(dst, src int, off, end int64) error {
 
 // copyExtents moves each data extent with copy_file_range, leaving holes.
 func copyExtents(dst, src int, size int64) error {
-	var off int64
-	for off < size {
-		data, err := unix.Seek(src, off, unix.SEEK_DATA)
-		if err == unix.ENXIO {
-			break // only a hole remains
-		}
-		if err != nil {
-			return &os.PathError{Op: "lseek(SEEK_DATA)", Path: "", Err: err}
-		}
-		hole, err := unix.Seek(src, data, unix.SEEK_HOLE)
-		if err != nil {
-			return &os.PathError{Op: "lseek(SEEK_HOLE)", Path: "", Err: err}
-		}
-		hole = min(hole, size)
-		if err := copyRange(dst, src, data, hole); err != nil {
+	exts, err := DataExtents(src, 0, size)
+	if err != nil {
+		return err
+	}
+	for _, e := range exts {
+		if err := copyRange(dst, src, e.Offset, e.Offset+e.Length); err != nil {
 			return err
 		}
-		off = hole
 	}
 	if err := unix.Ftruncate(dst, size); err != nil {
 		return &os.PathError{Op: "ftruncate", Path: "", Err: err}

@@ -137,7 +137,7 @@ func WriteSparse(fd int, r io.Reader, size int64, buf []byte) error {
 		if _, err := io.ReadFull(r, buf[:n]); err != nil {
 			return err
 		}
-		f, err := writeSparseAt(fd, buf[:n], off)
+		f, err := WriteSparseAt(fd, buf[:n], off)
 		if err != nil {
 			return err
 		}
@@ -178,24 +178,11 @@ func allZero(b []byte) bool {
 	return true
 }
 
-// WriteSparseBytes writes data at offset 0 of the open, empty file fd,
-// leaving zero runs of at least sparseChunk bytes as holes and writing
-// each run of data with one pwrite. It reports whether the file already
-// has its full length (false when it ends in a hole: the caller must
-// ftruncate).
-func WriteSparseBytes(fd int, data []byte) (bool, error) {
-	return writeSparseAt(fd, data, 0)
-}
-
-// WriteSparseAt writes data at offset base of fd, skipping zero chunks;
-// it reports whether the last chunk was written.
+// WriteSparseAt writes data at offset base of the open file fd, leaving
+// zero runs of at least sparseChunk bytes as holes and writing each run of
+// data with one pwrite. It reports whether the last chunk was written: if
+// not, the file ends in a hole and needs an ftruncate to get its length.
 func WriteSparseAt(fd int, data []byte, base int64) (bool, error) {
-	return writeSparseAt(fd, data, base)
-}
-
-// writeSparseAt writes data at base, skipping zero chunks; it reports
-// whether the last chunk was written (the file then has its length).
-func writeSparseAt(fd int, data []byte, base int64) (bool, error) {
 	start := -1 // start of the pending data run
 	full := true
 	for off := 0; off < len(data); off += sparseChunk {

@@ -159,7 +159,7 @@ func (m *MountPoint) HasOption(name string) bool {
 // moby/sys/mountinfo; the identity of the mounted inode from fstat of an
 // O_PATH handle that does not follow a symlink.
 func GetMountPoint(path string) (*MountPoint, error) {
-	real, err := resolveParent(path)
+	real, err := ResolveParent(path)
 	if err != nil {
 		return nil, err
 	}
@@ -192,10 +192,10 @@ func GetMountPoint(path string) (*MountPoint, error) {
 	return mp, nil
 }
 
-// resolveParent resolves symlinks in the directories leading to path but not
+// ResolveParent resolves symlinks in the directories leading to path but not
 // in its last component, as the kernel does for umount2(UMOUNT_NOFOLLOW), so
 // the path can be matched against /proc/self/mountinfo.
-func resolveParent(path string) (string, error) {
+func ResolveParent(path string) (string, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return "", err
@@ -206,10 +206,6 @@ func resolveParent(path string) (string, error) {
 	}
 	return filepath.Join(dir, filepath.Base(abs)), nil
 }
-
-// ResolveParent is resolveParent for callers that must compare a path with
-// their own directories before mounting on it.
-func ResolveParent(path string) (string, error) { return resolveParent(path) }
 
 // Identity returns the device and inode of path without following a symlink
 // at its last component, plus the device number if it is a device node.

@@ -265,7 +265,7 @@ func (c *treeCopier) copyEntry(sfd, dfd int, rel, name string) error {
 		}
 		return nil
 	case unix.S_IFLNK:
-		target, err := readlinkAt(sfd, name)
+		target, err := ReadlinkAt(sfd, name)
 		if err != nil {
 			return &os.PathError{Op: "readlinkat", Path: p, Err: err}
 		}
@@ -287,9 +287,9 @@ func (c *treeCopier) copyEntry(sfd, dfd int, rel, name string) error {
 	return nil
 }
 
-// readlinkAt reads a symlink's target relative to dirfd, growing the buffer
+// ReadlinkAt reads a symlink's target relative to dirfd, growing the buffer
 // for long targets.
-func readlinkAt(dirfd int, name string) (string, error) {
+func ReadlinkAt(dirfd int, name string) (string, error) {
 	for size := 256; ; size *= 2 {
 		buf := make([]byte, size)
 		n, err := unix.Readlinkat(dirfd, name, buf)
@@ -301,6 +301,3 @@ func readlinkAt(dirfd int, name string) (string, error) {
 		}
 	}
 }
-
-// ReadlinkAt is readlinkAt for the archive writer.
-func ReadlinkAt(dirfd int, name string) (string, error) { return readlinkAt(dirfd, name) }

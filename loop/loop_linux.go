@@ -173,11 +173,33 @@ func FindAll(backing string) ([]Device, error) {
 	if err := unix.Stat(backing, &st); err != nil {
 		return nil, &os.PathError{Op: "stat", Path: backing, Err: err}
 	}
-	entries, err := os.ReadDir("/sys/block")
+	all, err := List()
 	if err != nil {
 		return nil, err
 	}
 	var out []Device
+	for _, b := range all {
+		if b.BackingIno == st.Ino && b.BackingDev == st.Dev {
+			out = append(out, b.Device)
+		}
+	}
+	return out, nil
+}
+
+// Bound is a bound loop device and the identity of its backing file.
+type Bound struct {
+	Device
+	BackingDev, BackingIno uint64
+}
+
+// List returns every bound loop device, in one pass over /sys/block, so a
+// caller matching many files scans once.
+func List() ([]Bound, error) {
+	entries, err := os.ReadDir("/sys/block")
+	if err != nil {
+		return nil, err
+	}
+	var out []Bound
 	for _, e := range entries {
 		num, ok := strings.CutPrefix(e.Name(), "loop")
 		if !ok {
@@ -194,8 +216,8 @@ func FindAll(backing string) ([]Device, error) {
 			continue
 		}
 		info, err := losetup.New(uint64(n), os.O_RDONLY).GetInfo()
-		if err != nil || info.INode != st.Ino || info.Device != st.Dev {
-			continue // detached meanwhile, or another file
+		if err != nil {
+			continue // detached meanwhile
 		}
 		f, err := os.Open(devPath(n))
 		if err != nil {
@@ -207,7 +229,7 @@ func FindAll(backing string) ([]Device, error) {
 			return nil, err
 		}
 		d.ReadOnly = info.Flags&unix.LO_FLAGS_READ_ONLY != 0
-		out = append(out, d)
+		out = append(out, Bound{Device: d, BackingDev: info.Device, BackingIno: info.INode})
 	}
 	return out, nil
 }
