@@ -86,7 +86,31 @@ func (p *copyProbe) copyData(dst, src int, size int64, dense bool, buf []byte) (
 			return 0, &os.PathError{Op: "ftruncate", Path: "", Err: err}
 		}
 	}
-	return CopyReadWrite, WriteSparse(dst, io.NewSectionReader(os.NewFile(uintptr(src), ""), 0, size), size, buf)
+	return CopyReadWrite, WriteSparse(dst, io.NewSectionReader(fdReaderAt(src), 0, size), size, buf)
+}
+
+// fdReaderAt reads a descriptor it does not own with pread(2). It is not an
+// *os.File on purpose: os.NewFile would attach a finalizer that closes the
+// number when the wrapper is collected, by which time the caller may have
+// closed it and the number may belong to another worker's file.
+type fdReaderAt int
+
+func (fd fdReaderAt) ReadAt(p []byte, off int64) (int, error) {
+	n := 0
+	for n < len(p) {
+		m, err := unix.Pread(int(fd), p[n:], off+int64(n))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return n, &os.PathError{Op: "pread", Path: "", Err: err}
+		}
+		if m == 0 {
+			return n, io.EOF
+		}
+		n += m
+	}
+	return n, nil
 }
 
 // copyRange moves [off, end) with copy_file_range, at the same offsets.

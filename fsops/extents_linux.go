@@ -2,8 +2,10 @@ package fsops
 
 import (
 	"bytes"
+	"cmp"
 	"io"
 	"os"
+	"slices"
 
 	"golang.org/x/sys/unix"
 )
@@ -59,11 +61,15 @@ func ChangedRanges(a, b *os.File, start, size, block int64) ([]Extent, error) {
 	bufA, bufB := make([]byte, 1<<20), make([]byte, 1<<20)
 	for _, e := range union {
 		for off := e.Offset; off < e.Offset+e.Length; {
-			n := min(int64(len(bufA)), e.Offset+e.Length-off)
-			if _, err := a.ReadAt(bufA[:n], off); err != nil && err != io.EOF {
+			// Extents are aligned to whole blocks; the last one stops at size.
+			n := min(int64(len(bufA)), e.Offset+e.Length-off, size-off)
+			if n <= 0 {
+				break
+			}
+			if err := readAtZeroFill(a, bufA[:n], off); err != nil {
 				return nil, err
 			}
-			if _, err := b.ReadAt(bufB[:n], off); err != nil && err != io.EOF {
+			if err := readAtZeroFill(b, bufB[:n], off); err != nil {
 				return nil, err
 			}
 			for i := int64(0); i < n; i += block {
@@ -83,6 +89,18 @@ func ChangedRanges(a, b *os.File, start, size, block int64) ([]Extent, error) {
 	return out, nil
 }
 
+// readAtZeroFill fills p from f at off. Bytes past the end of the file
+// read as zeros (a block is a hole there), never as what the buffer held
+// from the previous chunk.
+func readAtZeroFill(f *os.File, p []byte, off int64) error {
+	n, err := f.ReadAt(p, off)
+	if err != nil && err != io.EOF {
+		return err
+	}
+	clear(p[n:])
+	return nil
+}
+
 // mergeExtents sorts, aligns to block and merges overlapping extents.
 func mergeExtents(es []Extent, block int64) []Extent {
 	for i := range es {
@@ -90,11 +108,8 @@ func mergeExtents(es []Extent, block int64) []Extent {
 		e := (es[i].Offset + es[i].Length + block - 1) / block * block
 		es[i] = Extent{s, e - s}
 	}
-	for i := 1; i < len(es); i++ { // insertion sort: lists are short
-		for j := i; j > 0 && es[j].Offset < es[j-1].Offset; j-- {
-			es[j], es[j-1] = es[j-1], es[j]
-		}
-	}
+	// A fragmented image has hundreds of thousands of extents.
+	slices.SortFunc(es, func(x, y Extent) int { return cmp.Compare(x.Offset, y.Offset) })
 	var out []Extent
 	for _, e := range es {
 		if k := len(out) - 1; k >= 0 && e.Offset <= out[k].Offset+out[k].Length {
