@@ -51,6 +51,8 @@ func (d *Driver) ControllerPublishVolume(ctx context.Context, req *csi.Controlle
 	if slices.Contains(v.AttachedNodes, attachKey(node, !readOnly)) {
 		return nil, status.Errorf(codes.AlreadyExists, "volume %s is already attached to %s with readonly=%v", id, node, !readOnly)
 	}
+	d.attachMu.Lock()
+	defer d.attachMu.Unlock()
 	if max := d.cfg.MaxVolumesPerNode; max > 0 && d.attachedCount(node) >= max {
 		return nil, status.Errorf(codes.ResourceExhausted, "node %s already has %d volumes attached, its limit (--maxvolumespernode)", node, max)
 	}

@@ -203,7 +203,11 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	if !ok {
 		return &csi.DeleteVolumeResponse{}, nil
 	}
-	if where := d.mountedAt(v); where != "" {
+	where, err := d.mountedAt(v)
+	if err != nil {
+		return nil, err
+	}
+	if where != "" {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still mounted at %s; unpublish and unstage it first", id, where)
 	}
 	v.Phase = phaseDeleting

@@ -76,6 +76,15 @@ type Driver struct {
 	metrics *metrics
 	heavy   chan struct{} // semaphore of MaxHeavyOps slots
 
+	// attachMu makes counting a node's attachments and adding one a
+	// single step, so two publishes of different volumes (each under its
+	// own volume lock) cannot both take the last slot.
+	attachMu sync.Mutex
+
+	// mountPoint inspects a path's mount (fsops.GetMountPoint); tests
+	// replace it to make inspection fail.
+	mountPoint func(path string) (*fsops.MountPoint, error)
+
 	mu     sync.Mutex
 	socket string // the CSI socket once it listens
 	ready  atomic.Bool
@@ -114,7 +123,7 @@ func New(cfg Config) (*Driver, error) {
 		return nil, err
 	}
 	cfg.StateDir = root
-	d := &Driver{cfg: cfg, paths: layout{root: root}, locks: newKeyLocks(), tag: nodeTag(cfg.NodeID)}
+	d := &Driver{cfg: cfg, paths: layout{root: root}, locks: newKeyLocks(), tag: nodeTag(cfg.NodeID), mountPoint: fsops.GetMountPoint}
 	d.metrics = newMetrics(d)
 	d.heavy = make(chan struct{}, cfg.MaxHeavyOps)
 	if err := d.prepareStateDir(); err != nil {

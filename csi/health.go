@@ -95,7 +95,11 @@ func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolume
 		if p == "" {
 			continue
 		}
-		if ours, _ := d.showsVolume(p, v); !ours && (v.AccessType == accessMount || p == req.GetVolumePublishPath()) {
+		ours, err := d.showsVolume(p, v)
+		switch {
+		case err != nil:
+			h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "MountUninspectable", status.Convert(err).Message()))
+		case !ours && (v.AccessType == accessMount || p == req.GetVolumePublishPath()):
 			h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_INACCESSIBLE, "NotMounted", "the volume is not mounted at "+p))
 		}
 	}

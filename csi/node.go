@@ -100,16 +100,16 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 // inspectMount returns the mount at path (nil if there is none) and
 // whether it shows the volume.
 func (d *Driver) inspectMount(path string, v volumeRecord) (*fsops.MountPoint, bool, error) {
-	mp, err := fsops.GetMountPoint(path)
+	mp, err := d.mountPoint(path)
 	if err != nil && !os.IsNotExist(err) {
-		return nil, false, toStatus(err, "inspecting %s", path)
+		return nil, false, status.Errorf(codes.FailedPrecondition, "cannot tell whether volume %s is mounted at %s: %v; nothing was changed, retry once the path can be inspected", v.ID, path, err)
 	}
 	if mp == nil {
 		return nil, false, nil
 	}
 	ours, err := d.mountShows(mp, v)
 	if err != nil {
-		return nil, false, toStatus(err, "inspecting %s", path)
+		return nil, false, status.Errorf(codes.FailedPrecondition, "cannot tell whether %s (%s on %s) shows volume %s: %v; nothing was changed, retry once the volume's data can be inspected", path, mp.Source, mp.Root, v.ID, err)
 	}
 	return mp, ours, nil
 }
@@ -266,7 +266,11 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		if p.Target == target || !(single || p.SingleWriter) {
 			continue
 		}
-		if ours, _ := d.showsVolume(p.Target, v); ours {
+		ours, err := d.showsVolume(p.Target, v)
+		if err != nil {
+			return nil, err
+		}
+		if ours {
 			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is SINGLE_NODE_SINGLE_WRITER and already published at %s", v.ID, p.Target)
 		}
 	}
@@ -301,7 +305,7 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	if status.Code(err) == codes.NotFound {
 		// The volume is gone; so must its mount be. Clean up an empty
 		// target, refuse to touch a mounted one.
-		if mp, _ := fsops.GetMountPoint(target); mp != nil {
+		if mp, inspectErr := d.mountPoint(target); mp != nil || (inspectErr != nil && !os.IsNotExist(inspectErr)) {
 			return nil, err
 		}
 		if rmErr := os.Remove(target); rmErr != nil && !os.IsNotExist(rmErr) {
@@ -372,7 +376,10 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	if !validVolumeID(req.GetVolumeId()) || !ok || v.Phase != phaseReady {
 		return nil, status.Errorf(codes.NotFound, "volume %q does not exist on this node", req.GetVolumeId())
 	}
-	if ours, _ := d.showsVolume(req.GetVolumePath(), v); !ours {
+	if ours, err := d.showsVolume(req.GetVolumePath(), v); err != nil || !ours {
+		if err != nil {
+			return nil, err
+		}
 		return nil, status.Errorf(codes.NotFound, "volume %s is not mounted at %s", v.ID, req.GetVolumePath())
 	}
 	if v.AccessType == accessBlock {
@@ -416,7 +423,10 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 		return nil, err
 	}
 	defer unlock()
-	if ours, _ := d.showsVolume(req.GetVolumePath(), v); !ours {
+	if ours, err := d.showsVolume(req.GetVolumePath(), v); err != nil || !ours {
+		if err != nil {
+			return nil, err
+		}
 		return nil, status.Errorf(codes.NotFound, "volume %s is not mounted at %s", v.ID, req.GetVolumePath())
 	}
 	if v.AccessType == accessBlock {

@@ -1,6 +1,7 @@
 package csi
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,15 +32,21 @@ func (d *Driver) reconcile() error {
 				return err
 			}
 		case phaseReady:
-			if nodeCreated(v) && d.mountedAt(v) == "" {
-				// An inline volume whose pod is gone (crash or reboot), or
-				// a local volume no longer published: clear it.
-				klog.InfoS("repair: removing an unpublished inline or local volume", "volume_id", v.ID, "name", v.Name)
-				v.Published, v.Staged = nil, nil
-				if err := d.releaseNodeCreated(v); err != nil {
-					return err
+			if nodeCreated(v) {
+				where, err := d.mountedAt(v)
+				if err != nil {
+					return fmt.Errorf("volume %s: %w", v.ID, err)
 				}
-				continue
+				if where == "" {
+					// An inline volume whose pod is gone (crash or reboot),
+					// or a local volume no longer published: clear it.
+					klog.InfoS("repair: removing an unpublished inline or local volume", "volume_id", v.ID, "name", v.Name)
+					v.Published, v.Staged = nil, nil
+					if err := d.releaseNodeCreated(v); err != nil {
+						return err
+					}
+					continue
+				}
 			}
 			if _, err := os.Lstat(d.volumeDataPath(v)); os.IsNotExist(err) {
 				klog.InfoS("repair: volume data is missing, dropping its record", "volume_id", v.ID, "name", v.Name, "path", d.volumeDataPath(v))

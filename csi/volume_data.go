@@ -91,14 +91,19 @@ func (d *Driver) growVolume(ctx context.Context, v volumeRecord, size int64) err
 
 // mountedAt returns a staging or target path where the volume is mounted
 // right now on this node, or "". Records of mounts that a reboot or an
-// outside umount removed do not count.
-func (d *Driver) mountedAt(v volumeRecord) string {
+// outside umount removed do not count. A path that cannot be inspected is
+// an error, never "not mounted": callers remove data on that answer.
+func (d *Driver) mountedAt(v volumeRecord) (string, error) {
 	for _, p := range mountPaths(v) {
-		if ours, _ := d.showsVolume(p, v); ours {
-			return p
+		ours, err := d.showsVolume(p, v)
+		if err != nil {
+			return "", err
+		}
+		if ours {
+			return p, nil
 		}
 	}
-	return ""
+	return "", nil
 }
 
 // mountPaths lists the staging and target paths recorded for a volume.
@@ -111,13 +116,11 @@ func mountPaths(v volumeRecord) []string {
 }
 
 // showsVolume reports whether path is a mount point showing this volume,
-// decided by the mounted inode's identity, not by names.
+// decided by the mounted inode's identity, not by names. A path that does
+// not exist shows nothing; any other failure to look is an error.
 func (d *Driver) showsVolume(path string, v volumeRecord) (bool, error) {
-	mp, err := fsops.GetMountPoint(path)
-	if err != nil || mp == nil {
-		return false, err
-	}
-	return d.mountShows(mp, v)
+	_, ours, err := d.inspectMount(path, v)
+	return ours, err
 }
 
 // mountShows reports whether a mount point shows this volume: the same
