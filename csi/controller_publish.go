@@ -19,7 +19,7 @@ func (d *Driver) ControllerPublishVolume(ctx context.Context, req *csi.Controlle
 		return nil, status.Error(codes.Unimplemented, "attach is disabled (start with --enable-attach)")
 	}
 	id, node := req.GetVolumeId(), req.GetNodeId()
-	if err := checkID("volume_id", id); err != nil {
+	if err := d.checkIDHere("volume_id", id); err != nil {
 		return nil, err
 	}
 	if err := checkID("node_id", node); err != nil {
@@ -32,7 +32,7 @@ func (d *Driver) ControllerPublishVolume(ctx context.Context, req *csi.Controlle
 	if err != nil {
 		return nil, err
 	}
-	v, unlock, err := d.lockVolume(id)
+	v, unlock, err := d.lockVolume(id, false)
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +104,7 @@ func (d *Driver) ControllerUnpublishVolume(ctx context.Context, req *csi.Control
 		return nil, status.Error(codes.Unimplemented, "attach is disabled (start with --enable-attach)")
 	}
 	id := req.GetVolumeId()
-	if err := checkID("volume_id", id); err != nil {
+	if err := d.checkIDHere("volume_id", id); err != nil {
 		return nil, err
 	}
 	unlock, err := d.locks.lock("volume "+id, volIDKey(id))

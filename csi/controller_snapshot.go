@@ -84,7 +84,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if err := checkName("name", name); err != nil {
 		return nil, err
 	}
-	if err := checkID("source_volume_id", srcID); err != nil {
+	if err := d.checkIDHere("source_volume_id", srcID); err != nil {
 		return nil, err
 	}
 	if _, _, err := d.snapshotOptions(req.GetParameters(), accessMount); err != nil {
@@ -93,7 +93,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if err := d.checkTopology(req.GetAccessibilityRequirements()); err != nil {
 		return nil, err
 	}
-	unlock, err := d.locks.lock(fmt.Sprintf("snapshot %q or its source volume", name), snapNameKey(name), volIDKey(srcID))
+	unlock, err := d.locks.lock(fmt.Sprintf("snapshot %q", name), snapNameKey(name))
 	if err != nil {
 		return nil, err
 	}
@@ -104,6 +104,11 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 		}
 		return &csi.CreateSnapshotResponse{Snapshot: createdSnapshot(d.csiSnapshot(old))}, nil
 	}
+	_, unpin, err := d.pinVolume(srcID)
+	if err != nil {
+		return nil, err
+	}
+	defer unpin()
 	snap, err := d.takeSnapshot(ctx, name, srcID, req.GetParameters(), "")
 	if err != nil {
 		return nil, err
@@ -111,8 +116,8 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	return &csi.CreateSnapshotResponse{Snapshot: createdSnapshot(d.csiSnapshot(snap))}, nil
 }
 
-// takeSnapshot snapshots a volume; the caller holds the locks of the name
-// and the volume. A failure leaves no data and no record.
+// takeSnapshot snapshots a volume; the caller holds the lock of the name
+// and has pinned the volume. A failure leaves no data and no record.
 func (d *Driver) takeSnapshot(ctx context.Context, name, srcID string, reqParams map[string]string, group string) (snapshotRecord, error) {
 	v, ok := d.st.getVolume(srcID)
 	if !validVolumeID(srcID) || !ok || v.Phase != phaseReady {
@@ -295,13 +300,13 @@ func (d *Driver) csiSnapshot(s snapshotRecord) *csi.Snapshot {
 // DeleteSnapshot removes a snapshot; unknown or malformed ids are success.
 func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
 	id := req.GetSnapshotId()
-	if err := checkID("snapshot_id", id); err != nil {
+	if err := d.checkIDHere("snapshot_id", id); err != nil {
 		return nil, err
 	}
 	if !validSnapshotID(id) {
 		return &csi.DeleteSnapshotResponse{}, nil
 	}
-	unlock, err := d.locks.lock("snapshot "+id, snapIDKey(id))
+	unlock, err := d.locks.lockUnpinned("snapshot "+id, snapIDKey(id))
 	if err != nil {
 		return nil, err
 	}
@@ -366,7 +371,7 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 
 // GetSnapshot reports one snapshot.
 func (d *Driver) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (*csi.GetSnapshotResponse, error) {
-	if err := checkID("snapshot_id", req.GetSnapshotId()); err != nil {
+	if err := d.checkIDHere("snapshot_id", req.GetSnapshotId()); err != nil {
 		return nil, err
 	}
 	s, ok := d.st.getSnapshot(req.GetSnapshotId())

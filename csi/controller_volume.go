@@ -43,29 +43,37 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return nil, invalid("volume_content_source names neither a snapshot nor a volume")
 	}
 	if srcSnap != nil {
-		if err := checkID("volume_content_source.snapshot.snapshot_id", srcSnap.GetSnapshotId()); err != nil {
+		if err := d.checkIDHere("volume_content_source.snapshot.snapshot_id", srcSnap.GetSnapshotId()); err != nil {
 			return nil, err
 		}
 	}
 	if srcVol != nil {
-		if err := checkID("volume_content_source.volume.volume_id", srcVol.GetVolumeId()); err != nil {
+		if err := d.checkIDHere("volume_content_source.volume.volume_id", srcVol.GetVolumeId()); err != nil {
 			return nil, err
 		}
 	}
 
-	keys := []string{volNameKey(name)}
-	// The source may not be deleted or changed while it is copied.
-	if srcVol != nil {
-		keys = append(keys, volIDKey(srcVol.GetVolumeId()))
-	}
-	if srcSnap != nil {
-		keys = append(keys, snapIDKey(srcSnap.GetSnapshotId()))
-	}
-	unlock, err := d.locks.lock(fmt.Sprintf("volume %q or its source", name), keys...)
+	unlock, err := d.locks.lock(fmt.Sprintf("volume %q", name), volNameKey(name))
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
+	// The source may not be deleted or changed while it is copied; it may
+	// be published, read or copied by others meanwhile.
+	if srcVol != nil {
+		_, unpin, err := d.pinVolume(srcVol.GetVolumeId())
+		if err != nil {
+			return nil, err
+		}
+		defer unpin()
+	}
+	if srcSnap != nil {
+		unpin, err := d.pinSnapshot(srcSnap.GetSnapshotId())
+		if err != nil {
+			return nil, err
+		}
+		defer unpin()
+	}
 
 	// The floor is the source's size: a restore or clone is never smaller.
 	var floor int64
@@ -74,9 +82,6 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	case srcSnap != nil:
 		s, ok := d.st.getSnapshot(srcSnap.GetSnapshotId())
 		if !validSnapshotID(srcSnap.GetSnapshotId()) || !ok || s.Phase != phaseReady {
-			if node, other := d.otherNode(srcSnap.GetSnapshotId()); other {
-				return nil, status.Errorf(codes.ResourceExhausted, "snapshot %s lives on another node (%s); snapshots are node-local, so restore it on that node", srcSnap.GetSnapshotId(), node)
-			}
 			return nil, status.Errorf(codes.NotFound, "source snapshot %q does not exist", srcSnap.GetSnapshotId())
 		}
 		if s.AccessType != access {
@@ -188,13 +193,13 @@ func (d *Driver) csiVolume(v volumeRecord) *csi.Volume {
 // touches nothing; a volume still mounted on this node is refused.
 func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
-	if err := checkID("volume_id", id); err != nil {
+	if err := d.checkIDHere("volume_id", id); err != nil {
 		return nil, err
 	}
 	if !validVolumeID(id) {
 		return &csi.DeleteVolumeResponse{}, nil
 	}
-	unlock, err := d.locks.lock("volume "+id, volIDKey(id))
+	unlock, err := d.locks.lockUnpinned("volume "+id, volIDKey(id))
 	if err != nil {
 		return nil, err
 	}
@@ -226,7 +231,7 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 // ValidateVolumeCapabilities confirms the capabilities only if this volume
 // can really honour them.
 func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
-	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	if len(req.GetVolumeCapabilities()) == 0 {
@@ -304,7 +309,7 @@ func paginate[T any](items []T, token string, maxEntries int32, valid func(strin
 
 // ControllerGetVolume reports one volume and the nodes it is attached to.
 func (d *Driver) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
-	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	v, ok := d.st.getVolume(req.GetVolumeId())
@@ -361,13 +366,13 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 		return nil, status.Error(codes.Unimplemented, "volume expansion is disabled (--enable-volume-expansion=false)")
 	}
 	id := req.GetVolumeId()
-	if err := checkID("volume_id", id); err != nil {
+	if err := d.checkIDHere("volume_id", id); err != nil {
 		return nil, err
 	}
 	if req.GetCapacityRange() == nil {
 		return nil, invalid("capacity_range is required")
 	}
-	v, unlock, err := d.lockVolume(id)
+	v, unlock, err := d.lockVolume(id, true)
 	if err != nil {
 		return nil, err
 	}
@@ -393,8 +398,14 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 
 // lockVolume takes a volume's lock and returns its record: NotFound (or
 // ResourceExhausted for another node's id) if there is no ready volume.
-func (d *Driver) lockVolume(id string) (volumeRecord, func(), error) {
-	unlock, err := d.locks.lock("volume "+id, volIDKey(id))
+// A change to the volume's data (expand) asks for unpinned: the volume
+// must not be the source of a snapshot or clone in progress.
+func (d *Driver) lockVolume(id string, unpinned bool) (volumeRecord, func(), error) {
+	lock := d.locks.lock
+	if unpinned {
+		lock = d.locks.lockUnpinned
+	}
+	unlock, err := lock("volume "+id, volIDKey(id))
 	if err != nil {
 		return volumeRecord{}, nil, err
 	}
@@ -404,4 +415,28 @@ func (d *Driver) lockVolume(id string) (volumeRecord, func(), error) {
 		return volumeRecord{}, nil, d.notFoundVolume(id)
 	}
 	return v, unlock, nil
+}
+
+// pinVolume checks that a volume is ready and pins it as the source of a
+// snapshot or clone. Its lock is held only for the check: publish, stats
+// and unpublish of the volume go on while it is copied, delete and expand
+// wait until unpin is called.
+func (d *Driver) pinVolume(id string) (volumeRecord, func(), error) {
+	v, unlock, err := d.lockVolume(id, false)
+	if err != nil {
+		return volumeRecord{}, nil, err
+	}
+	defer unlock()
+	return v, d.locks.pin(volIDKey(id)), nil
+}
+
+// pinSnapshot pins a snapshot as the source of a restore: other restores
+// of it go on, its deletion waits.
+func (d *Driver) pinSnapshot(id string) (func(), error) {
+	unlock, err := d.locks.lock("snapshot "+id, snapIDKey(id))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return d.locks.pin(snapIDKey(id)), nil
 }

@@ -169,7 +169,7 @@ func TestCreateVolumeConcurrentSameName(t *testing.T) {
 func TestDeleteVolume(t *testing.T) {
 	d := newDriver(t, testConfig(t))
 	v := mustCreate(t, d, "pvc-del", 1<<20)
-	for _, id := range []string{"unknown", "vol-000000000000000000000000", "../../../etc", "vol-" + v.GetVolumeId()} {
+	for _, id := range []string{"unknown", newID(volumeIDPrefix, d.tag), "../../../etc", "vol-" + v.GetVolumeId()} {
 		if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 			t.Fatalf("delete of %q: %v", id, err)
 		}

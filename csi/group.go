@@ -57,20 +57,18 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 	if len(srcs) == 0 {
 		return nil, invalid("source_volume_ids is required")
 	}
-	keys := []string{groupNameKey(name)}
 	for i, id := range srcs {
-		if err := checkID("source_volume_ids", id); err != nil {
+		if err := d.checkIDHere("source_volume_ids", id); err != nil {
 			return nil, err
 		}
 		if slices.Contains(srcs[:i], id) {
 			return nil, invalid("volume %s is listed twice", id)
 		}
-		keys = append(keys, volIDKey(id))
 	}
 	if _, _, err := d.snapshotOptions(req.GetParameters(), accessMount); err != nil {
 		return nil, err
 	}
-	unlock, err := d.locks.lock(fmt.Sprintf("group snapshot %q or one of its volumes", name), keys...)
+	unlock, err := d.locks.lock(fmt.Sprintf("group snapshot %q", name), groupNameKey(name))
 	if err != nil {
 		return nil, err
 	}
@@ -81,10 +79,14 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 		}
 		return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: d.csiGroup(old)}, nil
 	}
+	// Every member is pinned before the first is copied: none can be
+	// deleted or expanded until the group is made.
 	for _, id := range srcs {
-		if v, ok := d.st.getVolume(id); !ok || v.Phase != phaseReady {
-			return nil, d.notFoundVolume(id)
+		_, unpin, err := d.pinVolume(id)
+		if err != nil {
+			return nil, err
 		}
+		defer unpin()
 	}
 	g := groupRecord{ID: newID(groupIDPrefix, d.tag), Name: name, Phase: phaseCreating, CreatedAt: time.Now().UTC(), Volumes: slices.Clone(srcs)}
 	if err := d.st.putGroup(g); err != nil {
@@ -118,7 +120,7 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 
 // GetVolumeGroupSnapshot reports a group snapshot.
 func (d *Driver) GetVolumeGroupSnapshot(ctx context.Context, req *csi.GetVolumeGroupSnapshotRequest) (*csi.GetVolumeGroupSnapshotResponse, error) {
-	if err := checkID("group_snapshot_id", req.GetGroupSnapshotId()); err != nil {
+	if err := d.checkIDHere("group_snapshot_id", req.GetGroupSnapshotId()); err != nil {
 		return nil, err
 	}
 	g, ok := d.st.getGroup(req.GetGroupSnapshotId())
@@ -137,19 +139,27 @@ func (d *Driver) GetVolumeGroupSnapshot(ctx context.Context, req *csi.GetVolumeG
 // Unknown or malformed ids are success.
 func (d *Driver) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteVolumeGroupSnapshotRequest) (*csi.DeleteVolumeGroupSnapshotResponse, error) {
 	id := req.GetGroupSnapshotId()
-	if err := checkID("group_snapshot_id", id); err != nil {
+	if err := d.checkIDHere("group_snapshot_id", id); err != nil {
 		return nil, err
 	}
 	if !validGroupID(id) {
 		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 	}
-	unlock, err := d.locks.lock("group snapshot "+id, groupIDKey(id))
+	g, ok := d.st.getGroup(id)
+	if !ok {
+		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
+	}
+	// The members go too: none may be the source of a restore meanwhile.
+	keys := []string{groupIDKey(id)}
+	for _, sid := range g.Snapshots {
+		keys = append(keys, snapIDKey(sid))
+	}
+	unlock, err := d.locks.lockUnpinned("group snapshot "+id+" or one of its snapshots", keys...)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	g, ok := d.st.getGroup(id)
-	if !ok {
+	if g, ok = d.st.getGroup(id); !ok {
 		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 	}
 	for _, sid := range req.GetSnapshotIds() {

@@ -51,7 +51,7 @@ func (d *Driver) volumeHealth(v volumeRecord) *csi.VolumeHealth {
 
 // ControllerGetVolumeHealth reports one volume's health.
 func (d *Driver) ControllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (*csi.ControllerGetVolumeHealthResponse, error) {
-	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	v, ok := d.st.getVolume(req.GetVolumeId())
@@ -83,7 +83,7 @@ func (d *Driver) ControllerListVolumeHealth(ctx context.Context, req *csi.Contro
 // NodeGetVolumeHealth reports a volume's health on this node, and whether
 // it is really mounted where the CO says it published or staged it.
 func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
-	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	v, ok := d.st.getVolume(req.GetVolumeId())
@@ -131,12 +131,8 @@ func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStora
 	return resp, nil
 }
 
-// notFoundVolume answers a lookup of a volume this node does not have:
-// NotFound, or ResourceExhausted when the id says the volume lives on
-// another node, so a provisioner reschedules instead of waiting forever.
+// notFoundVolume answers a lookup of a volume this node does not have.
+// (Ids of other nodes never get this far: checkIDHere.)
 func (d *Driver) notFoundVolume(id string) error {
-	if node, other := d.otherNode(id); other {
-		return status.Errorf(codes.ResourceExhausted, "volume %s lives on another node (%s); local volumes are reachable only there", id, node)
-	}
 	return status.Errorf(codes.NotFound, "volume %q does not exist", id)
 }

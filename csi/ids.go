@@ -47,7 +47,7 @@ func (d *Driver) newSnapshotID() string { return newID(snapshotIDPrefix, d.tag) 
 // otherNode reports whether a well-formed id was made by another node,
 // and that node's tag.
 func (d *Driver) otherNode(id string) (string, bool) {
-	for _, p := range []string{volumeIDPrefix, snapshotIDPrefix} {
+	for _, p := range []string{volumeIDPrefix, snapshotIDPrefix, groupIDPrefix} {
 		if validID(p, id) {
 			tag := id[len(p) : len(p)+nodeTagLen]
 			return "node tag " + tag, tag != d.tag

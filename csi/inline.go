@@ -139,6 +139,9 @@ func (d *Driver) releaseNodeCreated(v volumeRecord) error {
 	if !nodeCreated(v) || len(v.Published) > 0 || len(v.Staged) > 0 {
 		return nil
 	}
+	if d.locks.pinned(volIDKey(v.ID)) {
+		return status.Errorf(codes.Aborted, "inline volume %s is unmounted but is the source of a snapshot or clone in progress; it is removed on a retry once that is done", v.Name)
+	}
 	v.Phase = phaseDeleting
 	if err := d.st.putVolume(v); err != nil {
 		return err

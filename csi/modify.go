@@ -72,13 +72,13 @@ func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.Controller
 		return nil, status.Error(codes.Unimplemented, "volume modification is disabled (start with --enable-controller-modify-volume)")
 	}
 	id := req.GetVolumeId()
-	if err := checkID("volume_id", id); err != nil {
+	if err := d.checkIDHere("volume_id", id); err != nil {
 		return nil, err
 	}
 	if err := d.checkMutable(req.GetMutableParameters()); err != nil {
 		return nil, err
 	}
-	v, unlock, err := d.lockVolume(id)
+	v, unlock, err := d.lockVolume(id, false)
 	if err != nil {
 		return nil, err
 	}

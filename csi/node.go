@@ -57,7 +57,7 @@ func (d *Driver) mountSource(v volumeRecord, readOnly bool) (string, *loop.Devic
 // NodeStageVolume bind-mounts a directory volume at the staging path. A
 // block volume needs no staging mount: its loop device already exists.
 func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	staging, err := d.checkCOPath("staging_target_path", req.GetStagingTargetPath())
@@ -169,7 +169,7 @@ func makeTarget(path string, dir bool) error {
 // NodeUnstageVolume undoes NodeStageVolume. A staging path that is not
 // mounted is already unstaged.
 func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	staging, err := d.checkCOPath("staging_target_path", req.GetStagingTargetPath())
@@ -227,7 +227,7 @@ func (d *Driver) unbindVolume(v volumeRecord, path string, remove bool) error {
 // NodePublishVolume bind-mounts the volume at the target path, read-only
 // and with the capability's mount flags where asked.
 func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	target, err := d.checkCOPath("target_path", req.GetTargetPath())
@@ -294,7 +294,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 // NodeUnpublishVolume unmounts the target and removes it. A target that
 // is not mounted is already unpublished.
 func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	target, err := d.checkCOPath("target_path", req.GetTargetPath())
@@ -366,7 +366,7 @@ func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRe
 // system's): the bytes and inodes in its tree against its capacity, or a
 // block volume's device size.
 func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	if req.GetVolumePath() == "" {
@@ -412,7 +412,7 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 // volume's loop device re-reads its file's size; a directory volume has
 // nothing to do on the node.
 func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
-	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	if req.GetVolumePath() == "" {

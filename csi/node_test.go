@@ -154,7 +154,8 @@ func TestNodeHostilePaths(t *testing.T) {
 		{"dot-dot into state dir", v.GetVolumeId(), base + "/" + rel + "/x", codes.InvalidArgument},
 		{"NUL in target", v.GetVolumeId(), base + "/a\x00b", codes.InvalidArgument},
 		{"traversal id", "../../etc", base + "/t", codes.NotFound},
-		{"unknown id", "vol-000000000000000000000000", base + "/t", codes.NotFound},
+		{"unknown id", newID(volumeIDPrefix, d.tag), base + "/t", codes.NotFound},
+		{"id of another node", newID(volumeIDPrefix, nodeTag("node-2")), base + "/t", codes.ResourceExhausted},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

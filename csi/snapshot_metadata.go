@@ -22,7 +22,7 @@ const (
 )
 
 func (d *Driver) blockSnapshot(id string) (snapshotRecord, error) {
-	if err := checkID("snapshot_id", id); err != nil {
+	if err := d.checkIDHere("snapshot_id", id); err != nil {
 		return snapshotRecord{}, err
 	}
 	s, ok := d.st.getSnapshot(id)
@@ -93,6 +93,14 @@ func (d *Driver) GetMetadataAllocated(req *csi.GetMetadataAllocatedRequest, stre
 // GetMetadataDelta streams the ranges that differ between two block
 // snapshots of the same volume.
 func (d *Driver) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, stream csi.SnapshotMetadata_GetMetadataDeltaServer) error {
+	// Both ids are checked before either is looked up: an id of another
+	// node gets the same answer whichever field holds it.
+	if err := d.checkIDHere("base_snapshot_id", req.GetBaseSnapshotId()); err != nil {
+		return err
+	}
+	if err := d.checkIDHere("target_snapshot_id", req.GetTargetSnapshotId()); err != nil {
+		return err
+	}
 	base, err := d.blockSnapshot(req.GetBaseSnapshotId())
 	if err != nil {
 		return err

@@ -127,7 +127,7 @@ func TestSnapshotParameters(t *testing.T) {
 	}
 	_, err := d.CreateSnapshot(ctx, snapReq("s", mustCreate(t, d, "other", 1<<20).GetVolumeId(), nil))
 	wantCode(t, err, codes.AlreadyExists)
-	_, err = d.CreateSnapshot(ctx, snapReq("s2", "vol-000000000000000000000000", nil))
+	_, err = d.CreateSnapshot(ctx, snapReq("s2", newID(volumeIDPrefix, d.tag), nil))
 	wantCode(t, err, codes.NotFound)
 }
 
@@ -201,6 +201,6 @@ func TestListSnapshots(t *testing.T) {
 	}
 	_, err := d.ListSnapshots(ctx, &csi.ListSnapshotsRequest{StartingToken: "0"})
 	wantCode(t, err, codes.Aborted)
-	_, err = d.GetSnapshot(ctx, &csi.GetSnapshotRequest{SnapshotId: "snap-000000000000000000000000"})
+	_, err = d.GetSnapshot(ctx, &csi.GetSnapshotRequest{SnapshotId: newID(snapshotIDPrefix, d.tag)})
 	wantCode(t, err, codes.NotFound)
 }

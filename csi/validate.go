@@ -68,6 +68,21 @@ func checkID(field, id string) error {
 	return nil
 }
 
+// checkIDHere is checkID for the id of a volume, snapshot or group. The one
+// rule for ids of another node: every RPC that takes one answers
+// ResourceExhausted, before any lookup, so a CO reschedules the work to
+// the node that has the data instead of waiting on NotFound, and a delete
+// never reports as gone what still exists elsewhere.
+func (d *Driver) checkIDHere(field, id string) error {
+	if err := checkID(field, id); err != nil {
+		return err
+	}
+	if tag, other := d.otherNode(id); other {
+		return status.Errorf(codes.ResourceExhausted, "%s %s lives on another node (%s); node-local volumes and snapshots are reachable only there, so the work must run on that node", field, id, tag)
+	}
+	return nil
+}
+
 // supportedModes are the access modes a node-local volume can honour. Every
 // MULTI_NODE mode needs the volume on more than one node, which a local
 // directory or loop device cannot give.
