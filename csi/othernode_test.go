@@ -46,7 +46,10 @@ func TestOtherNodeIDsOneRule(t *testing.T) {
 			_, err := d.ValidateVolumeCapabilities(ctx, &csi.ValidateVolumeCapabilitiesRequest{VolumeId: vol, VolumeCapabilities: []*csi.VolumeCapability{rwo}})
 			return err
 		},
-		"ControllerGetVolume": func() error { _, err := d.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: vol}); return err },
+		"ControllerGetVolume": func() error {
+			_, err := d.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: vol})
+			return err
+		},
 		"ControllerExpandVolume": func() error {
 			_, err := d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol, CapacityRange: cr})
 			return err
@@ -59,9 +62,12 @@ func TestOtherNodeIDsOneRule(t *testing.T) {
 			_, err := d.ControllerGetVolumeHealth(ctx, &csi.ControllerGetVolumeHealthRequest{VolumeId: vol})
 			return err
 		},
-		"CreateSnapshot":  func() error { _, err := d.CreateSnapshot(ctx, snapReq("snap-x", vol, nil)); return err },
-		"DeleteSnapshot":  func() error { _, err := d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snap}); return err },
-		"GetSnapshot":     func() error { _, err := d.GetSnapshot(ctx, &csi.GetSnapshotRequest{SnapshotId: snap}); return err },
+		"CreateSnapshot": func() error { _, err := d.CreateSnapshot(ctx, snapReq("snap-x", vol, nil)); return err },
+		"DeleteSnapshot": func() error {
+			_, err := d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snap})
+			return err
+		},
+		"GetSnapshot": func() error { _, err := d.GetSnapshot(ctx, &csi.GetSnapshotRequest{SnapshotId: snap}); return err },
 		"NodeStageVolume": func() error {
 			_, err := d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol, StagingTargetPath: target, VolumeCapability: rwo})
 			return err
