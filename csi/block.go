@@ -165,7 +165,9 @@ func (d *Driver) reattachBlockVolumes() error {
 		}
 		path := d.volumeDataPath(v)
 		var st unix.Stat_t
-		if err := unix.Stat(path, &st); err != nil {
+		if err := unix.Stat(path, &st); err == unix.ENOENT {
+			continue // reported by reconcile and health; attached on publish once back
+		} else if err != nil {
 			return &os.PathError{Op: "stat", Path: path, Err: err}
 		}
 		if attached[[2]uint64{st.Dev, st.Ino}] {

@@ -87,6 +87,9 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		if s.AccessType != access {
 			return nil, invalid("source snapshot %s is of a %s volume; it cannot restore a %s volume", s.ID, s.AccessType, access)
 		}
+		if err := d.snapshotPresent(s); err != nil {
+			return nil, err
+		}
 		// A restore needs room for what the snapshot holds.
 		floor, rec.SourceSnapshot = s.SizeBytes, s.ID
 	case srcVol != nil:
@@ -427,6 +430,9 @@ func (d *Driver) pinVolume(id string) (volumeRecord, func(), error) {
 		return volumeRecord{}, nil, err
 	}
 	defer unlock()
+	if err := d.dataPresent(v); err != nil {
+		return volumeRecord{}, nil, err
+	}
 	return v, d.locks.pin(volIDKey(id)), nil
 }
 

@@ -79,6 +79,9 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	if access != v.AccessType {
 		return nil, invalid("volume %s is a %s volume; the capability asks for %s", v.ID, v.AccessType, access)
 	}
+	if err := d.dataPresent(v); err != nil {
+		return nil, err
+	}
 	if !slices.Contains(v.Staged, staging) {
 		v.Staged = append(v.Staged, staging)
 		if err := d.st.putVolume(v); err != nil {
@@ -260,6 +263,9 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	defer unlock()
 	if access != v.AccessType {
 		return nil, invalid("volume %s is a %s volume; the capability asks for %s", v.ID, v.AccessType, access)
+	}
+	if err := d.dataPresent(v); err != nil {
+		return nil, err
 	}
 	single := mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
 	for _, p := range v.Published {

@@ -1,7 +1,6 @@
 package csi
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,7 +16,10 @@ import (
 //   - a record still "creating" or "deleting" is an operation the crash
 //     interrupted: its data is removed and so is the record (a retried
 //     CreateVolume starts again from nothing);
-//   - a ready record whose data is gone cannot be served: it is dropped;
+//   - a ready record whose data is missing is kept: the disk holding it may
+//     mount late, or the directory come back from a backup. Health
+//     reports it and publish refuses it, naming the path, until the data is
+//     back; deleting it removes the record;
 //   - data under a valid id with no record belongs to no volume: removed;
 //   - tmp/ holds only unfinished work: emptied.
 func (d *Driver) reconcile() error {
@@ -35,7 +37,10 @@ func (d *Driver) reconcile() error {
 			if nodeCreated(v) {
 				where, err := d.mountedAt(v)
 				if err != nil {
-					return fmt.Errorf("volume %s: %w", v.ID, err)
+					// Cannot tell: keep it (removing a mounted volume's
+					// data is the worse mistake); unpublish clears it.
+					klog.InfoS("cannot tell whether an inline or local volume is still mounted; keeping it", "volume_id", v.ID, "name", v.Name, "err", err)
+					continue
 				}
 				if where == "" {
 					// An inline volume whose pod is gone (crash or reboot),
@@ -48,11 +53,8 @@ func (d *Driver) reconcile() error {
 					continue
 				}
 			}
-			if _, err := os.Lstat(d.volumeDataPath(v)); os.IsNotExist(err) {
-				klog.InfoS("repair: volume data is missing, dropping its record", "volume_id", v.ID, "name", v.Name, "path", d.volumeDataPath(v))
-				if err := d.st.dropVolume(v.ID); err != nil {
-					return err
-				}
+			if err := d.dataPresent(v); err != nil {
+				klog.InfoS("volume data is missing; its record is kept and publish refused until the data is back", "volume_id", v.ID, "name", v.Name, "path", d.volumeDataPath(v))
 			}
 		}
 	}
@@ -67,11 +69,8 @@ func (d *Driver) reconcile() error {
 				return err
 			}
 		case phaseReady:
-			if _, err := os.Lstat(d.snapshotDataPath(s)); os.IsNotExist(err) {
-				klog.InfoS("repair: snapshot data is missing, dropping its record", "snapshot_id", s.ID, "name", s.Name)
-				if err := d.st.dropSnapshot(s.ID); err != nil {
-					return err
-				}
+			if err := d.snapshotPresent(s); err != nil {
+				klog.InfoS("snapshot data is missing; its record is kept and restores refused until the data is back", "snapshot_id", s.ID, "name", s.Name, "path", d.snapshotDataPath(s))
 			}
 		}
 	}

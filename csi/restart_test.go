@@ -4,10 +4,15 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/hostpath-csi/hostpath/internal/testutil"
+	"github.com/hostpath-csi/hostpath/loop"
 )
 
 // TestRestartKeepsVolumes restarts the driver on the same state dir.
@@ -59,12 +64,14 @@ func TestReconcile(t *testing.T) {
 	os.WriteFile(stranger, nil, 0o600)
 
 	d2 := newDriver(t, cfg)
-	want := map[string]bool{keep.GetVolumeId(): true}
+	// A ready volume whose data is missing keeps its record (see
+	// TestMissingDataComesBack).
+	want := map[string]bool{keep.GetVolumeId(): true, lost.GetVolumeId(): true}
 	got := map[string]bool{}
 	for _, v := range d2.st.allVolumes() {
 		got[v.ID] = true
 	}
-	if len(got) != 1 || !got[keep.GetVolumeId()] {
+	if len(got) != 2 || !got[keep.GetVolumeId()] || !got[lost.GetVolumeId()] {
 		t.Fatalf("after reconcile volumes are %v, want %v", got, want)
 	}
 	for _, p := range []string{d.paths.volumeDir(half.ID), d.paths.volumeDir(gone.GetVolumeId()), d.paths.volumeDir(orphan), filepath.Join(d.paths.tmp(), "snap-x.partial")} {
@@ -110,6 +117,117 @@ func writeJSON(t *testing.T, path string, v any) {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A state dir whose data is missing at start (a disk that mounts late, a
+// directory restored from backup a minute later) loses nothing: the
+// records stay, health says what is missing, publish and restore refuse
+// with the path, and everything serves again once the data is back,
+// without another restart.
+func TestMissingDataComesBack(t *testing.T) {
+	testutil.RequireRoot(t)
+	cfg := testConfig(t)
+	d := newDriver(t, cfg)
+	dir := mustCreate(t, d, "pvc-dir", 1<<20).GetVolumeId()
+	if err := os.WriteFile(filepath.Join(d.paths.volumeDir(dir), "f"), []byte("data"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := d.CreateSnapshot(ctx, snapReq("snap", dir, map[string]string{"format": "tar.gz"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	breq := createReq("pvc-block", 1<<20)
+	breq.VolumeCapabilities = []*csi.VolumeCapability{blockCap()}
+	br, err := d.CreateVolume(ctx, breq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk := br.GetVolume().GetVolumeId()
+	brec, _ := d.st.getVolume(blk)
+	t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: blk}) })
+	// The block volume's device goes with its disk.
+	devs, err := d.blockDevices(brec)
+	if err != nil || len(devs) != 1 {
+		t.Fatalf("block devices %v %v", devs, err)
+	}
+	if err := loop.Detach(devs[0]); err != nil {
+		t.Fatal(err)
+	}
+
+	// The data "disk" is away while the driver starts.
+	away := filepath.Join(filepath.Dir(cfg.StateDir), "away")
+	os.Mkdir(away, 0o700)
+	moves := [][2]string{
+		{d.paths.volumeDir(dir), filepath.Join(away, "dir")},
+		{d.volumeDataPath(brec), filepath.Join(away, "blk")},
+	}
+	srec, _ := d.st.getSnapshot(snap.GetSnapshot().GetSnapshotId())
+	moves = append(moves, [2]string{d.snapshotDataPath(srec), filepath.Join(away, "snap")})
+	for _, m := range moves {
+		if err := os.Rename(m[0], m[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d2 := newDriver(t, cfg)
+	for _, id := range []string{dir, blk} {
+		if _, err := d2.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: id}); err != nil {
+			t.Fatalf("volume %s forgotten at start: %v", id, err)
+		}
+		h, err := d2.ControllerGetVolumeHealth(ctx, &csi.ControllerGetVolumeHealthRequest{VolumeId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hs := h.GetVolumeHealth().GetHealthStatuses(); len(hs) != 1 || hs[0].GetReason() != "VolumeDataMissing" {
+			t.Fatalf("health of %s with its data away: %v", id, hs)
+		}
+	}
+	target := filepath.Join(t.TempDir(), "target")
+	btarget := filepath.Join(t.TempDir(), "btarget")
+	unmountAll(t, target, btarget)
+	pub := &csi.NodePublishVolumeRequest{VolumeId: dir, TargetPath: target, VolumeCapability: rwo}
+	_, err = d2.NodePublishVolume(ctx, pub)
+	wantCode(t, err, codes.FailedPrecondition)
+	if !strings.Contains(err.Error(), "is missing at "+d.paths.volumeDir(dir)) {
+		t.Fatalf("publish refusal does not name what is missing: %v", err)
+	}
+	bpub := &csi.NodePublishVolumeRequest{VolumeId: blk, TargetPath: btarget, VolumeCapability: blockCap()}
+	_, err = d2.NodePublishVolume(ctx, bpub)
+	wantCode(t, err, codes.FailedPrecondition)
+	restore := createReq("pvc-restore", 1<<20)
+	restore.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: srec.ID}}}
+	_, err = d2.CreateVolume(ctx, restore)
+	wantCode(t, err, codes.FailedPrecondition)
+
+	// The disk arrives.
+	for _, m := range moves {
+		if err := os.Rename(m[1], m[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := d2.NodePublishVolume(ctx, pub); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(target, "f")); err != nil || string(b) != "data" {
+		t.Fatalf("published data %q %v", b, err)
+	}
+	if _, err := d2.NodePublishVolume(ctx, bpub); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d2.CreateVolume(ctx, restore); err != nil {
+		t.Fatal(err)
+	}
+	h, _ := d2.ControllerGetVolumeHealth(ctx, &csi.ControllerGetVolumeHealthRequest{VolumeId: dir})
+	if hs := h.GetVolumeHealth().GetHealthStatuses(); len(hs) != 0 {
+		t.Fatalf("health after the data came back: %v", hs)
+	}
+	for _, u := range []*csi.NodeUnpublishVolumeRequest{{VolumeId: dir, TargetPath: target}, {VolumeId: blk, TargetPath: btarget}} {
+		if _, err := d2.NodeUnpublishVolume(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := d2.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: blk}); err != nil {
 		t.Fatal(err)
 	}
 }

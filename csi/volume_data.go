@@ -167,3 +167,24 @@ func (d *Driver) removeSnapshotData(s snapshotRecord) error {
 	}
 	return fsops.RemoveAll(d.snapshotDataPath(s))
 }
+
+// dataPresent answers FailedPrecondition, naming the path, when a ready
+// volume's data is missing (a disk not mounted yet, a directory moved
+// away): the record is kept, and the volume serves again once the data is
+// back.
+func (d *Driver) dataPresent(v volumeRecord) error {
+	p := d.volumeDataPath(v)
+	if _, err := os.Lstat(p); err != nil {
+		return status.Errorf(codes.FailedPrecondition, "the data of volume %s (%s) is missing at %s: %v; mount or restore it there and retry", v.ID, v.Name, p, err)
+	}
+	return nil
+}
+
+// snapshotPresent is dataPresent for a snapshot.
+func (d *Driver) snapshotPresent(s snapshotRecord) error {
+	p := d.snapshotDataPath(s)
+	if _, err := os.Lstat(p); err != nil {
+		return status.Errorf(codes.FailedPrecondition, "the data of snapshot %s (%s) is missing at %s: %v; mount or restore it there and retry", s.ID, s.Name, p, err)
+	}
+	return nil
+}
