@@ -146,12 +146,15 @@ func (d *Driver) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 		return snapshotRecord{}, err
 	}
 	if err := d.st.putSnapshot(s); err != nil {
-		_ = d.st.dropSnapshot(s.ID)
+		// The atomic write left no record; only the reservation is undone.
+		d.st.unreserveSnapshot(s.ID)
 		return snapshotRecord{}, toStatus(err, "recording snapshot %s", s.ID)
 	}
 	release, err := d.heavySlot(ctx)
 	if err != nil {
-		_ = d.st.dropSnapshot(s.ID)
+		if dropErr := d.st.dropSnapshot(s.ID); dropErr != nil {
+			klog.ErrorS(dropErr, "removing the record of a snapshot that never ran; the next start clears it", "snapshot_id", s.ID)
+		}
 		return snapshotRecord{}, err
 	}
 	size, sum, err := d.writeSnapshot(ctx, v, s, compact)

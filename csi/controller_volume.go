@@ -135,7 +135,8 @@ func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord) (volumeR
 		return volumeRecord{}, err
 	}
 	if err := d.st.putVolume(rec); err != nil {
-		_ = d.st.dropVolume(rec.ID)
+		// The atomic write left no record; only the reservation is undone.
+		d.st.unreserveVolume(rec.ID)
 		return volumeRecord{}, toStatus(err, "recording volume %s", rec.ID)
 	}
 	if err := d.createVolumeData(ctx, rec); err != nil {

@@ -96,7 +96,11 @@ func (d *Driver) provisionOnNode(ctx context.Context, id string, vctx map[string
 		if err := d.st.reserveVolume(&rec, nil); err != nil {
 			return volumeRecord{}, err
 		}
-		return rec, toStatus(d.st.putVolume(rec), "recording local volume %s", id)
+		if err := d.st.putVolume(rec); err != nil {
+			d.st.unreserveVolume(rec.ID)
+			return volumeRecord{}, toStatus(err, "recording local volume %s", id)
+		}
+		return rec, nil
 	}
 	return volumeRecord{}, status.Errorf(codes.NotFound, "volume %q does not exist on this node", id)
 }

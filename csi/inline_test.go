@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -120,5 +121,42 @@ func TestLocalVolume(t *testing.T) {
 	}
 	if _, ok := d.lookupNodeVolume("pv-local-1"); ok {
 		t.Fatal("local volume record outlived its publication")
+	}
+}
+
+// A state dir that refuses the record of a new inline volume leaves no
+// reservation behind: once it takes writes again, the same publish works
+// (it used to answer "being created by another request" until restart).
+func TestInlineRecordWriteFailureReleasesName(t *testing.T) {
+	testutil.RequireRoot(t)
+	d := newDriver(t, testConfig(t))
+	target := filepath.Join(t.TempDir(), "pod", "vol")
+	unmountAll(t, target)
+	recs := filepath.Join(d.paths.meta(), "volumes")
+	if err := unix.Mount(recs, recs, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(recs, unix.MNT_DETACH) })
+	if err := unix.Mount("", recs, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+		t.Fatal(err)
+	}
+	req := &csi.NodePublishVolumeRequest{VolumeId: "csi-readonly-state", TargetPath: target, VolumeCapability: rwo,
+		VolumeContext: map[string]string{ctxEphemeral: "true"}}
+	_, err := d.NodePublishVolume(ctx, req)
+	wantCode(t, err, codes.FailedPrecondition)
+	if !strings.Contains(err.Error(), "read-only") {
+		t.Fatalf("refusal does not say the state is read-only: %v", err)
+	}
+	if _, ok := d.st.volumeByName(ephemeralPrefix + "csi-readonly-state"); ok {
+		t.Fatal("the failed create kept its reservation")
+	}
+	if err := unix.Unmount(recs, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.NodePublishVolume(ctx, req); err != nil {
+		t.Fatalf("publish once the state dir takes writes: %v", err)
+	}
+	if _, err := d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-readonly-state", TargetPath: target}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -298,6 +298,28 @@ func (s *store) reserveVolume(v *volumeRecord, check func(v *volumeRecord, all m
 	return nil
 }
 
+// unreserveVolume takes a reservation whose record was never written out
+// of the index. The index is what answers "name taken", so it must go even
+// when the state dir refuses every write.
+func (s *store) unreserveVolume(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v, ok := s.volumes[id]; ok && s.volByName[v.Name] == id {
+		delete(s.volByName, v.Name)
+	}
+	delete(s.volumes, id)
+}
+
+// unreserveSnapshot is unreserveVolume for a snapshot.
+func (s *store) unreserveSnapshot(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r, ok := s.snaps[id]; ok && s.snapName[r.Name] == id {
+		delete(s.snapName, r.Name)
+	}
+	delete(s.snaps, id)
+}
+
 // checkVolumes runs check with every record in view, under the index lock.
 func (s *store) checkVolumes(check func(all map[string]volumeRecord) error) error {
 	s.mu.RLock()
