@@ -348,6 +348,9 @@ func (d *Driver) deleteSnapshot(s snapshotRecord) error {
 // snapshot id or source volume (every match), with the same tokens as
 // ListVolumes.
 func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
+	if d.cfg.DisableListSnapshots {
+		return nil, status.Error(codes.Unimplemented, "ListSnapshots is disabled (--enable-list-snapshots=false)")
+	}
 	var match []snapshotRecord
 	for _, s := range d.st.allSnapshots() {
 		if s.Phase != phaseReady {

@@ -3,6 +3,7 @@ package csi
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -342,8 +343,13 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 		csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
 		csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
 	}
-	if d.cfg.EnableVolumeExpansion {
+	if d.cfg.controllerExpansion() {
 		types = append(types, csi.ControllerServiceCapability_RPC_EXPAND_VOLUME)
+	}
+	if d.cfg.DisableListSnapshots {
+		types = slices.DeleteFunc(types, func(t csi.ControllerServiceCapability_RPC_Type) bool {
+			return t == csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS
+		})
 	}
 	if d.cfg.EnableModifyVolume {
 		types = append(types, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME)
@@ -366,8 +372,8 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 // ControllerExpandVolume grows a volume. A request below the current size
 // is already satisfied; a limit below it would be a shrink and is refused.
 func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
-	if !d.cfg.EnableVolumeExpansion {
-		return nil, status.Error(codes.Unimplemented, "volume expansion is disabled (--enable-volume-expansion=false)")
+	if !d.cfg.controllerExpansion() {
+		return nil, status.Error(codes.Unimplemented, "controller expansion is disabled (--enable-volume-expansion=false or --disable-controller-expansion)")
 	}
 	id := req.GetVolumeId()
 	if err := d.checkIDHere("volume_id", id); err != nil {

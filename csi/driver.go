@@ -40,6 +40,22 @@ type Config struct {
 
 	EnableTopology        bool
 	EnableVolumeExpansion bool
+	// DisableControllerExpansion and DisableNodeExpansion take one side of
+	// expansion away (the reference driver's flags). Without the
+	// controller side, NodeExpandVolume grows the volume itself.
+	DisableControllerExpansion bool
+	DisableNodeExpansion       bool
+	// MaxVolumeSizeNode bounds the size NodeExpandVolume may grow a volume
+	// to; 0 means MaxVolumeSize.
+	MaxVolumeSizeNode int64
+	// AcceptedMutableParameters, when set, are the only mutable parameter
+	// names ControllerModifyVolume and CreateVolume take.
+	AcceptedMutableParameters []string
+	// SnapshotMetadataFixedLength answers SnapshotMetadata in fixed
+	// 4 KiB blocks instead of variable-length ranges.
+	SnapshotMetadataFixedLength bool
+	// DisableListSnapshots withdraws LIST_SNAPSHOTS.
+	DisableListSnapshots bool
 	EnableAttach          bool
 	EnableModifyVolume    bool
 	// EnableSnapshotMetadata serves the SnapshotMetadata service.
@@ -56,6 +72,14 @@ type Config struct {
 	// ShutdownGrace bounds how long calls in flight may run after SIGTERM.
 	ShutdownGrace time.Duration
 }
+
+// controllerExpansion and nodeExpansion say which sides of expansion are
+// offered.
+func (c Config) controllerExpansion() bool {
+	return c.EnableVolumeExpansion && !c.DisableControllerExpansion
+}
+
+func (c Config) nodeExpansion() bool { return c.EnableVolumeExpansion && !c.DisableNodeExpansion }
 
 // Driver serves the CSI Identity, Controller and Node services.
 type Driver struct {
@@ -117,6 +141,9 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if cfg.MaxHeavyOps <= 0 {
 		cfg.MaxHeavyOps = 4
+	}
+	if cfg.MaxVolumeSizeNode <= 0 {
+		cfg.MaxVolumeSizeNode = cfg.MaxVolumeSize
 	}
 	root, err := filepath.Abs(cfg.StateDir)
 	if err != nil {

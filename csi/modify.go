@@ -3,6 +3,7 @@ package csi
 import (
 	"context"
 	"maps"
+	"slices"
 	"sort"
 	"strings"
 
@@ -27,6 +28,9 @@ const (
 // change on a live volume.
 func (d *Driver) checkMutable(params map[string]string) error {
 	for k, v := range params {
+		if len(d.cfg.AcceptedMutableParameters) > 0 && !slices.Contains(d.cfg.AcceptedMutableParameters, k) {
+			return invalid("mutable parameter %q is not accepted here; --accepted-mutable-parameter-names allows %s", k, strings.Join(d.cfg.AcceptedMutableParameters, ", "))
+		}
 		switch k {
 		case mutableKind:
 			if len(d.cfg.Capacity) == 0 {

@@ -356,7 +356,7 @@ func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRe
 		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
 		csi.NodeServiceCapability_RPC_GET_STORAGE_HEALTH,
 	}
-	if d.cfg.EnableVolumeExpansion {
+	if d.cfg.nodeExpansion() {
 		types = append(types, csi.NodeServiceCapability_RPC_EXPAND_VOLUME)
 	}
 	resp := &csi.NodeGetCapabilitiesResponse{}
@@ -416,13 +416,22 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 
 // NodeExpandVolume makes the node see a volume's new size: a block
 // volume's loop device re-reads its file's size; a directory volume has
-// nothing to do on the node.
+// nothing to do on the node. With controller expansion switched off
+// (--disable-controller-expansion) it grows the volume itself, up to
+// --max-volume-size-node.
 func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	if !d.cfg.nodeExpansion() {
+		return nil, status.Error(codes.Unimplemented, "node expansion is disabled (--enable-volume-expansion=false or --disable-node-expansion)")
+	}
 	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	if req.GetVolumePath() == "" {
 		return nil, invalid("volume_path is required")
+	}
+	want := req.GetCapacityRange().GetRequiredBytes()
+	if want > d.cfg.MaxVolumeSizeNode {
+		return nil, status.Errorf(codes.OutOfRange, "required_bytes %d exceeds the largest size a node may expand a volume to (--max-volume-size-node %d)", want, d.cfg.MaxVolumeSizeNode)
 	}
 	v, unlock, err := d.nodeVolume(req.GetVolumeId())
 	if err != nil {
@@ -434,6 +443,22 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 			return nil, err
 		}
 		return nil, status.Errorf(codes.NotFound, "volume %s is not mounted at %s", v.ID, req.GetVolumePath())
+	}
+	if want > v.CapacityBytes && !d.cfg.controllerExpansion() {
+		if d.locks.pinned(volIDKey(v.ID)) {
+			return nil, status.Errorf(codes.Aborted, "volume %s is the source of a snapshot or clone in progress; expand it once that is done", v.ID)
+		}
+		size, err := d.resolveSize(req.GetCapacityRange(), v.AccessType, v.CapacityBytes)
+		if err != nil {
+			return nil, err
+		}
+		if err := d.growVolume(ctx, v, size); err != nil {
+			return nil, toStatus(err, "expanding volume %s to %d bytes", v.ID, size)
+		}
+		v.CapacityBytes = size
+		if err := d.st.putVolume(v); err != nil {
+			return nil, toStatus(err, "recording the new size of volume %s", v.ID)
+		}
 	}
 	if v.AccessType == accessBlock {
 		dev, err := d.attachBlock(v)

@@ -48,16 +48,31 @@ func checkRange(offset int64, maxResults int32, capacity int64) (int, error) {
 	return int(maxResults), nil
 }
 
-// sendExtents streams extents in batches of n.
-func sendExtents(exts []fsops.Extent, n int, send func([]*csi.BlockMetadata) error) error {
+// sendExtents streams extents in batches of n: each extent as one range,
+// or, with fixed set (--snapshot-metadata-block-type=FIXED_LENGTH), as the
+// deltaBlock-sized blocks that cover it, made as they are sent.
+func sendExtents(exts []fsops.Extent, n int, fixed bool, send func([]*csi.BlockMetadata) error) error {
 	batch := make([]*csi.BlockMetadata, 0, n)
+	add := func(off, size int64) error {
+		batch = append(batch, &csi.BlockMetadata{ByteOffset: off, SizeBytes: size})
+		if len(batch) < n {
+			return nil
+		}
+		err := send(batch)
+		batch = make([]*csi.BlockMetadata, 0, n)
+		return err
+	}
 	for _, e := range exts {
-		batch = append(batch, &csi.BlockMetadata{ByteOffset: e.Offset, SizeBytes: e.Length})
-		if len(batch) == n {
-			if err := send(batch); err != nil {
+		if !fixed {
+			if err := add(e.Offset, e.Length); err != nil {
 				return err
 			}
-			batch = make([]*csi.BlockMetadata, 0, n)
+			continue
+		}
+		for off := e.Offset / deltaBlock * deltaBlock; off < e.Offset+e.Length; off += deltaBlock {
+			if err := add(off, deltaBlock); err != nil {
+				return err
+			}
 		}
 	}
 	if len(batch) > 0 {
@@ -85,8 +100,9 @@ func (d *Driver) GetMetadataAllocated(req *csi.GetMetadataAllocatedRequest, stre
 	if err != nil {
 		return toStatus(err, "reading the extents of snapshot %s", s.ID)
 	}
-	return sendExtents(exts, n, func(b []*csi.BlockMetadata) error {
-		return stream.Send(&csi.GetMetadataAllocatedResponse{BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH, VolumeCapacityBytes: s.VolumeBytes, BlockMetadata: b})
+	typ := d.metadataType()
+	return sendExtents(exts, n, typ == csi.BlockMetadataType_FIXED_LENGTH, func(b []*csi.BlockMetadata) error {
+		return stream.Send(&csi.GetMetadataAllocatedResponse{BlockMetadataType: typ, VolumeCapacityBytes: s.VolumeBytes, BlockMetadata: b})
 	})
 }
 
@@ -130,7 +146,16 @@ func (d *Driver) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, stream csi.S
 	if err != nil {
 		return toStatus(err, "comparing snapshots %s and %s", base.ID, target.ID)
 	}
-	return sendExtents(changed, n, func(bm []*csi.BlockMetadata) error {
-		return stream.Send(&csi.GetMetadataDeltaResponse{BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH, VolumeCapacityBytes: target.VolumeBytes, BlockMetadata: bm})
+	typ := d.metadataType()
+	return sendExtents(changed, n, typ == csi.BlockMetadataType_FIXED_LENGTH, func(bm []*csi.BlockMetadata) error {
+		return stream.Send(&csi.GetMetadataDeltaResponse{BlockMetadataType: typ, VolumeCapacityBytes: target.VolumeBytes, BlockMetadata: bm})
 	})
+}
+
+// metadataType is the block metadata type the driver was started with.
+func (d *Driver) metadataType() csi.BlockMetadataType {
+	if d.cfg.SnapshotMetadataFixedLength {
+		return csi.BlockMetadataType_FIXED_LENGTH
+	}
+	return csi.BlockMetadataType_VARIABLE_LENGTH
 }

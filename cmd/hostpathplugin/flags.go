@@ -51,6 +51,9 @@ type options struct {
 	// and the CSI socket as kubelet sees it on the host.
 	pluginRegistrationPath  string
 	kubeletRegistrationPath string
+	// warnings are one line each about flags accepted for compatibility
+	// that change nothing here; main logs them at start.
+	warnings []string
 }
 
 // capacityFlag collects repeated --capacity kind=quantity.
@@ -132,6 +135,21 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.kubeletRegistrationPath, "kubelet-registration-path", "", "the CSI socket path as kubelet sees it on the host")
 	fs.IntVar(&o.cfg.MaxHeavyOps, "max-heavy-operations", 4, "clones, snapshots and restores that may run at once")
 	fs.DurationVar(&o.cfg.ShutdownGrace, "shutdown-grace", 25*time.Second, "how long calls in flight may finish after SIGTERM")
+
+	// The reference driver's other flags, so its manifests keep working.
+	var attachLimit int64
+	var mutableNames, blockType string
+	enableListSnapshots := true
+	var checkLifecycle, ephemeral bool
+	fs.Int64Var(&attachLimit, "attach-limit", 0, "the reference's name for the node's volume limit: sets --maxvolumespernode")
+	fs.BoolVar(&o.cfg.DisableControllerExpansion, "disable-controller-expansion", false, "do not offer ControllerExpandVolume; NodeExpandVolume grows volumes instead")
+	fs.BoolVar(&o.cfg.DisableNodeExpansion, "disable-node-expansion", false, "do not offer NodeExpandVolume")
+	fs.Var(quantityFlag{&o.cfg.MaxVolumeSizeNode}, "max-volume-size-node", "largest size NodeExpandVolume may grow a volume to (quantity; default --max-volume-size)")
+	fs.StringVar(&mutableNames, "accepted-mutable-parameter-names", "", "comma-separated mutable parameter names ControllerModifyVolume accepts (default: all this driver supports)")
+	fs.StringVar(&blockType, "snapshot-metadata-block-type", "VARIABLE_LENGTH", "SnapshotMetadata answers: VARIABLE_LENGTH ranges or FIXED_LENGTH 4 KiB blocks")
+	fs.BoolVar(&enableListSnapshots, "enable-list-snapshots", true, "offer ListSnapshots")
+	fs.BoolVar(&checkLifecycle, "check-volume-lifecycle", false, "accepted for compatibility: the lifecycle is always checked against the mount table")
+	fs.BoolVar(&ephemeral, "ephemeral", false, "accepted for compatibility (deprecated there): inline ephemeral volumes are always served")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	klogFlags.VisitAll(func(f *flag.Flag) { fs.Var(f.Value, f.Name, f.Usage) })
@@ -149,6 +167,41 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.showVersion {
 		return o, nil
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["check-volume-lifecycle"] {
+		o.warnings = append(o.warnings, "--check-volume-lifecycle changes nothing here: every call is checked against the mount table")
+	}
+	if set["ephemeral"] {
+		o.warnings = append(o.warnings, "--ephemeral changes nothing here: inline ephemeral volumes are always served, next to persistent ones")
+	}
+	if set["attach-limit"] {
+		switch {
+		case attachLimit < 0:
+			return o, fmt.Errorf("--attach-limit=%d: must be 0 (no limit) or more", attachLimit)
+		case set["maxvolumespernode"] && o.cfg.MaxVolumesPerNode != attachLimit:
+			return o, fmt.Errorf("--attach-limit=%d and --maxvolumespernode=%d disagree: both set the node's volume limit here, give one", attachLimit, o.cfg.MaxVolumesPerNode)
+		}
+		o.cfg.MaxVolumesPerNode = attachLimit
+	}
+	if mutableNames != "" {
+		for _, n := range strings.Split(mutableNames, ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				o.cfg.AcceptedMutableParameters = append(o.cfg.AcceptedMutableParameters, n)
+			}
+		}
+	}
+	switch blockType {
+	case "VARIABLE_LENGTH":
+	case "FIXED_LENGTH":
+		o.cfg.SnapshotMetadataFixedLength = true
+	default:
+		return o, fmt.Errorf("--snapshot-metadata-block-type=%q: want FIXED_LENGTH or VARIABLE_LENGTH", blockType)
+	}
+	o.cfg.DisableListSnapshots = !enableListSnapshots
+	if o.cfg.MaxVolumeSizeNode < 0 {
+		return o, errors.New("--max-volume-size-node must not be negative")
 	}
 	if len(capacity) > 0 {
 		o.cfg.Capacity = capacity

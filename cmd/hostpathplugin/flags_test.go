@@ -32,6 +32,31 @@ func TestParseFlags(t *testing.T) {
 		{name: "negative max volumes", args: []string{"--nodeid=n", "--maxvolumespernode=-1"}, wantErr: "0 (no limit) or more"},
 		{name: "stray argument", args: []string{"--nodeid=n", "extra"}, wantErr: "unexpected argument"},
 		{name: "tcp endpoint", args: []string{"--nodeid=n", "--endpoint=tcp://0.0.0.0:10000"}, wantErr: "only unix sockets"},
+		// Argument lists of the reference driver's own deploy manifests and
+		// their test variants: each starts, and each flag means what it
+		// means there (or is accepted with a warning where it means nothing
+		// here).
+		{name: "reference plugin manifest", args: []string{"--drivername=hostpath.csi.k8s.io", "--v=5", "--endpoint=unix:///csi/csi.sock", "--nodeid=node1"}, check: func(o options) bool { return len(o.warnings) == 0 }},
+		{name: "reference lifecycle checks and attach limit", args: []string{"--drivername=hostpath.csi.k8s.io", "--v=5", "--endpoint=unix:///csi/csi.sock", "--nodeid=node1", "--check-volume-lifecycle=true", "--attach-limit=16"}, check: func(o options) bool {
+			return o.cfg.MaxVolumesPerNode == 16 && len(o.warnings) == 1 && strings.Contains(o.warnings[0], "check-volume-lifecycle")
+		}},
+		{name: "reference ephemeral mode", args: []string{"--drivername=hostpath.csi.k8s.io", "--nodeid=node1", "--ephemeral"}, check: func(o options) bool {
+			return len(o.warnings) == 1 && strings.Contains(o.warnings[0], "--ephemeral")
+		}},
+		{name: "reference expansion switches", args: []string{"--nodeid=node1", "--disable-controller-expansion", "--max-volume-size-node=2147483648"}, check: func(o options) bool {
+			return o.cfg.DisableControllerExpansion && !o.cfg.DisableNodeExpansion && o.cfg.MaxVolumeSizeNode == 2<<30
+		}},
+		{name: "reference node expansion off", args: []string{"--nodeid=node1", "--disable-node-expansion=true"}, check: func(o options) bool { return o.cfg.DisableNodeExpansion }},
+		{name: "reference modify volume", args: []string{"--nodeid=node1", "--enable-controller-modify-volume=true", "--accepted-mutable-parameter-names=snapshotFormat, kind"}, check: func(o options) bool {
+			return o.cfg.EnableModifyVolume && strings.Join(o.cfg.AcceptedMutableParameters, "|") == "snapshotFormat|kind"
+		}},
+		{name: "reference snapshot metadata", args: []string{"--nodeid=node1", "--enable-snapshot-metadata", "--snapshot-metadata-block-type=FIXED_LENGTH"}, check: func(o options) bool {
+			return o.cfg.EnableSnapshotMetadata && o.cfg.SnapshotMetadataFixedLength
+		}},
+		{name: "reference list snapshots off", args: []string{"--nodeid=node1", "--enable-list-snapshots=false"}, check: func(o options) bool { return o.cfg.DisableListSnapshots }},
+		{name: "list snapshots on by default", args: []string{"--nodeid=node1", "--enable-list-snapshots"}, check: func(o options) bool { return !o.cfg.DisableListSnapshots }},
+		{name: "bad block type", args: []string{"--nodeid=n", "--snapshot-metadata-block-type=RANDOM"}, wantErr: "FIXED_LENGTH or VARIABLE_LENGTH"},
+		{name: "disagreeing limits", args: []string{"--nodeid=n", "--attach-limit=3", "--maxvolumespernode=4"}, wantErr: "disagree"},
 		{name: "version needs no node id", args: []string{"--version"}, check: func(o options) bool { return o.showVersion }},
 	}
 	for _, tc := range tests {

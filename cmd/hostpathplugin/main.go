@@ -29,6 +29,9 @@ func main() {
 		fmt.Println(o.cfg.Version)
 		return
 	}
+	for _, w := range o.warnings {
+		klog.Warning(w)
+	}
 	os.Exit(run(o))
 }
 
