@@ -56,8 +56,8 @@ type Config struct {
 	SnapshotMetadataFixedLength bool
 	// DisableListSnapshots withdraws LIST_SNAPSHOTS.
 	DisableListSnapshots bool
-	EnableAttach          bool
-	EnableModifyVolume    bool
+	EnableAttach         bool
+	EnableModifyVolume   bool
 	// EnableSnapshotMetadata serves the SnapshotMetadata service.
 	EnableSnapshotMetadata bool
 
