@@ -10,7 +10,7 @@ NODE_ID   ?= $(shell hostname)
 
 export CGO_ENABLED = 0
 
-.PHONY: scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
+.PHONY: targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
 
 all: build
 
@@ -35,7 +35,7 @@ demo: build
 
 # Every test: unit tests with the race detector, then csi-sanity against
 # the real binary for mount and block volumes.
-test: test-unit test-sanity test-distroless fuzz bench-smoke
+test: test-unit test-sanity test-distroless fuzz bench-smoke targets-smoke
 
 test-unit:
 	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./csi/... ./cmd/... ./registrar/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
@@ -64,9 +64,12 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzExtract$$' -fuzztime $(FUZZTIME) ./archive/
 
 # The long versions of the reliability tests (the test command runs short ones).
+# The stress test builds the driver with -race, which needs cgo.
+STRESS_DURATION  ?= 60s
+CRASH_ITERATIONS ?= 500
 stress:
-	STRESS_DURATION=60s $(GO) test -count=1 -v -run TestConcurrentClients ./test/stress/
-	CRASH_ITERATIONS=500 $(GO) test -count=1 -v -timeout 60m -run TestCrashConsistency ./test/crash/
+	CGO_ENABLED=1 STRESS_DURATION=$(STRESS_DURATION) $(GO) test -count=1 -v -run TestConcurrentClients ./test/stress/
+	CRASH_ITERATIONS=$(CRASH_ITERATIONS) $(GO) test -count=1 -v -timeout 60m -run TestCrashConsistency ./test/crash/
 
 # Built artifacts that are not source (images, Kubernetes binaries) live
 # outside the repository.
@@ -89,18 +92,39 @@ image:
 	  -label org.opencontainers.image.source=https://github.com/hostpath-csi/hostpath && \
 	echo "$(IMAGE_DIR)/hostpathplugin.tar: $(IMAGE):$$v sha256:$$(sha256sum < $(IMAGE_DIR)/hostpathplugin.tar | cut -d' ' -f1)"
 
+BENCH_OUT    ?= bench/results
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 120m ./bench/ -args -bench.size=$(BENCH_SIZE) -bench.rounds=$(BENCH_ROUNDS) | tee /tmp/hostpath-bench.txt
-	$(GO) run ./bench/cmd/benchreport -out bench/results < /tmp/hostpath-bench.txt
+	$(GO) run ./bench/cmd/benchreport -out $(BENCH_OUT) < /tmp/hostpath-bench.txt
 
 # 10,000 volumes on one node (create latency first vs last thousand,
 # ListVolumes paging, restart time), peak memory of a 10 GiB snapshot and
 # restore, and a million empty files cloned, archived and restored.
 # The volume run goes first: mass deletes (the million files) slow file
 # creation on a journal-less ext4 for minutes, which is not the driver.
+SCALE_VOLUMES ?= 10000
+SCALE_MEM_GIB ?= 10
+SCALE_FILES   ?= 1000000
 scale:
-	$(GO) test -run '^$$' -bench 'BenchmarkScale$$' -benchtime=1x -timeout 30m ./bench/ -args -scale.volumes=10000
-	$(GO) test -run '^$$' -bench 'BenchmarkSnapshotMemory|BenchmarkManyFiles' -benchtime=1x -timeout 90m ./bench/ -args -mem.gib=10 -many.files=1000000
+	$(GO) test -run '^$$' -bench 'BenchmarkScale$$' -benchtime=1x -timeout 30m ./bench/ -args -scale.volumes=$(SCALE_VOLUMES)
+	$(GO) test -run '^$$' -bench 'BenchmarkSnapshotMemory|BenchmarkManyFiles' -benchtime=1x -timeout 90m ./bench/ -args -mem.gib=$(SCALE_MEM_GIB) -many.files=$(SCALE_FILES)
+
+# Every target the README names, in a short form, so none rots unseen:
+# run (started, probed, stopped), demo, image (twice: same bytes), stress,
+# scale and bench on tiny sizes (bench results to a scratch directory).
+targets-smoke:
+	rm -rf /tmp/hostpath-run-smoke; $(MAKE) --no-print-directory run RUN_DIR=/tmp/hostpath-run-smoke > /tmp/hostpath-run-smoke.log 2>&1 & \
+	  for i in $$(seq 300); do [ -S /tmp/hostpath-run-smoke/csi.sock ] && break; sleep 0.1; done; \
+	  $(CTL) --endpoint=unix:///tmp/hostpath-run-smoke/csi.sock info > /dev/null; rc=$$?; \
+	  pkill -TERM -f 'hostpathplugin --endpoint=unix:///tmp/hostpath-run-smoke/csi.sock'; wait; \
+	  test $$rc -eq 0 && echo "make run: served and stopped"
+	$(MAKE) --no-print-directory demo
+	$(MAKE) --no-print-directory image | tail -1 | tee /tmp/hostpath-image-1.txt
+	$(MAKE) --no-print-directory image | tail -1 | tee /tmp/hostpath-image-2.txt
+	cmp /tmp/hostpath-image-1.txt /tmp/hostpath-image-2.txt && echo "make image: reproducible"
+	$(MAKE) --no-print-directory stress STRESS_DURATION=3s CRASH_ITERATIONS=3 2>&1 | grep -E '^(--- |ok|FAIL)'; test $${PIPESTATUS[0]} -eq 0
+	$(MAKE) --no-print-directory scale SCALE_VOLUMES=50 SCALE_MEM_GIB=0 SCALE_FILES=500 2>&1 | grep -E '^(ok|FAIL|Benchmark)'; test $${PIPESTATUS[0]} -eq 0
+	$(MAKE) --no-print-directory bench BENCH_SIZE=2 BENCH_ROUNDS=1 BENCH_OUT=/tmp/hostpath-bench-target 2>&1 | grep -E '^(ok|FAIL|PASS)'; test $${PIPESTATUS[0]} -eq 0
 
 # Each benchmark once on tiny data, so the suite never rots.
 bench-smoke:

@@ -20,13 +20,13 @@ func (d *Driver) createBlockData(ctx context.Context, v volumeRecord) error {
 	var src string
 	switch {
 	case v.SourceSnapshot != "":
-		s, ok := d.st.getSnapshot(v.SourceSnapshot)
+		s, ok := d.st.Snapshots.Get(v.SourceSnapshot)
 		if !ok {
 			return os.ErrNotExist
 		}
 		src = d.snapshotDataPath(s)
 	case v.SourceVolume != "":
-		s, ok := d.st.getVolume(v.SourceVolume)
+		s, ok := d.st.Volumes.Get(v.SourceVolume)
 		if !ok {
 			return os.ErrNotExist
 		}
@@ -159,7 +159,7 @@ func (d *Driver) reattachBlockVolumes() error {
 			attached[[2]uint64{b.BackingDev, b.BackingIno}] = true
 		}
 	}
-	for _, v := range d.st.allVolumes() {
+	for _, v := range d.st.Volumes.All() {
 		if v.AccessType != accessBlock || v.Phase != phaseReady {
 			continue
 		}

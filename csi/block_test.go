@@ -10,11 +10,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hostpath-csi/hostpath/internal/testfs"
+	"github.com/hostpath-csi/hostpath/internal/testutil"
 	"github.com/hostpath-csi/hostpath/loop"
 )
 
 func createBlock(t *testing.T, d *Driver, name string, size int64) *csi.Volume {
 	t.Helper()
+	testutil.RequireRoot(t) // loop devices
 	r, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{blockCap()},
 		CapacityRange: &csi.CapacityRange{RequiredBytes: size}})
 	if err != nil {
@@ -99,7 +101,15 @@ func TestBlockVolumeOnFileSystems(t *testing.T) {
 func TestBlockSnapshotRestore(t *testing.T) {
 	d := newDriver(t, testConfig(t))
 	v := createBlock(t, d, "blk-src", 64<<20)
-	dev, _, _ := loop.Find(filepath.Join(d.paths.volumes(), v.GetVolumeId()+".img"))
+	// A sparse source: the preallocation punched away, 1 MiB written.
+	img := filepath.Join(d.paths.volumes(), v.GetVolumeId()+".img")
+	if err := os.Truncate(img, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	dev, _, _ := loop.Find(img)
 	f, _ := os.OpenFile(dev.Path(), os.O_WRONLY, 0)
 	f.WriteAt(bytes.Repeat([]byte{7}, 1<<20), 8<<20)
 	f.Sync()
@@ -111,8 +121,18 @@ func TestBlockSnapshotRestore(t *testing.T) {
 	t.Cleanup(func() {
 		d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshot().GetSnapshotId()})
 	})
-	if s := snap.GetSnapshot().GetSizeBytes(); s > 64<<20 {
-		t.Fatalf("snapshot reports %d bytes", s)
+	// It reports the device size a restore needs, and holds on disk only
+	// the extents that hold data.
+	if s := snap.GetSnapshot().GetSizeBytes(); s != 64<<20 {
+		t.Fatalf("snapshot reports %d bytes, want the volume's %d", s, 64<<20)
+	}
+	srec, _ := d.st.Snapshots.Get(snap.GetSnapshot().GetSnapshotId())
+	var st unix.Stat_t
+	if err := unix.Stat(d.snapshotDataPath(srec), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size != 64<<20 || st.Blocks*512 > 2<<20 {
+		t.Fatalf("snapshot file: size %d, %d bytes allocated; want 64 MiB holding about 1 MiB", st.Size, st.Blocks*512)
 	}
 	r, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "blk-restore", VolumeCapabilities: []*csi.VolumeCapability{blockCap()},
 		CapacityRange:       &csi.CapacityRange{RequiredBytes: 96 << 20},

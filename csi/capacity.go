@@ -87,7 +87,7 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 		return zero, nil
 	}
 	all := map[string]volumeRecord{}
-	for _, v := range d.st.allVolumes() {
+	for _, v := range d.st.Volumes.All() {
 		all[v.ID] = v
 	}
 	var avail int64

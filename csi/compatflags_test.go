@@ -35,7 +35,7 @@ func TestExpansionSwitches(t *testing.T) {
 		if err != nil || r.GetCapacityBytes() != 4<<20 {
 			t.Fatalf("node expansion: %v %v", r, err)
 		}
-		if v, _ := d.st.getVolume(id); v.CapacityBytes != 4<<20 {
+		if v, _ := d.st.Volumes.Get(id); v.CapacityBytes != 4<<20 {
 			t.Fatalf("recorded size %d after node expansion", v.CapacityBytes)
 		}
 		exp.CapacityRange.RequiredBytes = 16 << 20 // past --max-volume-size-node

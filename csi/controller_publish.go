@@ -57,7 +57,7 @@ func (d *Driver) ControllerPublishVolume(ctx context.Context, req *csi.Controlle
 		return nil, status.Errorf(codes.ResourceExhausted, "node %s already has %d volumes attached, its limit (--maxvolumespernode)", node, max)
 	}
 	v.AttachedNodes = append(v.AttachedNodes, key)
-	if err := d.st.putVolume(v); err != nil {
+	if err := d.st.Volumes.Put(v); err != nil {
 		return nil, toStatus(err, "recording attachment of volume %s", id)
 	}
 	return &csi.ControllerPublishVolumeResponse{}, nil
@@ -79,7 +79,7 @@ func nodeOfAttachment(key string) string {
 
 func (d *Driver) attachedCount(node string) int64 {
 	var n int64
-	for _, v := range d.st.allVolumes() {
+	for _, v := range d.st.Volumes.All() {
 		if slices.ContainsFunc(v.AttachedNodes, func(k string) bool { return nodeOfAttachment(k) == node }) {
 			n++
 		}
@@ -112,7 +112,7 @@ func (d *Driver) ControllerUnpublishVolume(ctx context.Context, req *csi.Control
 		return nil, err
 	}
 	defer unlock()
-	v, ok := d.st.getVolume(id)
+	v, ok := d.st.Volumes.Get(id)
 	if !ok {
 		return &csi.ControllerUnpublishVolumeResponse{}, nil
 	}
@@ -124,7 +124,7 @@ func (d *Driver) ControllerUnpublishVolume(ctx context.Context, req *csi.Control
 	}
 	if len(kept) != len(v.AttachedNodes) {
 		v.AttachedNodes = kept
-		if err := d.st.putVolume(v); err != nil {
+		if err := d.st.Volumes.Put(v); err != nil {
 			return nil, toStatus(err, "recording detachment of volume %s", id)
 		}
 	}

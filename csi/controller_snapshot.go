@@ -98,7 +98,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 		return nil, err
 	}
 	defer unlock()
-	if old, ok := d.st.snapshotByName(name); ok {
+	if old, ok := d.st.Snapshots.ByName(name); ok {
 		if old.SourceVolume != srcID {
 			return nil, status.Errorf(codes.AlreadyExists, "snapshot %q already exists as %s of volume %s, not of %s", name, old.ID, old.SourceVolume, srcID)
 		}
@@ -119,7 +119,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 // takeSnapshot snapshots a volume; the caller holds the lock of the name
 // and has pinned the volume. A failure leaves no data and no record.
 func (d *Driver) takeSnapshot(ctx context.Context, name, srcID string, reqParams map[string]string, group string) (snapshotRecord, error) {
-	v, ok := d.st.getVolume(srcID)
+	v, ok := d.st.Volumes.Get(srcID)
 	if !validVolumeID(srcID) || !ok || v.Phase != phaseReady {
 		return snapshotRecord{}, status.Errorf(codes.NotFound, "source volume %q does not exist", srcID)
 	}
@@ -142,17 +142,17 @@ func (d *Driver) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 		ID: d.newSnapshotID(), Name: name, SourceVolume: srcID, AccessType: v.AccessType,
 		Phase: phaseCreating, CreatedAt: time.Now().UTC(), VolumeBytes: v.CapacityBytes, Format: format, Group: group,
 	}
-	if err := d.st.reserveSnapshot(s); err != nil {
-		return snapshotRecord{}, err
+	if err := d.st.Snapshots.Reserve(&s, nil); err != nil {
+		return snapshotRecord{}, toStatus(err, "reserving snapshot %q", name)
 	}
-	if err := d.st.putSnapshot(s); err != nil {
+	if err := d.st.Snapshots.Put(s); err != nil {
 		// The atomic write left no record; only the reservation is undone.
-		d.st.unreserveSnapshot(s.ID)
+		d.st.Snapshots.Unreserve(s.ID)
 		return snapshotRecord{}, toStatus(err, "recording snapshot %s", s.ID)
 	}
 	release, err := d.heavySlot(ctx)
 	if err != nil {
-		if dropErr := d.st.dropSnapshot(s.ID); dropErr != nil {
+		if dropErr := d.st.Snapshots.Drop(s.ID); dropErr != nil {
 			klog.ErrorS(dropErr, "removing the record of a snapshot that never ran; the next start clears it", "snapshot_id", s.ID)
 		}
 		return snapshotRecord{}, err
@@ -164,7 +164,7 @@ func (d *Driver) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 			klog.ErrorS(rmErr, "cleaning up after failed snapshot", "snapshot_id", s.ID)
 			return snapshotRecord{}, toStatus(err, "snapshotting volume %s", srcID)
 		}
-		_ = d.st.dropSnapshot(s.ID)
+		_ = d.st.Snapshots.Drop(s.ID)
 		return snapshotRecord{}, toStatus(err, "snapshotting volume %s", srcID)
 	}
 	s.Phase, s.SizeBytes, s.SHA256 = phaseReady, size, sum
@@ -172,7 +172,7 @@ func (d *Driver) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 		// A block restore needs the whole device, whatever is allocated.
 		s.SizeBytes = s.VolumeBytes
 	}
-	if err := d.st.putSnapshot(s); err != nil {
+	if err := d.st.Snapshots.Put(s); err != nil {
 		return snapshotRecord{}, toStatus(err, "recording snapshot %s", s.ID)
 	}
 	return s, nil
@@ -255,7 +255,7 @@ func (d *Driver) writeReflinkSnapshot(ctx context.Context, v volumeRecord, s sna
 // restoreSnapshot fills dir from a snapshot and checks the archive's
 // checksum; a mismatch or a damaged archive is DataLoss.
 func (d *Driver) restoreSnapshot(ctx context.Context, snapID, dir string) error {
-	s, ok := d.st.getSnapshot(snapID)
+	s, ok := d.st.Snapshots.Get(snapID)
 	if !ok {
 		return status.Errorf(codes.NotFound, "snapshot %s disappeared", snapID)
 	}
@@ -314,7 +314,7 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 		return nil, err
 	}
 	defer unlock()
-	s, ok := d.st.getSnapshot(id)
+	s, ok := d.st.Snapshots.Get(id)
 	if !ok {
 		return &csi.DeleteSnapshotResponse{}, nil
 	}
@@ -332,13 +332,13 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 func (d *Driver) deleteSnapshot(s snapshotRecord) error {
 	id := s.ID
 	s.Phase = phaseDeleting
-	if err := d.st.putSnapshot(s); err != nil {
+	if err := d.st.Snapshots.Put(s); err != nil {
 		return toStatus(err, "recording deletion of snapshot %s", id)
 	}
 	if err := d.removeSnapshotData(s); err != nil {
 		return toStatus(err, "removing snapshot %s", id)
 	}
-	if err := d.st.dropSnapshot(id); err != nil {
+	if err := d.st.Snapshots.Drop(id); err != nil {
 		return toStatus(err, "removing record of snapshot %s", id)
 	}
 	return nil
@@ -352,7 +352,7 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 		return nil, status.Error(codes.Unimplemented, "ListSnapshots is disabled (--enable-list-snapshots=false)")
 	}
 	var match []snapshotRecord
-	for _, s := range d.st.allSnapshots() {
+	for _, s := range d.st.Snapshots.All() {
 		if s.Phase != phaseReady {
 			continue
 		}
@@ -380,7 +380,7 @@ func (d *Driver) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (
 	if err := d.checkIDHere("snapshot_id", req.GetSnapshotId()); err != nil {
 		return nil, err
 	}
-	s, ok := d.st.getSnapshot(req.GetSnapshotId())
+	s, ok := d.st.Snapshots.Get(req.GetSnapshotId())
 	if !ok || s.Phase == phaseDeleting {
 		return nil, status.Errorf(codes.NotFound, "snapshot %q does not exist", req.GetSnapshotId())
 	}

@@ -81,7 +81,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	rec := volumeRecord{Name: name, AccessType: access, Kind: kind, Parameters: req.GetParameters()}
 	switch {
 	case srcSnap != nil:
-		s, ok := d.st.getSnapshot(srcSnap.GetSnapshotId())
+		s, ok := d.st.Snapshots.Get(srcSnap.GetSnapshotId())
 		if !validSnapshotID(srcSnap.GetSnapshotId()) || !ok || s.Phase != phaseReady {
 			return nil, status.Errorf(codes.NotFound, "source snapshot %q does not exist", srcSnap.GetSnapshotId())
 		}
@@ -94,7 +94,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		// A restore needs room for what the snapshot holds.
 		floor, rec.SourceSnapshot = s.SizeBytes, s.ID
 	case srcVol != nil:
-		v, ok := d.st.getVolume(srcVol.GetVolumeId())
+		v, ok := d.st.Volumes.Get(srcVol.GetVolumeId())
 		if !validVolumeID(srcVol.GetVolumeId()) || !ok || v.Phase != phaseReady {
 			return nil, d.notFoundVolume(srcVol.GetVolumeId())
 		}
@@ -113,7 +113,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	rec.CapacityBytes = size
 	applyMutable(&rec, req.GetMutableParameters())
 
-	if old, ok := d.st.volumeByName(name); ok {
+	if old, ok := d.st.Volumes.ByName(name); ok {
 		return d.existingVolume(old, rec, req.GetCapacityRange())
 	}
 
@@ -132,24 +132,24 @@ func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord) (volumeR
 	rec.ID = d.newVolumeID()
 	rec.Phase = phaseCreating
 	rec.CreatedAt = time.Now().UTC()
-	if err := d.st.reserveVolume(&rec, d.checkCapacity); err != nil {
-		return volumeRecord{}, err
+	if err := d.st.Volumes.Reserve(&rec, d.checkCapacity); err != nil {
+		return volumeRecord{}, toStatus(err, "reserving volume %q", rec.Name)
 	}
-	if err := d.st.putVolume(rec); err != nil {
+	if err := d.st.Volumes.Put(rec); err != nil {
 		// The atomic write left no record; only the reservation is undone.
-		d.st.unreserveVolume(rec.ID)
+		d.st.Volumes.Unreserve(rec.ID)
 		return volumeRecord{}, toStatus(err, "recording volume %s", rec.ID)
 	}
 	if err := d.createVolumeData(ctx, rec); err != nil {
 		if rmErr := d.removeVolumeData(rec); rmErr != nil {
 			klog.ErrorS(rmErr, "cleaning up after failed create", "volume_id", rec.ID)
 		} else {
-			_ = d.st.dropVolume(rec.ID)
+			_ = d.st.Volumes.Drop(rec.ID)
 		}
 		return volumeRecord{}, toStatus(err, "creating volume %q", rec.Name)
 	}
 	rec.Phase = phaseReady
-	if err := d.st.putVolume(rec); err != nil {
+	if err := d.st.Volumes.Put(rec); err != nil {
 		return volumeRecord{}, toStatus(err, "recording volume %s", rec.ID)
 	}
 	return rec, nil
@@ -209,7 +209,7 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 		return nil, err
 	}
 	defer unlock()
-	v, ok := d.st.getVolume(id)
+	v, ok := d.st.Volumes.Get(id)
 	if !ok {
 		return &csi.DeleteVolumeResponse{}, nil
 	}
@@ -221,13 +221,13 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still mounted at %s; unpublish and unstage it first", id, where)
 	}
 	v.Phase = phaseDeleting
-	if err := d.st.putVolume(v); err != nil {
+	if err := d.st.Volumes.Put(v); err != nil {
 		return nil, toStatus(err, "recording deletion of volume %s", id)
 	}
 	if err := d.removeVolumeData(v); err != nil {
 		return nil, toStatus(err, "removing data of volume %s", id)
 	}
-	if err := d.st.dropVolume(id); err != nil {
+	if err := d.st.Volumes.Drop(id); err != nil {
 		return nil, toStatus(err, "removing record of volume %s", id)
 	}
 	return &csi.DeleteVolumeResponse{}, nil
@@ -242,7 +242,7 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, invalid("volume_capabilities is required")
 	}
-	v, ok := d.st.getVolume(req.GetVolumeId())
+	v, ok := d.st.Volumes.Get(req.GetVolumeId())
 	if !ok || v.Phase != phaseReady {
 		return nil, status.Errorf(codes.NotFound, "volume %q does not exist", req.GetVolumeId())
 	}
@@ -267,7 +267,7 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 // the last id of the previous page, so it stays valid when volumes before
 // it are deleted; anything else is answered with Aborted.
 func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
-	all := d.st.allVolumes()
+	all := d.st.Volumes.All()
 	ready := all[:0]
 	for _, v := range all {
 		// Inline and local volumes belong to the node, not the CO's list.
@@ -317,7 +317,7 @@ func (d *Driver) ControllerGetVolume(ctx context.Context, req *csi.ControllerGet
 	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	v, ok := d.st.getVolume(req.GetVolumeId())
+	v, ok := d.st.Volumes.Get(req.GetVolumeId())
 	if !ok || v.Phase != phaseReady {
 		return nil, status.Errorf(codes.NotFound, "volume %q does not exist", req.GetVolumeId())
 	}
@@ -399,7 +399,7 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 			return nil, toStatus(err, "expanding volume %s to %d bytes", id, size)
 		}
 		v.CapacityBytes = size
-		if err := d.st.putVolume(v); err != nil {
+		if err := d.st.Volumes.Put(v); err != nil {
 			return nil, toStatus(err, "recording the new size of volume %s", id)
 		}
 	}
@@ -419,7 +419,7 @@ func (d *Driver) lockVolume(id string, unpinned bool) (volumeRecord, func(), err
 	if err != nil {
 		return volumeRecord{}, nil, err
 	}
-	v, ok := d.st.getVolume(id)
+	v, ok := d.st.Volumes.Get(id)
 	if !ok || v.Phase != phaseReady {
 		unlock()
 		return volumeRecord{}, nil, d.notFoundVolume(id)

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
+	"github.com/hostpath-csi/hostpath/csi/store"
 	"github.com/hostpath-csi/hostpath/fsops"
 )
 
@@ -91,7 +92,7 @@ type Driver struct {
 
 	cfg   Config
 	paths layout
-	st    *store
+	st    *store.Store
 	locks *keyLocks
 	quota quotaMode
 	tag   string // this node's id prefix
@@ -159,11 +160,8 @@ func New(cfg Config) (*Driver, error) {
 	d.quota = detectQuota(d.paths.volumes())
 	d.reflink = fsops.ReflinkSupported(d.paths.tmp())
 	klog.InfoS("snapshots of directory volumes", "defaultFormat", map[bool]string{true: formatReflink, false: formatTarGz}[d.reflink])
-	if d.st, err = newStore(d.paths.meta()); err != nil {
+	if d.st, err = store.Open(d.paths.meta(), store.IDRules{Volume: validVolumeID, Snapshot: validSnapshotID, Group: validGroupID}); err != nil {
 		return nil, fmt.Errorf("state dir %s: %w", root, err)
-	}
-	if err := d.st.load(); err != nil {
-		return nil, err
 	}
 	if err := d.reconcile(); err != nil {
 		return nil, fmt.Errorf("reconciling state with %s: %w", root, err)

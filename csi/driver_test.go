@@ -161,8 +161,8 @@ func TestCreateVolumeConcurrentSameName(t *testing.T) {
 	for id := range got {
 		seen[id] = true
 	}
-	if len(seen) != 1 || len(d.st.allVolumes()) != 1 {
-		t.Fatalf("concurrent creates of one name made %d ids, %d records", len(seen), len(d.st.allVolumes()))
+	if len(seen) != 1 || len(d.st.Volumes.All()) != 1 {
+		t.Fatalf("concurrent creates of one name made %d ids, %d records", len(seen), len(d.st.Volumes.All()))
 	}
 }
 
@@ -323,7 +323,7 @@ func TestHeavySlots(t *testing.T) {
 	defer cancel()
 	_, err = d.CreateSnapshot(short, snapReq("s", v.GetVolumeId(), nil))
 	wantCode(t, err, codes.Aborted)
-	if _, ok := d.st.snapshotByName("s"); ok {
+	if _, ok := d.st.Snapshots.ByName("s"); ok {
 		t.Fatal("a snapshot that never ran left a record")
 	}
 	release()

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hostpath-csi/hostpath/archive"
+	"github.com/hostpath-csi/hostpath/csi/store"
 )
 
 // errCorrupt marks a snapshot whose content does not match what was
@@ -37,6 +38,8 @@ func toStatus(err error, format string, args ...any) error {
 	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT), errors.Is(err, unix.EMFILE),
 		errors.Is(err, unix.ENFILE), errors.Is(err, unix.ENOMEM):
 		return status.Error(codes.ResourceExhausted, msg)
+	case errors.Is(err, store.ErrNameTaken):
+		return status.Error(codes.Aborted, msg+"; retry later")
 	case errors.Is(err, errCorrupt), errors.Is(err, archive.ErrFormat):
 		return status.Error(codes.DataLoss, msg)
 	case errors.Is(err, unix.EROFS):

@@ -39,7 +39,7 @@ func sameSet(a, b []string) bool {
 func (d *Driver) csiGroup(g groupRecord) *csi.VolumeGroupSnapshot {
 	out := &csi.VolumeGroupSnapshot{GroupSnapshotId: g.ID, CreationTime: timestamppb.New(g.CreatedAt), ReadyToUse: g.Phase == phaseReady}
 	for _, id := range g.Snapshots {
-		if s, ok := d.st.getSnapshot(id); ok {
+		if s, ok := d.st.Snapshots.Get(id); ok {
 			out.Snapshots = append(out.Snapshots, d.csiSnapshot(s))
 		}
 	}
@@ -73,7 +73,7 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 		return nil, err
 	}
 	defer unlock()
-	if old, ok := d.st.groupByName(name); ok {
+	if old, ok := d.st.Groups.ByName(name); ok {
 		if !sameSet(old.Volumes, srcs) {
 			return nil, status.Errorf(codes.AlreadyExists, "group snapshot %q already exists as %s of other volumes", name, old.ID)
 		}
@@ -89,7 +89,7 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 		defer unpin()
 	}
 	g := groupRecord{ID: newID(groupIDPrefix, d.tag), Name: name, Phase: phaseCreating, CreatedAt: time.Now().UTC(), Volumes: slices.Clone(srcs)}
-	if err := d.st.putGroup(g); err != nil {
+	if err := d.st.Groups.Put(g); err != nil {
 		return nil, toStatus(err, "recording group snapshot %s", g.ID)
 	}
 	var made []snapshotRecord
@@ -100,7 +100,7 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 				return nil, err // the group stays "creating": the next start clears it
 			}
 		}
-		_ = d.st.dropGroup(g.ID)
+		_ = d.st.Groups.Drop(g.ID)
 		return nil, err
 	}
 	for _, id := range srcs {
@@ -112,7 +112,7 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 		g.Snapshots = append(g.Snapshots, s.ID)
 	}
 	g.Phase = phaseReady
-	if err := d.st.putGroup(g); err != nil {
+	if err := d.st.Groups.Put(g); err != nil {
 		return fail(toStatus(err, "recording group snapshot %s", g.ID))
 	}
 	return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: d.csiGroup(g)}, nil
@@ -123,7 +123,7 @@ func (d *Driver) GetVolumeGroupSnapshot(ctx context.Context, req *csi.GetVolumeG
 	if err := d.checkIDHere("group_snapshot_id", req.GetGroupSnapshotId()); err != nil {
 		return nil, err
 	}
-	g, ok := d.st.getGroup(req.GetGroupSnapshotId())
+	g, ok := d.st.Groups.Get(req.GetGroupSnapshotId())
 	if !ok || g.Phase != phaseReady {
 		return nil, status.Errorf(codes.NotFound, "group snapshot %q does not exist", req.GetGroupSnapshotId())
 	}
@@ -145,7 +145,7 @@ func (d *Driver) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteV
 	if !validGroupID(id) {
 		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 	}
-	g, ok := d.st.getGroup(id)
+	g, ok := d.st.Groups.Get(id)
 	if !ok {
 		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 	}
@@ -159,7 +159,7 @@ func (d *Driver) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteV
 		return nil, err
 	}
 	defer unlock()
-	if g, ok = d.st.getGroup(id); !ok {
+	if g, ok = d.st.Groups.Get(id); !ok {
 		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 	}
 	for _, sid := range req.GetSnapshotIds() {
@@ -168,17 +168,17 @@ func (d *Driver) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteV
 		}
 	}
 	g.Phase = phaseDeleting
-	if err := d.st.putGroup(g); err != nil {
+	if err := d.st.Groups.Put(g); err != nil {
 		return nil, toStatus(err, "recording deletion of group snapshot %s", id)
 	}
 	for _, sid := range g.Snapshots {
-		if s, ok := d.st.getSnapshot(sid); ok {
+		if s, ok := d.st.Snapshots.Get(sid); ok {
 			if err := d.deleteSnapshot(s); err != nil {
 				return nil, err
 			}
 		}
 	}
-	if err := d.st.dropGroup(id); err != nil {
+	if err := d.st.Groups.Drop(id); err != nil {
 		return nil, toStatus(err, "removing record of group snapshot %s", id)
 	}
 	return &csi.DeleteVolumeGroupSnapshotResponse{}, nil

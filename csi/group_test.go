@@ -40,7 +40,7 @@ func TestGroupSnapshot(t *testing.T) {
 	if _, err := d.DeleteVolumeGroupSnapshot(ctx, &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: g.GetGroupSnapshotId()}); err != nil {
 		t.Fatal(err)
 	}
-	if len(d.st.allSnapshots()) != 0 {
+	if len(d.st.Snapshots.All()) != 0 {
 		t.Fatal("deleting the group left member snapshots")
 	}
 	_, err = d.GetVolumeGroupSnapshot(ctx, &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: g.GetGroupSnapshotId()})
@@ -58,8 +58,8 @@ func TestGroupSnapshotAllOrNothing(t *testing.T) {
 	if err == nil {
 		t.Fatal("group of a broken volume succeeded")
 	}
-	if len(d.st.allSnapshots()) != 0 || len(d.st.allGroups()) != 0 {
-		t.Fatalf("failed group left %d snapshots, %d groups", len(d.st.allSnapshots()), len(d.st.allGroups()))
+	if len(d.st.Snapshots.All()) != 0 || len(d.st.Groups.All()) != 0 {
+		t.Fatalf("failed group left %d snapshots, %d groups", len(d.st.Snapshots.All()), len(d.st.Groups.All()))
 	}
 	entries, _ := os.ReadDir(d.paths.snapshots())
 	if len(entries) != 0 {

@@ -54,7 +54,7 @@ func (d *Driver) ControllerGetVolumeHealth(ctx context.Context, req *csi.Control
 	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	v, ok := d.st.getVolume(req.GetVolumeId())
+	v, ok := d.st.Volumes.Get(req.GetVolumeId())
 	if !ok || v.Phase != phaseReady {
 		return nil, d.notFoundVolume(req.GetVolumeId())
 	}
@@ -64,7 +64,7 @@ func (d *Driver) ControllerGetVolumeHealth(ctx context.Context, req *csi.Control
 // ControllerListVolumeHealth pages through every volume's health.
 func (d *Driver) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
 	var ready []volumeRecord
-	for _, v := range d.st.allVolumes() {
+	for _, v := range d.st.Volumes.All() {
 		if v.Phase == phaseReady {
 			ready = append(ready, v)
 		}
@@ -86,7 +86,7 @@ func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolume
 	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	v, ok := d.st.getVolume(req.GetVolumeId())
+	v, ok := d.st.Volumes.Get(req.GetVolumeId())
 	if !ok || v.Phase != phaseReady {
 		return nil, d.notFoundVolume(req.GetVolumeId())
 	}

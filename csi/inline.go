@@ -42,11 +42,11 @@ func nodeCreated(v volumeRecord) bool {
 // of an inline or local volume.
 func (d *Driver) lookupNodeVolume(id string) (volumeRecord, bool) {
 	if validVolumeID(id) {
-		v, ok := d.st.getVolume(id)
+		v, ok := d.st.Volumes.Get(id)
 		return v, ok && v.Phase == phaseReady
 	}
 	for _, name := range []string{ephemeralPrefix + id, localPrefix + id} {
-		if v, ok := d.st.volumeByName(name); ok && v.Phase == phaseReady {
+		if v, ok := d.st.Volumes.ByName(name); ok && v.Phase == phaseReady {
 			return v, true
 		}
 	}
@@ -93,11 +93,11 @@ func (d *Driver) provisionOnNode(ctx context.Context, id string, vctx map[string
 			return volumeRecord{}, invalid("local volumes are directories; a block capability cannot be served")
 		}
 		rec := volumeRecord{ID: d.newVolumeID(), Name: localPrefix + id, AccessType: accessMount, Phase: phaseReady, CreatedAt: time.Now().UTC(), LocalPath: path}
-		if err := d.st.reserveVolume(&rec, nil); err != nil {
-			return volumeRecord{}, err
+		if err := d.st.Volumes.Reserve(&rec, nil); err != nil {
+			return volumeRecord{}, toStatus(err, "reserving local volume %s", id)
 		}
-		if err := d.st.putVolume(rec); err != nil {
-			d.st.unreserveVolume(rec.ID)
+		if err := d.st.Volumes.Put(rec); err != nil {
+			d.st.Volumes.Unreserve(rec.ID)
 			return volumeRecord{}, toStatus(err, "recording local volume %s", id)
 		}
 		return rec, nil
@@ -147,11 +147,11 @@ func (d *Driver) releaseNodeCreated(v volumeRecord) error {
 		return status.Errorf(codes.Aborted, "inline volume %s is unmounted but is the source of a snapshot or clone in progress; it is removed on a retry once that is done", v.Name)
 	}
 	v.Phase = phaseDeleting
-	if err := d.st.putVolume(v); err != nil {
+	if err := d.st.Volumes.Put(v); err != nil {
 		return err
 	}
 	if err := d.removeVolumeData(v); err != nil {
 		return fmt.Errorf("removing inline volume %s: %w", v.Name, err)
 	}
-	return d.st.dropVolume(v.ID)
+	return d.st.Volumes.Drop(v.ID)
 }

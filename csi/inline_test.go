@@ -147,7 +147,7 @@ func TestInlineRecordWriteFailureReleasesName(t *testing.T) {
 	if !strings.Contains(err.Error(), "read-only") {
 		t.Fatalf("refusal does not say the state is read-only: %v", err)
 	}
-	if _, ok := d.st.volumeByName(ephemeralPrefix + "csi-readonly-state"); ok {
+	if _, ok := d.st.Volumes.ByName(ephemeralPrefix + "csi-readonly-state"); ok {
 		t.Fatal("the failed create kept its reservation")
 	}
 	if err := unix.Unmount(recs, 0); err != nil {

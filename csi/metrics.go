@@ -41,8 +41,8 @@ func newMetrics(d *Driver) *metrics {
 	}
 	m.reg.MustRegister(m.rpcs, m.latency, m.bytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		count("hostpath_volumes", "Volumes on this node.", func() float64 { return float64(len(d.st.allVolumes())) }),
-		count("hostpath_snapshots", "Snapshots on this node.", func() float64 { return float64(len(d.st.allSnapshots())) }),
+		count("hostpath_volumes", "Volumes on this node.", func() float64 { return float64(len(d.st.Volumes.All())) }),
+		count("hostpath_snapshots", "Snapshots on this node.", func() float64 { return float64(len(d.st.Snapshots.All())) }),
 		count("hostpath_available_capacity_bytes", "What GetCapacity would report with no parameters.", func() float64 {
 			r, err := d.GetCapacity(context.Background(), nil)
 			if err != nil {

@@ -88,7 +88,7 @@ func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.Controller
 	}
 	defer unlock()
 	if k, ok := req.GetMutableParameters()[mutableKind]; ok && k != v.Kind {
-		if err := d.st.checkVolumes(func(all map[string]volumeRecord) error {
+		if err := d.st.Volumes.Check(func(all map[string]volumeRecord) error {
 			var used int64
 			for _, o := range all {
 				if o.Kind == k {
@@ -104,7 +104,7 @@ func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.Controller
 		}
 	}
 	applyMutable(&v, req.GetMutableParameters())
-	if err := d.st.putVolume(v); err != nil {
+	if err := d.st.Volumes.Put(v); err != nil {
 		return nil, toStatus(err, "recording the parameters of volume %s", id)
 	}
 	return &csi.ControllerModifyVolumeResponse{}, nil

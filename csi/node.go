@@ -84,7 +84,7 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	}
 	if !slices.Contains(v.Staged, staging) {
 		v.Staged = append(v.Staged, staging)
-		if err := d.st.putVolume(v); err != nil {
+		if err := d.st.Volumes.Put(v); err != nil {
 			return nil, toStatus(err, "recording staging of volume %s", v.ID)
 		}
 	}
@@ -189,7 +189,7 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 	}
 	if i := slices.Index(v.Staged, staging); i >= 0 {
 		v.Staged = slices.Delete(v.Staged, i, i+1)
-		if err := d.st.putVolume(v); err != nil {
+		if err := d.st.Volumes.Put(v); err != nil {
 			return nil, toStatus(err, "recording unstaging of volume %s", v.ID)
 		}
 	}
@@ -283,7 +283,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if !slices.ContainsFunc(v.Published, func(p publication) bool { return p.Target == target }) {
 		// Record first: a crash after the mount still knows the target.
 		v.Published = append(v.Published, publication{Target: target, ReadOnly: readOnly, SingleWriter: single})
-		if err := d.st.putVolume(v); err != nil {
+		if err := d.st.Volumes.Put(v); err != nil {
 			return nil, toStatus(err, "recording publication of volume %s", v.ID)
 		}
 	}
@@ -328,7 +328,7 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	}
 	if i := slices.IndexFunc(v.Published, func(p publication) bool { return p.Target == target }); i >= 0 {
 		v.Published = slices.Delete(v.Published, i, i+1)
-		if err := d.st.putVolume(v); err != nil {
+		if err := d.st.Volumes.Put(v); err != nil {
 			return nil, toStatus(err, "recording unpublication of volume %s", v.ID)
 		}
 	}
@@ -378,7 +378,7 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	if req.GetVolumePath() == "" {
 		return nil, invalid("volume_path is required")
 	}
-	v, ok := d.st.getVolume(req.GetVolumeId())
+	v, ok := d.st.Volumes.Get(req.GetVolumeId())
 	if !validVolumeID(req.GetVolumeId()) || !ok || v.Phase != phaseReady {
 		return nil, status.Errorf(codes.NotFound, "volume %q does not exist on this node", req.GetVolumeId())
 	}
@@ -456,7 +456,7 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 			return nil, toStatus(err, "expanding volume %s to %d bytes", v.ID, size)
 		}
 		v.CapacityBytes = size
-		if err := d.st.putVolume(v); err != nil {
+		if err := d.st.Volumes.Put(v); err != nil {
 			return nil, toStatus(err, "recording the new size of volume %s", v.ID)
 		}
 	}

@@ -23,14 +23,14 @@ import (
 //   - data under a valid id with no record belongs to no volume: removed;
 //   - tmp/ holds only unfinished work: emptied.
 func (d *Driver) reconcile() error {
-	for _, v := range d.st.allVolumes() {
+	for _, v := range d.st.Volumes.All() {
 		switch v.Phase {
 		case phaseCreating, phaseDeleting:
 			klog.InfoS("repair: finishing interrupted volume operation", "volume_id", v.ID, "name", v.Name, "phase", v.Phase)
 			if err := d.removeVolumeData(v); err != nil {
 				return err
 			}
-			if err := d.st.dropVolume(v.ID); err != nil {
+			if err := d.st.Volumes.Drop(v.ID); err != nil {
 				return err
 			}
 		case phaseReady:
@@ -58,14 +58,14 @@ func (d *Driver) reconcile() error {
 			}
 		}
 	}
-	for _, s := range d.st.allSnapshots() {
+	for _, s := range d.st.Snapshots.All() {
 		switch s.Phase {
 		case phaseCreating, phaseDeleting:
 			klog.InfoS("repair: finishing interrupted snapshot operation", "snapshot_id", s.ID, "name", s.Name, "phase", s.Phase)
 			if err := d.removeSnapshotData(s); err != nil {
 				return err
 			}
-			if err := d.st.dropSnapshot(s.ID); err != nil {
+			if err := d.st.Snapshots.Drop(s.ID); err != nil {
 				return err
 			}
 		case phaseReady:
@@ -74,29 +74,29 @@ func (d *Driver) reconcile() error {
 			}
 		}
 	}
-	for _, g := range d.st.allGroups() {
+	for _, g := range d.st.Groups.All() {
 		if g.Phase == phaseReady {
 			continue
 		}
 		klog.InfoS("repair: finishing interrupted group snapshot operation", "group_snapshot_id", g.ID, "phase", g.Phase)
-		for _, s := range d.st.allSnapshots() {
+		for _, s := range d.st.Snapshots.All() {
 			if s.Group == g.ID {
 				if err := d.removeSnapshotData(s); err != nil {
 					return err
 				}
-				if err := d.st.dropSnapshot(s.ID); err != nil {
+				if err := d.st.Snapshots.Drop(s.ID); err != nil {
 					return err
 				}
 			}
 		}
-		if err := d.st.dropGroup(g.ID); err != nil {
+		if err := d.st.Groups.Drop(g.ID); err != nil {
 			return err
 		}
 	}
-	if err := d.removeOrphans(d.paths.volumes(), func(id string) bool { _, ok := d.st.getVolume(id); return ok }, validVolumeID); err != nil {
+	if err := d.removeOrphans(d.paths.volumes(), func(id string) bool { _, ok := d.st.Volumes.Get(id); return ok }, validVolumeID); err != nil {
 		return err
 	}
-	if err := d.removeOrphans(d.paths.snapshots(), func(id string) bool { _, ok := d.st.getSnapshot(id); return ok }, validSnapshotID); err != nil {
+	if err := d.removeOrphans(d.paths.snapshots(), func(id string) bool { _, ok := d.st.Snapshots.Get(id); return ok }, validSnapshotID); err != nil {
 		return err
 	}
 	entries, err := os.ReadDir(d.paths.tmp())

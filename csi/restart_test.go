@@ -52,7 +52,7 @@ func TestReconcile(t *testing.T) {
 	os.MkdirAll(filepath.Join(d.paths.volumeDir(half.ID), "partial"), 0o755)
 	// A delete interrupted after its record said so.
 	gone := mustCreate(t, d, "pvc-deleting", 1<<20)
-	rec, _ := d.st.getVolume(gone.GetVolumeId())
+	rec, _ := d.st.Volumes.Get(gone.GetVolumeId())
 	rec.Phase = phaseDeleting
 	writeJSON(t, filepath.Join(d.paths.meta(), "volumes", rec.ID+".json"), rec)
 	// Data without a record, a temp file, a snapshot that never finished.
@@ -68,7 +68,7 @@ func TestReconcile(t *testing.T) {
 	// TestMissingDataComesBack).
 	want := map[string]bool{keep.GetVolumeId(): true, lost.GetVolumeId(): true}
 	got := map[string]bool{}
-	for _, v := range d2.st.allVolumes() {
+	for _, v := range d2.st.Volumes.All() {
 		got[v.ID] = true
 	}
 	if len(got) != 2 || !got[keep.GetVolumeId()] || !got[lost.GetVolumeId()] {
@@ -145,7 +145,7 @@ func TestMissingDataComesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	blk := br.GetVolume().GetVolumeId()
-	brec, _ := d.st.getVolume(blk)
+	brec, _ := d.st.Volumes.Get(blk)
 	t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: blk}) })
 	// The block volume's device goes with its disk.
 	devs, err := d.blockDevices(brec)
@@ -163,7 +163,7 @@ func TestMissingDataComesBack(t *testing.T) {
 		{d.paths.volumeDir(dir), filepath.Join(away, "dir")},
 		{d.volumeDataPath(brec), filepath.Join(away, "blk")},
 	}
-	srec, _ := d.st.getSnapshot(snap.GetSnapshot().GetSnapshotId())
+	srec, _ := d.st.Snapshots.Get(snap.GetSnapshot().GetSnapshotId())
 	moves = append(moves, [2]string{d.snapshotDataPath(srec), filepath.Join(away, "snap")})
 	for _, m := range moves {
 		if err := os.Rename(m[0], m[1]); err != nil {

@@ -25,7 +25,7 @@ func (d *Driver) blockSnapshot(id string) (snapshotRecord, error) {
 	if err := d.checkIDHere("snapshot_id", id); err != nil {
 		return snapshotRecord{}, err
 	}
-	s, ok := d.st.getSnapshot(id)
+	s, ok := d.st.Snapshots.Get(id)
 	if !ok || s.Phase != phaseReady {
 		return snapshotRecord{}, status.Errorf(codes.NotFound, "snapshot %q does not exist", id)
 	}

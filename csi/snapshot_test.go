@@ -141,14 +141,14 @@ func TestCorruptSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, _ := d.st.getSnapshot(s.GetSnapshot().GetSnapshotId())
+	rec, _ := d.st.Snapshots.Get(s.GetSnapshot().GetSnapshotId())
 	path := d.snapshotDataPath(rec)
 	data, _ := os.ReadFile(path)
 	for name, bad := range map[string][]byte{"truncated": data[:len(data)/2], "flipped": flip(data)} {
 		os.WriteFile(path, bad, 0o600)
 		_, err := d.CreateVolume(ctx, fromSnapshot("r-"+name, rec.ID, 10<<20))
 		wantCode(t, err, codes.DataLoss)
-		if _, ok := d.st.volumeByName("r-" + name); ok {
+		if _, ok := d.st.Volumes.ByName("r-" + name); ok {
 			t.Fatal("failed restore left a record")
 		}
 		entries, _ := os.ReadDir(d.paths.volumes())

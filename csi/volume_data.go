@@ -43,7 +43,7 @@ func (d *Driver) createVolumeData(ctx context.Context, v volumeRecord) error {
 	case v.SourceSnapshot != "":
 		return d.restoreSnapshot(ctx, v.SourceSnapshot, dir)
 	case v.SourceVolume != "":
-		src, ok := d.st.getVolume(v.SourceVolume)
+		src, ok := d.st.Volumes.Get(v.SourceVolume)
 		if !ok {
 			return status.Errorf(codes.NotFound, "source volume %s disappeared", v.SourceVolume)
 		}

@@ -6,7 +6,10 @@ module github.com/hostpath-csi/hostpath/test/cluster
 
 go 1.26.0
 
-require github.com/google/go-containerregistry v0.22.1
+require (
+	github.com/google/go-containerregistry v0.22.1
+	golang.org/x/sys v0.47.0
+)
 
 require (
 	github.com/klauspost/compress v1.19.2 // indirect

@@ -1,0 +1,113 @@
+package store
+
+import (
+	"maps"
+	"slices"
+	"time"
+)
+
+// Phases of a record. A record is written Creating before any data exists
+// and Deleting before any data is removed, so that after a crash startup
+// knows which half-made or half-removed things to clear away.
+const (
+	Creating = "creating"
+	Ready    = "ready"
+	Deleting = "deleting"
+)
+
+// Publication is one NodePublishVolume target of a volume on this node.
+type Publication struct {
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"readOnly,omitempty"`
+	// SingleWriter is set for SINGLE_NODE_SINGLE_WRITER, which allows only
+	// one target at a time.
+	SingleWriter bool `json:"singleWriter,omitempty"`
+}
+
+// Volume is what the driver keeps about one volume.
+type Volume struct {
+	ID             string            `json:"id"`
+	Name           string            `json:"name"`
+	CapacityBytes  int64             `json:"capacityBytes"`
+	AccessType     string            `json:"accessType"`
+	Phase          string            `json:"phase"`
+	Kind           string            `json:"kind,omitempty"`
+	Parameters     map[string]string `json:"parameters,omitempty"`
+	SourceSnapshot string            `json:"sourceSnapshot,omitempty"`
+	SourceVolume   string            `json:"sourceVolume,omitempty"`
+	CreatedAt      time.Time         `json:"createdAt"`
+	Staged         []string          `json:"staged,omitempty"`
+	Published      []Publication     `json:"published,omitempty"`
+	AttachedNodes  []string          `json:"attachedNodes,omitempty"`
+	// ProjectID is the volume's project quota id, where project quotas
+	// limit directory volumes.
+	ProjectID uint32 `json:"projectId,omitempty"`
+	// Mutable are the VolumeAttributesClass parameters in force.
+	Mutable map[string]string `json:"mutable,omitempty"`
+	// LocalPath is the node directory a static local volume shows.
+	LocalPath string `json:"localPath,omitempty"`
+}
+
+// Snapshot is what the driver keeps about one snapshot.
+type Snapshot struct {
+	ID           string    `json:"id"`
+	Name         string    `json:"name"`
+	SourceVolume string    `json:"sourceVolume"`
+	AccessType   string    `json:"accessType"`
+	Phase        string    `json:"phase"`
+	CreatedAt    time.Time `json:"createdAt"`
+	// SizeBytes is what the snapshot really occupies.
+	SizeBytes int64 `json:"sizeBytes"`
+	// VolumeBytes is the size of the volume it was taken from, the least a
+	// volume restored from it may have.
+	VolumeBytes int64  `json:"volumeBytes"`
+	SHA256      string `json:"sha256,omitempty"`
+	Format      string `json:"format,omitempty"`
+	// Group is the group snapshot this snapshot belongs to, if any.
+	Group string `json:"group,omitempty"`
+}
+
+// Group is a VolumeGroupSnapshot: a set of snapshots made together.
+type Group struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	Phase     string    `json:"phase"`
+	CreatedAt time.Time `json:"createdAt"`
+	// Volumes and Snapshots are parallel: Snapshots[i] is of Volumes[i].
+	Volumes   []string `json:"volumes"`
+	Snapshots []string `json:"snapshots"`
+}
+
+// Record is what a Table holds: a value with an id and a name that copies
+// itself deeply, so no caller shares a slice or map with the index.
+type Record[T any] interface {
+	RecordID() string
+	RecordName() string
+	Clone() T
+}
+
+// RecordID, RecordName and Clone make Volume a Record.
+func (v Volume) RecordID() string   { return v.ID }
+func (v Volume) RecordName() string { return v.Name }
+func (v Volume) Clone() Volume {
+	v.Parameters = maps.Clone(v.Parameters)
+	v.Mutable = maps.Clone(v.Mutable)
+	v.Staged = slices.Clone(v.Staged)
+	v.Published = slices.Clone(v.Published)
+	v.AttachedNodes = slices.Clone(v.AttachedNodes)
+	return v
+}
+
+// RecordID, RecordName and Clone make Snapshot a Record.
+func (s Snapshot) RecordID() string   { return s.ID }
+func (s Snapshot) RecordName() string { return s.Name }
+func (s Snapshot) Clone() Snapshot    { return s }
+
+// RecordID, RecordName and Clone make Group a Record.
+func (g Group) RecordID() string   { return g.ID }
+func (g Group) RecordName() string { return g.Name }
+func (g Group) Clone() Group {
+	g.Volumes = slices.Clone(g.Volumes)
+	g.Snapshots = slices.Clone(g.Snapshots)
+	return g
+}

@@ -1,0 +1,302 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// down stops the cluster and removes everything it made. It is safe to
+// run any number of times, also after a failed up; it ends with a check
+// and fails if a process, mount, loop device, network namespace, cgroup
+// or iptables rule of the cluster is still there.
+func (c *cluster) down() error {
+	// kubelet first, so nothing restarts the containers killed next.
+	c.stop("kubelet")
+	c.killCgroupProcs()
+	c.killByExe("containerd-shim-runc-v2")
+	for _, n := range []string{"kube-proxy", "containerd", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"} {
+		c.stop(n)
+	}
+	if _, err := os.Stat(filepath.Join(c.bin, "kube-proxy")); err == nil {
+		exec.Command(filepath.Join(c.bin, "kube-proxy"), "--cleanup").Run()
+	}
+	dropRules()
+	unmountUnder(kubeletDir, c.state, netnsDir, driverData)
+	if ns, _ := filepath.Glob(filepath.Join(netnsDir, "cni-*")); len(ns) > 0 {
+		for _, n := range ns {
+			os.Remove(n)
+		}
+	}
+	exec.Command("ip", "link", "delete", bridgeDevice).Run()
+	detachLoops(driverData)
+	removeCgroups()
+	for _, d := range []string{c.state, kubeletDir, driverData} {
+		if err := os.RemoveAll(d); err != nil {
+			return err
+		}
+	}
+	if left := c.leftovers(); len(left) > 0 {
+		return fmt.Errorf("left behind: %s", strings.Join(left, "; "))
+	}
+	c.log("down: nothing left")
+	return nil
+}
+
+// stop sends SIGTERM to a daemon started by up, SIGKILL after 10 s.
+func (c *cluster) stop(name string) {
+	b, err := os.ReadFile(c.path("pids", name))
+	if err != nil {
+		return
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if pid > 0 && sameExe(pid, filepath.Join(c.bin, name)) {
+		unix.Kill(pid, unix.SIGTERM)
+		for i := 0; i < 100 && alive(pid); i++ {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if alive(pid) {
+			unix.Kill(pid, unix.SIGKILL)
+			for i := 0; i < 50 && alive(pid); i++ {
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	}
+	os.Remove(c.path("pids", name))
+}
+
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// A zombie is gone for our purposes (init reaps it).
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	return len(f) > 0 && f[0] != "Z"
+}
+
+func sameExe(pid int, exe string) bool {
+	got, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	return err == nil && strings.TrimSuffix(got, " (deleted)") == exe
+}
+
+// killByExe kills every process whose executable has this base name.
+func (c *cluster) killByExe(base string) {
+	for _, pid := range pidsWhere(func(pid int) bool {
+		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		return err == nil && filepath.Base(strings.TrimSuffix(exe, " (deleted)")) == base
+	}) {
+		unix.Kill(pid, unix.SIGKILL)
+	}
+	time.Sleep(200 * time.Millisecond)
+}
+
+func pidsWhere(keep func(int) bool) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err == nil && pid != os.Getpid() && keep(pid) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// cgroupDirs lists the kubepods cgroup trees of every v1 hierarchy.
+func cgroupDirs() []string {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
+	return roots
+}
+
+// killCgroupProcs kills the pods' processes (containers and sandboxes),
+// found through their cgroups, until none is left.
+func (c *cluster) killCgroupProcs() {
+	for round := 0; round < 50; round++ {
+		var pids []int
+		for _, root := range cgroupDirs() {
+			filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+				if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+					return nil
+				}
+				b, _ := os.ReadFile(p)
+				for _, f := range strings.Fields(string(b)) {
+					if pid, err := strconv.Atoi(f); err == nil {
+						pids = append(pids, pid)
+					}
+				}
+				return nil
+			})
+		}
+		if len(pids) == 0 {
+			return
+		}
+		for _, pid := range pids {
+			unix.Kill(pid, unix.SIGKILL)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// removeCgroups removes the kubepods trees, deepest first.
+func removeCgroups() {
+	for _, root := range cgroupDirs() {
+		var dirs []string
+		filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
+		for _, d := range dirs {
+			for i := 0; i < 20 && unix.Rmdir(d) == unix.EBUSY; i++ {
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	}
+}
+
+// mountsUnder lists mount points below any of the prefixes, deepest first.
+func mountsUnder(prefixes ...string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescape(fields[4])
+		for _, p := range prefixes {
+			if mp == p || strings.HasPrefix(mp, p+"/") {
+				out = append(out, mp)
+				break
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return strings.Count(out[i], "/") > strings.Count(out[j], "/") })
+	return out
+}
+
+func unescape(s string) string {
+	r := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
+	return r.Replace(s)
+}
+
+func unmountUnder(prefixes ...string) {
+	for round := 0; round < 10; round++ {
+		mps := mountsUnder(prefixes...)
+		if len(mps) == 0 {
+			return
+		}
+		for _, mp := range mps {
+			unix.Unmount(mp, unix.MNT_DETACH)
+		}
+	}
+}
+
+// detachLoops clears the loop devices whose backing file is under dir
+// (the driver's block volumes).
+func detachLoops(dir string) {
+	for _, l := range loopsUnder(dir) {
+		if f, err := os.OpenFile(l, os.O_RDONLY, 0); err == nil {
+			unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0)
+			f.Close()
+		}
+	}
+}
+
+func loopsUnder(dir string) []string {
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var out []string
+	for _, bf := range files {
+		b, err := os.ReadFile(bf)
+		if err != nil {
+			continue
+		}
+		p := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
+		if p == dir || strings.HasPrefix(p, dir+"/") {
+			out = append(out, "/dev/"+strings.Split(bf, "/")[3])
+		}
+	}
+	return out
+}
+
+// dropRules removes the KUBE-* and CNI-* chains and every rule that uses
+// them, in every table.
+func dropRules() {
+	out, err := exec.Command("iptables-save").Output()
+	if err != nil {
+		return
+	}
+	var keep bytes.Buffer
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "KUBE-") || strings.Contains(l, "CNI-") {
+			continue
+		}
+		keep.WriteString(l + "\n")
+	}
+	cmd := exec.Command("iptables-restore")
+	cmd.Stdin = &keep
+	cmd.Run()
+}
+
+// leftovers lists what down failed to remove.
+func (c *cluster) leftovers() []string {
+	var left []string
+	names := []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2"}
+	for _, pid := range pidsWhere(func(pid int) bool {
+		for _, n := range names {
+			if sameExe(pid, filepath.Join(c.bin, n)) {
+				return true
+			}
+		}
+		return false
+	}) {
+		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		left = append(left, fmt.Sprintf("process %d (%s)", pid, exe))
+	}
+	if len(cgroupDirs()) > 0 && !allRemoved(cgroupDirs()) {
+		left = append(left, "cgroups "+strings.Join(cgroupDirs(), ", "))
+	}
+	for _, m := range mountsUnder(kubeletDir, c.state, netnsDir, driverData) {
+		left = append(left, "mount "+m)
+	}
+	for _, l := range loopsUnder(driverData) {
+		left = append(left, "loop device "+l)
+	}
+	if ns, _ := filepath.Glob(filepath.Join(netnsDir, "cni-*")); len(ns) > 0 {
+		left = append(left, "network namespaces "+strings.Join(ns, ", "))
+	}
+	if _, err := os.Stat("/sys/class/net/" + bridgeDevice); err == nil {
+		left = append(left, "bridge "+bridgeDevice)
+	}
+	if out, err := exec.Command("iptables-save").Output(); err == nil && (bytes.Contains(out, []byte("KUBE-")) || bytes.Contains(out, []byte("CNI-"))) {
+		left = append(left, "iptables rules of kube-proxy or CNI")
+	}
+	return left
+}
+
+func allRemoved(dirs []string) bool {
+	for _, d := range dirs {
+		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+			return false
+		}
+	}
+	return true
+}
