@@ -2,10 +2,11 @@ package csi
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 
-	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/fsops"
@@ -36,7 +37,7 @@ func (d *Driver) createBlockData(ctx context.Context, v volumeRecord) error {
 		if err := fsops.CreateBackingFile(path, v.CapacityBytes, false); err != nil {
 			return err
 		}
-	} else if err := copyBacking(src, path, v.CapacityBytes); err != nil {
+	} else if err := d.copyBacking(src, path, v.CapacityBytes); err != nil {
 		return err
 	}
 	_, err := loop.Attach(path, loop.Options{DirectIO: false})
@@ -45,34 +46,24 @@ func (d *Driver) createBlockData(ctx context.Context, v volumeRecord) error {
 
 // copyBacking makes dst a copy of the file src (reflinked or sparse) and
 // then gives it its full size, allocated: a restore keeps the new
-// volume's size, never the snapshot's.
-func copyBacking(src, dst string, size int64) (retErr error) {
+// volume's size, never the snapshot's. dst appears only complete.
+func (d *Driver) copyBacking(src, dst string, size int64) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(int(in.Fd()), &st); err != nil {
-		return &os.PathError{Op: "fstat", Path: src, Err: err}
-	}
-	out, err := os.OpenFile(dst, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
+	srcSize, _, err := fsops.FileSize(in)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		out.Close()
-		if retErr != nil {
-			os.Remove(dst)
+	tmp := filepath.Join(d.paths.tmp(), filepath.Base(dst)+".partial")
+	return fsops.CreateDurable(dst, tmp, 0o600, func(out *os.File) error {
+		if _, err := fsops.CopyFileData(int(out.Fd()), int(in.Fd()), min(srcSize, size), nil); err != nil {
+			return err
 		}
-	}()
-	if _, err := fsops.CopyFileData(int(out.Fd()), int(in.Fd()), min(st.Size, size), nil); err != nil {
-		return err
-	}
-	if err := fsops.AllocateFile(int(out.Fd()), size); err != nil {
-		return err
-	}
-	return out.Sync()
+		return fsops.AllocateFile(int(out.Fd()), size)
+	})
 }
 
 // removeBlockData detaches the volume's loop device and removes its file.
@@ -164,13 +155,13 @@ func (d *Driver) reattachBlockVolumes() error {
 			continue
 		}
 		path := d.volumeDataPath(v)
-		var st unix.Stat_t
-		if err := unix.Stat(path, &st); err == unix.ENOENT {
+		fdev, ino, _, err := fsops.Identity(path)
+		if errors.Is(err, fs.ErrNotExist) {
 			continue // reported by reconcile and health; attached on publish once back
 		} else if err != nil {
-			return &os.PathError{Op: "stat", Path: path, Err: err}
+			return err
 		}
-		if attached[[2]uint64{st.Dev, st.Ino}] {
+		if attached[[2]uint64{fdev, ino}] {
 			continue
 		}
 		dev, err := loop.Attach(path, loop.Options{})
@@ -184,23 +175,18 @@ func (d *Driver) reattachBlockVolumes() error {
 
 // writeBlockSnapshot copies the backing file's allocated extents (or
 // reflinks it) into the snapshot: a 10 GiB volume holding 200 MiB costs
-// about 200 MiB, or only metadata where blocks can be shared.
+// about 200 MiB, or only metadata where blocks can be shared. It returns
+// the bytes the snapshot occupies.
 func (d *Driver) writeBlockSnapshot(ctx context.Context, v volumeRecord, s snapshotRecord) (int64, string, error) {
 	src, err := os.Open(d.volumeDataPath(v))
 	if err != nil {
 		return 0, "", err
 	}
 	defer src.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(int(src.Fd()), &st); err != nil {
-		return 0, "", err
-	}
-	tmp := d.snapshotTempPath(s)
-	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
+	size, _, err := fsops.FileSize(src)
 	if err != nil {
 		return 0, "", err
 	}
-	defer out.Close()
 	// The device's page cache may hold writes the file has not seen.
 	if dev, ok, err := loop.Find(d.volumeDataPath(v)); err == nil && ok {
 		if f, err := os.Open(dev.Path()); err == nil {
@@ -208,21 +194,16 @@ func (d *Driver) writeBlockSnapshot(ctx context.Context, v volumeRecord, s snaps
 			f.Close()
 		}
 	}
-	if _, err := fsops.CopyFileData(int(out.Fd()), int(src.Fd()), st.Size, nil); err != nil {
-		return 0, "", err
-	}
-	if err := out.Sync(); err != nil {
-		return 0, "", err
-	}
-	var ost unix.Stat_t
-	if err := unix.Fstat(int(out.Fd()), &ost); err != nil {
-		return 0, "", err
-	}
-	if err := os.Rename(tmp, d.snapshotDataPath(s)); err != nil {
-		return 0, "", err
-	}
-	if err := fsops.SyncDir(filepath.Dir(d.snapshotDataPath(s))); err != nil {
-		return 0, "", err
-	}
-	return ost.Blocks * 512, "", nil
+	var allocated int64
+	err = fsops.CreateDurable(d.snapshotDataPath(s), d.snapshotTempPath(s), 0o600, func(out *os.File) error {
+		if _, err := fsops.CopyFileData(int(out.Fd()), int(src.Fd()), size, nil); err != nil {
+			return err
+		}
+		if err := out.Sync(); err != nil { // st_blocks is final once the data is on disk
+			return err
+		}
+		_, allocated, err = fsops.FileSize(out)
+		return err
+	})
+	return allocated, "", err
 }

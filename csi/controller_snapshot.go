@@ -199,28 +199,15 @@ func (d *Driver) writeSnapshot(ctx context.Context, v volumeRecord, s snapshotRe
 	case formatReflink:
 		return d.writeReflinkSnapshot(ctx, v, s)
 	}
-	tmp := d.snapshotTempPath(s)
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return 0, "", err
-	}
-	defer f.Close()
 	h := sha256.New()
-	st, err := archive.Write(ctx, d.volumeDataPath(v), io.MultiWriter(f, h), archive.Options{Compact: compact})
-	d.metrics.moved("archive", st.Bytes)
+	var st archive.Stats
+	err := fsops.CreateDurable(d.snapshotDataPath(s), d.snapshotTempPath(s), 0o600, func(f *os.File) error {
+		var err error
+		st, err = archive.Write(ctx, d.volumeDataPath(v), io.MultiWriter(f, h), archive.Options{Compact: compact})
+		d.metrics.moved("archive", st.Bytes)
+		return err
+	})
 	if err != nil {
-		return 0, "", err
-	}
-	if err := f.Sync(); err != nil {
-		return 0, "", err
-	}
-	if err := f.Close(); err != nil {
-		return 0, "", err
-	}
-	if err := os.Rename(tmp, d.snapshotDataPath(s)); err != nil {
-		return 0, "", err
-	}
-	if err := fsops.SyncDir(d.paths.snapshots()); err != nil {
 		return 0, "", err
 	}
 	return st.DataBytes, hex.EncodeToString(h.Sum(nil)), nil

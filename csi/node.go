@@ -3,11 +3,9 @@ package csi
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -129,15 +127,15 @@ func (d *Driver) bindVolume(v volumeRecord, path string, flags uintptr, dir bool
 		if !ours {
 			return status.Errorf(codes.FailedPrecondition, "%s already has another mount (%s on %s); it cannot also show volume %s", path, mp.Source, mp.Root, v.ID)
 		}
-		if mp.ReadOnly != (flags&unix.MS_RDONLY != 0) {
+		if mp.ReadOnly != (flags&fsops.ReadOnly != 0) {
 			return status.Errorf(codes.AlreadyExists, "volume %s is already mounted at %s with read-only=%v; the request asks read-only=%v", v.ID, path, mp.ReadOnly, !mp.ReadOnly)
 		}
 		return nil
 	}
-	if err := makeTarget(path, dir); err != nil {
+	if err := fsops.MakeMountPoint(path, dir); err != nil {
 		return toStatus(err, "creating %s", path)
 	}
-	src, roDev, err := d.mountSource(v, flags&unix.MS_RDONLY != 0)
+	src, roDev, err := d.mountSource(v, flags&fsops.ReadOnly != 0)
 	if err != nil {
 		return toStatus(err, "finding the source of volume %s", v.ID)
 	}
@@ -150,24 +148,6 @@ func (d *Driver) bindVolume(v volumeRecord, path string, flags uintptr, dir bool
 	return nil
 }
 
-// makeTarget creates a mount point: a directory, or an empty file for a
-// block device. What exists already is used as it is.
-func makeTarget(path string, dir bool) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		return err
-	}
-	if dir {
-		if err := os.Mkdir(path, 0o750); err != nil && !os.IsExist(err) {
-			return err
-		}
-		return nil
-	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|unix.O_NOFOLLOW, 0o640)
-	if err != nil {
-		return err
-	}
-	return f.Close()
-}
 
 // NodeUnstageVolume undoes NodeStageVolume. A staging path that is not
 // mounted is already unstaged.
@@ -254,7 +234,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	mode := c.GetAccessMode().GetMode()
 	readOnly := req.GetReadonly() || mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
 	if readOnly {
-		flags |= unix.MS_RDONLY
+		flags |= fsops.ReadOnly
 	}
 	v, unlock, err := d.nodeVolumeOrProvision(ctx, req.GetVolumeId(), req.GetVolumeContext(), access)
 	if err != nil {

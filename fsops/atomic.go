@@ -80,3 +80,43 @@ func SyncFS(path string) error {
 	}
 	return nil
 }
+
+// CreateDurable makes path hold what fill writes, so that path either
+// exists complete and on disk or not at all: fill writes tmp, a file made
+// exclusively (tmp must be on path's file system), which is fsynced,
+// renamed to path, and the rename made durable with an fsync of path's
+// directory. On any failure tmp is removed and path is untouched.
+func CreateDurable(path, tmp string, perm os.FileMode, fill func(f *os.File) error) (retErr error) {
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, perm)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if retErr != nil {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if err := fill(f); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	return SyncDir(filepath.Dir(path))
+}
+
+// FileSize returns the open file's size and the bytes its blocks occupy.
+func FileSize(f *os.File) (size, allocated int64, err error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return 0, 0, &os.PathError{Op: "fstat", Path: f.Name(), Err: err}
+	}
+	return st.Size, st.Blocks * 512, nil
+}

@@ -34,6 +34,29 @@ var mountOptionFlags = map[string]uintptr{
 	"bind":        0,
 }
 
+// ReadOnly is the flag of a read-only mount, for BindMount.
+const ReadOnly uintptr = unix.MS_RDONLY
+
+// MakeMountPoint creates what a bind mount goes on: a directory, or an
+// empty file for a block device, with its missing parents. What exists
+// already is used as it is; a symlink in the last component is refused.
+func MakeMountPoint(path string, dir bool) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return err
+	}
+	if dir {
+		if err := os.Mkdir(path, 0o750); err != nil && !os.IsExist(err) {
+			return err
+		}
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o640)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
 // ParseMountOptions turns mount option names (as in a CSI mount capability
 // or fstab) into MS_* flags for a bind mount. An option a bind mount cannot
 // honour is an error wrapping EINVAL, so a request is refused rather than
