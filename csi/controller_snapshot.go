@@ -290,21 +290,14 @@ func (d *Driver) csiSnapshot(s snapshotRecord) *csi.Snapshot {
 // DeleteSnapshot removes a snapshot; unknown or malformed ids are success.
 func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
 	id := req.GetSnapshotId()
-	if err := d.checkIDHere("snapshot_id", id); err != nil {
-		return nil, err
-	}
-	if !validSnapshotID(id) {
-		return &csi.DeleteSnapshotResponse{}, nil
-	}
-	unlock, err := d.locks.lockUnpinned("snapshot "+id, snapIDKey(id))
+	s, unlock, err := lockForDelete(d, "snapshot", id, validSnapshotID, snapIDKey, d.st.Snapshots)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	s, ok := d.st.Snapshots.Get(id)
-	if !ok {
-		return &csi.DeleteSnapshotResponse{}, nil
+	if unlock == nil {
+		return &csi.DeleteSnapshotResponse{}, nil // nothing by that id: already deleted
 	}
+	defer unlock()
 	if s.Group != "" {
 		return nil, status.Errorf(codes.FailedPrecondition, "snapshot %s belongs to group snapshot %s; delete the group instead", id, s.Group)
 	}

@@ -198,21 +198,14 @@ func (d *Driver) csiVolume(v volumeRecord) *csi.Volume {
 // touches nothing; a volume still mounted on this node is refused.
 func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
-	if err := d.checkIDHere("volume_id", id); err != nil {
-		return nil, err
-	}
-	if !validVolumeID(id) {
-		return &csi.DeleteVolumeResponse{}, nil
-	}
-	unlock, err := d.locks.lockUnpinned("volume "+id, volIDKey(id))
+	v, unlock, err := lockForDelete(d, "volume", id, validVolumeID, volIDKey, d.st.Volumes)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	v, ok := d.st.Volumes.Get(id)
-	if !ok {
-		return &csi.DeleteVolumeResponse{}, nil
+	if unlock == nil {
+		return &csi.DeleteVolumeResponse{}, nil // nothing by that id: already deleted
 	}
+	defer unlock()
 	where, err := d.mountedAt(v)
 	if err != nil {
 		return nil, err

@@ -3,6 +3,8 @@ package csi
 import (
 	"sync"
 
+	"github.com/hostpath-csi/hostpath/csi/store"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -97,6 +99,31 @@ func (k *keyLocks) pinned(key string) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.pins[key] > 0
+}
+
+// lockForDelete is what DeleteVolume and DeleteSnapshot do first: check
+// the id, then take its lock (refused while the record is being copied)
+// and find the record. A malformed id or one with no record is already
+// deleted: it returns no unlock function and no error, and the caller
+// answers success.
+func lockForDelete[T store.Record[T]](d *Driver, kind, id string, valid func(string) bool, key func(string) string, t *store.Table[T]) (T, func(), error) {
+	var zero T
+	if err := d.checkIDHere(kind+"_id", id); err != nil {
+		return zero, nil, err
+	}
+	if !valid(id) {
+		return zero, nil, nil
+	}
+	unlock, err := d.locks.lockUnpinned(kind+" "+id, key(id))
+	if err != nil {
+		return zero, nil, err
+	}
+	r, ok := t.Get(id)
+	if !ok {
+		unlock()
+		return zero, nil, nil
+	}
+	return r, unlock, nil
 }
 
 func volNameKey(name string) string { return "vname/" + name }

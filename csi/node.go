@@ -55,31 +55,11 @@ func (d *Driver) mountSource(v volumeRecord, readOnly bool) (string, *loop.Devic
 // NodeStageVolume bind-mounts a directory volume at the staging path. A
 // block volume needs no staging mount: its loop device already exists.
 func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
-		return nil, err
-	}
-	staging, err := d.checkCOPath("staging_target_path", req.GetStagingTargetPath())
-	if err != nil {
-		return nil, err
-	}
-	if req.GetVolumeCapability() == nil {
-		return nil, invalid("volume_capability is required")
-	}
-	access, err := capabilityAccessType(req.GetVolumeCapability())
-	if err != nil {
-		return nil, err
-	}
-	v, unlock, err := d.nodeVolumeOrProvision(ctx, req.GetVolumeId(), req.GetVolumeContext(), access)
+	v, staging, unlock, err := d.lockForMount(ctx, req.GetVolumeId(), "staging_target_path", req.GetStagingTargetPath(), req.GetVolumeCapability(), req.GetVolumeContext())
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if access != v.AccessType {
-		return nil, invalid("volume %s is a %s volume; the capability asks for %s", v.ID, v.AccessType, access)
-	}
-	if err := d.dataPresent(v); err != nil {
-		return nil, err
-	}
 	if !slices.Contains(v.Staged, staging) {
 		v.Staged = append(v.Staged, staging)
 		if err := d.st.Volumes.Put(v); err != nil {
@@ -96,6 +76,49 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		return nil, err
 	}
 	return &csi.NodeStageVolumeResponse{}, nil
+}
+
+// lockForMount is what NodeStageVolume and NodePublishVolume do first:
+// check the id, the path and the capability, then lock the volume (made
+// first if the volume context describes an inline or local one) and check
+// that it is of the capability's access type and its data is there.
+func (d *Driver) lockForMount(ctx context.Context, id, pathField, path string, c *csi.VolumeCapability, vctx map[string]string) (volumeRecord, string, func(), error) {
+	if err := d.checkIDHere("volume_id", id); err != nil {
+		return volumeRecord{}, "", nil, err
+	}
+	path, err := d.checkCOPath(pathField, path)
+	if err != nil {
+		return volumeRecord{}, "", nil, err
+	}
+	if c == nil {
+		return volumeRecord{}, "", nil, invalid("volume_capability is required")
+	}
+	access, err := capabilityAccessType(c)
+	if err != nil {
+		return volumeRecord{}, "", nil, err
+	}
+	v, unlock, err := d.nodeVolumeOrProvision(ctx, id, vctx, access)
+	if err != nil {
+		return volumeRecord{}, "", nil, err
+	}
+	if access != v.AccessType {
+		unlock()
+		return volumeRecord{}, "", nil, invalid("volume %s is a %s volume; the capability asks for %s", v.ID, v.AccessType, access)
+	}
+	if err := d.dataPresent(v); err != nil {
+		unlock()
+		return volumeRecord{}, "", nil, err
+	}
+	return v, path, unlock, nil
+}
+
+// checkUnmount is what NodeUnstageVolume and NodeUnpublishVolume check
+// first: the id and the path.
+func (d *Driver) checkUnmount(id, pathField, path string) (string, error) {
+	if err := d.checkIDHere("volume_id", id); err != nil {
+		return "", err
+	}
+	return d.checkCOPath(pathField, path)
 }
 
 // inspectMount returns the mount at path (nil if there is none) and
@@ -148,14 +171,10 @@ func (d *Driver) bindVolume(v volumeRecord, path string, flags uintptr, dir bool
 	return nil
 }
 
-
 // NodeUnstageVolume undoes NodeStageVolume. A staging path that is not
 // mounted is already unstaged.
 func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
-		return nil, err
-	}
-	staging, err := d.checkCOPath("staging_target_path", req.GetStagingTargetPath())
+	staging, err := d.checkUnmount(req.GetVolumeId(), "staging_target_path", req.GetStagingTargetPath())
 	if err != nil {
 		return nil, err
 	}
@@ -210,42 +229,22 @@ func (d *Driver) unbindVolume(v volumeRecord, path string, remove bool) error {
 // NodePublishVolume bind-mounts the volume at the target path, read-only
 // and with the capability's mount flags where asked.
 func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
-		return nil, err
-	}
-	target, err := d.checkCOPath("target_path", req.GetTargetPath())
-	if err != nil {
-		return nil, err
-	}
 	if req.GetStagingTargetPath() != "" {
 		if _, err := d.checkCOPath("staging_target_path", req.GetStagingTargetPath()); err != nil {
 			return nil, err
 		}
 	}
 	c := req.GetVolumeCapability()
-	if c == nil {
-		return nil, invalid("volume_capability is required")
-	}
-	access, err := capabilityAccessType(c)
+	v, target, unlock, err := d.lockForMount(ctx, req.GetVolumeId(), "target_path", req.GetTargetPath(), c, req.GetVolumeContext())
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	flags, _ := fsops.ParseMountOptions(c.GetMount().GetMountFlags())
 	mode := c.GetAccessMode().GetMode()
 	readOnly := req.GetReadonly() || mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
 	if readOnly {
 		flags |= fsops.ReadOnly
-	}
-	v, unlock, err := d.nodeVolumeOrProvision(ctx, req.GetVolumeId(), req.GetVolumeContext(), access)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	if access != v.AccessType {
-		return nil, invalid("volume %s is a %s volume; the capability asks for %s", v.ID, v.AccessType, access)
-	}
-	if err := d.dataPresent(v); err != nil {
-		return nil, err
 	}
 	single := mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
 	for _, p := range v.Published {
@@ -280,10 +279,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 // NodeUnpublishVolume unmounts the target and removes it. A target that
 // is not mounted is already unpublished.
 func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
-		return nil, err
-	}
-	target, err := d.checkCOPath("target_path", req.GetTargetPath())
+	target, err := d.checkUnmount(req.GetVolumeId(), "target_path", req.GetTargetPath())
 	if err != nil {
 		return nil, err
 	}
