@@ -28,7 +28,7 @@ func BenchmarkBlockCreate(b *testing.B) {
 			b.SetBytes(size)
 			for i := 0; i < b.N; i++ {
 				p := filepath.Join(dir, fmt.Sprintf("v%d.img", i))
-				if err := fsops.CreateBackingFile(p, size, false); err != nil {
+				if err := fsops.CreateBackingFile(p, size); err != nil {
 					b.Fatal(err)
 				}
 				dev, err := loop.Attach(p, loop.Options{})

@@ -34,13 +34,13 @@ func (d *Driver) createBlockData(ctx context.Context, v volumeRecord) error {
 		src = d.volumeDataPath(s)
 	}
 	if src == "" {
-		if err := fsops.CreateBackingFile(path, v.CapacityBytes, false); err != nil {
+		if err := fsops.CreateBackingFile(path, v.CapacityBytes); err != nil {
 			return err
 		}
 	} else if err := d.copyBacking(src, path, v.CapacityBytes); err != nil {
 		return err
 	}
-	_, err := loop.Attach(path, loop.Options{DirectIO: false})
+	_, err := loop.Attach(path, loop.Options{})
 	return err
 }
 
@@ -88,7 +88,7 @@ func (d *Driver) removeBlockData(v volumeRecord) error {
 // size shows in BLKGETSIZE64 at once, also while the volume is published.
 func (d *Driver) growBlock(v volumeRecord, size int64) error {
 	path := d.volumeDataPath(v)
-	if err := fsops.GrowFile(path, size, false); err != nil {
+	if err := fsops.GrowFile(path, size); err != nil {
 		return err
 	}
 	dev, err := d.attachBlock(v)

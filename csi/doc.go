@@ -1,4 +1,4 @@
 // Package csi maps CSI requests onto the leaf packages (fsops, loop,
-// archive). It owns the driver's state, its locking and the translation of
-// errors into gRPC codes; it is the only package that knows what a volume is.
+// archive). It owns the driver's state (kept by its store package), its
+// locking and the translation of errors into gRPC codes, in errors.go.
 package csi

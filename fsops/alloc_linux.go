@@ -8,9 +8,8 @@ import (
 
 // CreateBackingFile makes a new file of exactly size bytes at path, its
 // blocks reserved with fallocate(2) so writes to the volume cannot fail
-// for lack of space later, or sparse (ftruncate only) if asked. A failure
-// leaves no file behind.
-func CreateBackingFile(path string, size int64, sparse bool) (retErr error) {
+// for lack of space later. A failure leaves no file behind.
+func CreateBackingFile(path string, size int64) (retErr error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
@@ -21,7 +20,7 @@ func CreateBackingFile(path string, size int64, sparse bool) (retErr error) {
 			os.Remove(path)
 		}
 	}()
-	if err := resize(int(f.Fd()), path, size, sparse); err != nil {
+	if err := allocate(int(f.Fd()), path, size); err != nil {
 		return err
 	}
 	return f.Sync()
@@ -30,7 +29,7 @@ func CreateBackingFile(path string, size int64, sparse bool) (retErr error) {
 // GrowFile extends the file at path to size bytes, allocated like
 // CreateBackingFile. It never shrinks: a smaller size is an error
 // wrapping EINVAL.
-func GrowFile(path string, size int64, sparse bool) error {
+func GrowFile(path string, size int64) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -43,7 +42,7 @@ func GrowFile(path string, size int64, sparse bool) error {
 	if size < st.Size {
 		return &os.PathError{Op: "grow", Path: path, Err: unix.EINVAL}
 	}
-	if err := resize(int(f.Fd()), path, size, sparse); err != nil {
+	if err := allocate(int(f.Fd()), path, size); err != nil {
 		return err
 	}
 	return f.Sync()
@@ -59,15 +58,9 @@ func AllocateFile(fd int, size int64) error {
 	return nil
 }
 
-func resize(fd int, path string, size int64, sparse bool) error {
+func allocate(fd int, path string, size int64) error {
 	if size <= 0 {
 		return &os.PathError{Op: "fallocate", Path: path, Err: unix.EINVAL}
-	}
-	if sparse {
-		if err := unix.Ftruncate(fd, size); err != nil {
-			return &os.PathError{Op: "ftruncate", Path: path, Err: err}
-		}
-		return nil
 	}
 	if err := unix.Fallocate(fd, 0, 0, size); err != nil {
 		return &os.PathError{Op: "fallocate", Path: path, Err: err}

@@ -7,11 +7,7 @@
 // operation and path and unwrap to the errno, so callers decide with
 // errors.Is(err, unix.ENOSPC) and never by message text.
 //
-// Everything here is Linux-only; other systems get ErrNotSupported.
+// It is Linux-only: it is made of Linux system calls and builds nowhere
+// else. Where a file system lacks a feature (reflinks, project quotas),
+// callers get the kernel's errno.
 package fsops
-
-import "errors"
-
-// ErrNotSupported is returned where the kernel or file system lacks a
-// feature this package needs (for example project quotas).
-var ErrNotSupported = errors.New("not supported on this system or file system")

@@ -14,8 +14,3 @@
 // flattened to strings (errors.Is(err, unix.EBUSY) cannot work), and two
 // attaches racing for the same free device are not retried.
 package loop
-
-import "errors"
-
-// ErrNotSupported is returned on systems without loop devices.
-var ErrNotSupported = errors.New("loop devices are not supported on this system")

@@ -31,9 +31,6 @@ func (d Device) Path() string { return losetup.New(uint64(d.Number), os.O_RDWR).
 // Options for Attach.
 type Options struct {
 	ReadOnly bool
-	// DirectIO bypasses the page cache of the backing file, so data is
-	// not cached twice (once for the device, once for the file).
-	DirectIO bool
 	// Autoclear detaches the device when its last user closes it.
 	Autoclear bool
 }
@@ -68,9 +65,6 @@ func Attach(backing string, opts Options) (Device, error) {
 	}
 	if opts.Autoclear {
 		loFlags |= unix.LO_FLAGS_AUTOCLEAR
-	}
-	if opts.DirectIO {
-		loFlags |= unix.LO_FLAGS_DIRECT_IO
 	}
 	var lastErr error
 	for attempt := 0; attempt < attachRetries; attempt++ {
