@@ -10,7 +10,7 @@ NODE_ID   ?= $(shell hostname)
 
 export CGO_ENABLED = 0
 
-.PHONY: targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
+.PHONY: cluster-deps cluster-build cluster-up cluster-down e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
 
 all: build
 
@@ -96,6 +96,25 @@ BENCH_OUT    ?= bench/results
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 120m ./bench/ -args -bench.size=$(BENCH_SIZE) -bench.rounds=$(BENCH_ROUNDS) | tee /tmp/hostpath-bench.txt
 	$(GO) run ./bench/cmd/benchreport -out $(BENCH_OUT) < /tmp/hostpath-bench.txt
+
+# A single-node Kubernetes cluster on this machine, built from the
+# projects' Go modules and Debian packages (test/cluster), and the
+# end-to-end test that drives the driver through it. Builds are cached in
+# $(CACHE): the first cluster-build takes a while (see the README).
+CLUSTER = $(MAKE) --no-print-directory -C test/cluster CACHE=$(CACHE)
+cluster-deps:
+	command -v runc >/dev/null && test -x /usr/lib/cni/bridge && test -x /bin/busybox && command -v iptables >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runc containernetworking-plugins busybox-static iptables conntrack iproute2 >/dev/null)
+cluster-build: cluster-deps image
+	$(CLUSTER) binaries images
+cluster-up: cluster-build
+	cd test/cluster && CACHE=$(CACHE) $(GO) run ./cmd/localcluster up
+cluster-down:
+	cd test/cluster && CACHE=$(CACHE) $(GO) run ./cmd/localcluster down
+# KEEP_CLUSTER=1 leaves the cluster up after the test, to look around.
+e2e: cluster-up
+	cd test/cluster && HOSTPATH_E2E=1 CACHE=$(CACHE) $(GO) test -count=1 -v -timeout 40m ./e2e/ 2>&1 | tee /tmp/hostpath-e2e.log | grep -E '^(e2e |--- |ok|FAIL|PASS)|_test.go:'; rc=$${PIPESTATUS[0]}; \
+	  [ -n "$(KEEP_CLUSTER)" ] || $(MAKE) --no-print-directory cluster-down; exit $$rc
 
 # 10,000 volumes on one node (create latency first vs last thousand,
 # ListVolumes paging, restart time), peak memory of a 10 GiB snapshot and

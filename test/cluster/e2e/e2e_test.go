@@ -1,0 +1,339 @@
+// Package e2e drives the driver only through Kubernetes objects on the
+// local test cluster (make cluster-up): deploy/ applied as a user would,
+// then PVCs, pods, snapshots, clones, expansion, block and inline volumes,
+// fsGroup, a killed driver pod, and at the end a node with nothing left.
+// Run it with make e2e.
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+const (
+	ns        = "hostpath-e2e"
+	driverNS  = "hostpath-csi"
+	busybox   = "docker.io/library/busybox:1.35"
+	stateDir  = "/var/lib/csi-hostpath-data"
+	podsDir   = "/var/lib/kubelet/pods"
+	snapshots = "github.com/kubernetes-csi/external-snapshotter"
+)
+
+func TestKubernetes(t *testing.T) {
+	if os.Getenv("HOSTPATH_E2E") == "" {
+		t.Skip("needs the local cluster: run make e2e (it sets HOSTPATH_E2E)")
+	}
+	cache := cacheDir()
+	k := &kube{t: t, bin: filepath.Join(cache, "bin", "kubectl"), cfg: filepath.Join(cache, "cluster", "admin.kubeconfig")}
+	repo, _ := filepath.Abs("../../..")
+	total := time.Now()
+
+	step(t, "snapshot CRDs and snapshot-controller (external-snapshotter v8.7.0)", func() {
+		k.must("apply", "-k", filepath.Join(moduleDir(t, snapshots+"/client/v8@v8.7.0"), "config", "crd"))
+		// Its manifest still names v8.6.0; the controller built here is v8.7.0.
+		applyOverlay(t, k, filepath.Join(moduleDir(t, snapshots+"/v8@v8.7.0"), "deploy", "kubernetes", "snapshot-controller"),
+			"registry.k8s.io/sig-storage/snapshot-controller", "v8.7.0")
+		k.must("rollout", "status", "-n", "kube-system", "deployment/snapshot-controller", "--timeout=180s")
+	})
+	step(t, "deploy/ applied with kubectl apply -k, DaemonSet ready", func() {
+		ref := imageRef(t, filepath.Join(cache, "images", "hostpathplugin.tar"))
+		i := strings.LastIndex(ref, ":")
+		// Only the image reference changes: the driver built here.
+		applyOverlay(t, k, filepath.Join(repo, "deploy"), ref[:i], ref[i+1:])
+		if _, err := k.run("", "rollout", "status", "-n", driverNS, "daemonset/hostpath-csi-node", "--timeout=180s"); err != nil {
+			t.Fatalf("%v\n%s\n%s", err, k.describe(driverNS, "pods"), k.events(driverNS))
+		}
+	})
+	node := strings.TrimSpace(k.must("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"))
+	step(t, "driver registered with kubelet (CSINode)", func() {
+		k.waitFor("CSINode driver", 60*time.Second, func() (bool, string) {
+			d := k.jsonpath("", "csinode/"+node, "{.spec.drivers[*].name}")
+			return strings.Contains(d, "hostpath.csi.k8s.io"), d
+		})
+	})
+	var capacity0 int64
+	step(t, "CSIStorageCapacity published", func() {
+		k.waitFor("CSIStorageCapacity", 120*time.Second, func() (bool, string) {
+			capacity0 = storageCapacity(k)
+			return capacity0 > 0, fmt.Sprint(capacity0)
+		})
+	})
+	k.must("create", "namespace", ns)
+	t.Cleanup(func() {
+		if t.Failed() {
+			fmt.Println(k.events(ns))
+			fmt.Println(k.events(driverNS))
+		}
+	})
+
+	const content = "hello from the e2e test"
+	step(t, "PVC (WaitForFirstConsumer) and a pod that writes and reads it", func() {
+		k.apply(pvc("data", "64Mi", "Filesystem", ""))
+		time.Sleep(2 * time.Second)
+		if p := k.jsonpath(ns, "pvc/data", "{.status.phase}"); p != "Pending" {
+			t.Fatalf("a WaitForFirstConsumer PVC is %q before any pod uses it", p)
+		}
+		k.apply(pod("writer", "data", "", fmt.Sprintf("echo %q > /data/hello && head -c 4194304 /dev/urandom > /data/random && sync", content)))
+		k.waitPod(ns, "writer", "Running", 180*time.Second)
+		k.waitFor("written file", 60*time.Second, func() (bool, string) {
+			out, err := k.run("", "exec", "-n", ns, "writer", "--", "cat", "/data/hello")
+			return err == nil && strings.TrimSpace(out) == content, out
+		})
+	})
+	sum := strings.Fields(k.exec(ns, "writer", "sha256sum", "/data/random"))[0]
+	step(t, "CSIStorageCapacity shrinks as volumes are made", func() {
+		k.apply(pvc("filler", "1Gi", "Filesystem", ""))
+		k.apply(pod("filler", "filler", "", "true"))
+		k.waitFor("smaller capacity", 150*time.Second, func() (bool, string) {
+			c := storageCapacity(k)
+			return c > 0 && c < capacity0, fmt.Sprintf("%d (was %d)", c, capacity0)
+		})
+	})
+	step(t, "VolumeSnapshot, and a PVC restored from it has the same bytes", func() {
+		k.apply(fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: snap, namespace: %s}
+spec:
+  volumeSnapshotClassName: hostpath
+  source: {persistentVolumeClaimName: data}
+`, ns))
+		k.waitFor("snapshot ready", 120*time.Second, func() (bool, string) {
+			r := k.jsonpath(ns, "volumesnapshot/snap", "{.status.readyToUse}")
+			return r == "true", r + " " + k.jsonpath(ns, "volumesnapshot/snap", "{.status.error.message}")
+		})
+		k.apply(pvc("restored", "64Mi", "Filesystem", "{kind: VolumeSnapshot, name: snap, apiGroup: snapshot.storage.k8s.io}"))
+		k.apply(pod("reader-restored", "restored", "", "true"))
+		k.waitPod(ns, "reader-restored", "Running", 180*time.Second)
+		if got := strings.Fields(k.exec(ns, "reader-restored", "sha256sum", "/data/random"))[0]; got != sum {
+			t.Fatalf("restored data differs: %s vs %s", got, sum)
+		}
+	})
+	step(t, "PVC cloned from a PVC has the same bytes", func() {
+		k.apply(pvc("cloned", "64Mi", "Filesystem", "{kind: PersistentVolumeClaim, name: data}"))
+		k.apply(pod("reader-cloned", "cloned", "", "true"))
+		k.waitPod(ns, "reader-cloned", "Running", 180*time.Second)
+		if got := strings.Fields(k.exec(ns, "reader-cloned", "sha256sum", "/data/random"))[0]; got != sum {
+			t.Fatalf("cloned data differs: %s vs %s", got, sum)
+		}
+	})
+	step(t, "block PVC in a pod (volumeDevices)", func() {
+		k.apply(pvc("block", "32Mi", "Block", ""))
+		k.apply(pod("block", "block", "block", "printf 'block-data' | dd of=/dev/xvda bs=512 seek=100 conv=fsync 2>/dev/null"))
+		k.waitPod(ns, "block", "Running", 180*time.Second)
+		k.waitFor("block data", 60*time.Second, func() (bool, string) {
+			out, _ := k.run("", "exec", "-n", ns, "block", "--", "dd", "if=/dev/xvda", "bs=512", "skip=100", "count=1")
+			return strings.HasPrefix(out, "block-data"), out
+		})
+	})
+	step(t, "online expansion seen inside the pods", func() {
+		k.must("patch", "pvc", "block", "-n", ns, "-p", `{"spec":{"resources":{"requests":{"storage":"64Mi"}}}}`)
+		k.must("patch", "pvc", "data", "-n", ns, "-p", `{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}`)
+		k.waitFor("device grown in the pod", 120*time.Second, func() (bool, string) {
+			out, _ := k.run("", "exec", "-n", ns, "block", "--", "blockdev", "--getsize64", "/dev/xvda")
+			return strings.TrimSpace(out) == strconv.Itoa(64<<20), out
+		})
+		k.waitFor("PVC capacity", 120*time.Second, func() (bool, string) {
+			c := k.jsonpath(ns, "pvc/data", "{.status.capacity.storage}")
+			return c == "128Mi", c
+		})
+	})
+	step(t, "CSI inline ephemeral volume", func() {
+		k.apply(fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: inline, namespace: %s}
+spec:
+  containers:
+  - name: c
+    image: %s
+    imagePullPolicy: Never
+    command: ["sh", "-c", "echo inline > /data/f && sleep 3600"]
+    volumeMounts: [{name: v, mountPath: /data}]
+  volumes:
+  - name: v
+    csi: {driver: hostpath.csi.k8s.io, volumeAttributes: {size: 16Mi}}
+`, ns, busybox))
+		k.waitPod(ns, "inline", "Running", 180*time.Second)
+		k.waitFor("inline file", 30*time.Second, func() (bool, string) {
+			out, _ := k.run("", "exec", "-n", ns, "inline", "--", "cat", "/data/f")
+			return strings.TrimSpace(out) == "inline", out
+		})
+	})
+	step(t, "fsGroup on a non-root pod", func() {
+		k.apply(pvc("fsgroup", "16Mi", "Filesystem", ""))
+		k.apply(fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: nonroot, namespace: %s}
+spec:
+  securityContext: {runAsUser: 1000, runAsGroup: 1000, fsGroup: 2000, runAsNonRoot: true}
+  containers:
+  - name: c
+    image: %s
+    imagePullPolicy: Never
+    command: ["sh", "-c", "echo x > /data/mine && sleep 3600"]
+    volumeMounts: [{name: v, mountPath: /data}]
+  volumes:
+  - name: v
+    persistentVolumeClaim: {claimName: fsgroup}
+`, ns, busybox))
+		k.waitPod(ns, "nonroot", "Running", 180*time.Second)
+		k.waitFor("non-root write", 30*time.Second, func() (bool, string) {
+			out, _ := k.run("", "exec", "-n", ns, "nonroot", "--", "stat", "-c", "%u:%g", "/data/mine")
+			return strings.TrimSpace(out) == "1000:2000", out
+		})
+	})
+	step(t, "driver pod killed and rescheduled, every volume still served", func() {
+		old := strings.TrimSpace(k.must("get", "pods", "-n", driverNS, "-o", "jsonpath={.items[0].metadata.name}"))
+		k.must("delete", "pod", "-n", driverNS, old, "--grace-period=0", "--force")
+		k.waitFor("new driver pod", 180*time.Second, func() (bool, string) {
+			name := k.jsonpath(driverNS, "pods", "{.items[0].metadata.name}")
+			ready := k.jsonpath(driverNS, "pods", "{.items[0].status.containerStatuses[*].ready}")
+			return name != "" && name != old && !strings.Contains(ready, "false") && ready != "", name + " " + ready
+		})
+		if got := strings.TrimSpace(k.exec(ns, "writer", "cat", "/data/hello")); got != content {
+			t.Fatalf("after the restart the volume reads %q", got)
+		}
+		out := k.exec(ns, "block", "dd", "if=/dev/xvda", "bs=512", "skip=100", "count=1")
+		if !strings.HasPrefix(out, "block-data") {
+			t.Fatalf("after the restart the block volume reads %q", out)
+		}
+		// And new work goes through the new driver pod.
+		k.apply(pvc("after", "16Mi", "Filesystem", ""))
+		k.apply(pod("after", "after", "", "echo after > /data/f"))
+		k.waitPod(ns, "after", "Running", 180*time.Second)
+	})
+	step(t, "everything deleted: no mount, loop device, volume or snapshot left", func() {
+		k.must("delete", "namespace", ns, "--timeout=300s")
+		k.waitFor("PVs deleted", 180*time.Second, func() (bool, string) {
+			pvs := k.items("pv")
+			return len(pvs) == 0, fmt.Sprintf("%d PVs", len(pvs))
+		})
+		k.waitFor("snapshot contents deleted", 120*time.Second, func() (bool, string) {
+			c := k.items("volumesnapshotcontents")
+			return len(c) == 0, fmt.Sprintf("%d contents", len(c))
+		})
+		k.waitFor("node clean", 60*time.Second, func() (bool, string) {
+			left := nodeLeftovers()
+			return len(left) == 0, strings.Join(left, "; ")
+		})
+	})
+	fmt.Printf("e2e total %.1fs\n", time.Since(total).Seconds())
+}
+
+// applyOverlay applies the kustomization in base with one image's tag
+// changed, as a user pins an image: an overlay naming base.
+func applyOverlay(t *testing.T, k *kube, base, image, tag string) {
+	t.Helper()
+	overlay := t.TempDir()
+	rel, err := filepath.Rel(overlay, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kz := fmt.Sprintf("resources:\n- %s\nimages:\n- name: %s\n  newTag: %s\n", rel, image, tag)
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kz), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k.must("apply", "-k", overlay)
+}
+
+func pvc(name, size, mode, source string) string {
+	out := fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: %s, namespace: %s}
+spec:
+  storageClassName: hostpath
+  accessModes: [ReadWriteOnce]
+  volumeMode: %s
+  resources: {requests: {storage: %s}}
+`, name, ns, mode, size)
+	if source != "" {
+		out += "  dataSourceRef: " + source + "\n"
+	}
+	return out
+}
+
+// pod runs busybox with the claim at /data (or as /dev/xvda for a block
+// claim): the script, then sleep.
+func pod(name, claim, block, script string) string {
+	mount := "    volumeMounts: [{name: v, mountPath: /data}]"
+	if block != "" {
+		mount = "    volumeDevices: [{name: v, devicePath: /dev/xvda}]"
+	}
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: %s}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: %s
+    imagePullPolicy: Never
+    command: ["sh", "-c", %q]
+%s
+  volumes:
+  - name: v
+    persistentVolumeClaim: {claimName: %s}
+`, name, ns, busybox, script+" && sleep 3600", mount, claim)
+}
+
+// storageCapacity is the capacity the driver's CSIStorageCapacity object
+// for the hostpath class reports, 0 if there is none yet.
+func storageCapacity(k *kube) int64 {
+	for _, c := range k.items("csistoragecapacities", "-A") {
+		if c["storageClassName"] != "hostpath" {
+			continue
+		}
+		if q, ok := c["capacity"].(string); ok {
+			return parseQuantity(q)
+		}
+	}
+	return 0
+}
+
+// parseQuantity reads the plain and binary-suffixed integers a
+// CSIStorageCapacity carries.
+func parseQuantity(q string) int64 {
+	mult := int64(1)
+	for suf, m := range map[string]int64{"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12} {
+		if strings.HasSuffix(q, suf) {
+			q, mult = strings.TrimSuffix(q, suf), m
+			break
+		}
+	}
+	n, _ := strconv.ParseInt(q, 10, 64)
+	return n * mult
+}
+
+// nodeLeftovers lists what the driver left on this node: CSI mounts of
+// pods, loop devices of its block volumes, volume and snapshot data.
+func nodeLeftovers() []string {
+	var left []string
+	if f, err := os.Open("/proc/self/mountinfo"); err == nil {
+		s := bufio.NewScanner(f)
+		for s.Scan() {
+			fs := strings.Fields(s.Text())
+			if len(fs) > 4 && (strings.Contains(fs[4], "kubernetes.io~csi") || strings.HasPrefix(fs[4], stateDir+"/")) {
+				left = append(left, "mount "+fs[4])
+			}
+		}
+		f.Close()
+	}
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, bf := range files {
+		if b, _ := os.ReadFile(bf); strings.HasPrefix(string(b), stateDir) {
+			left = append(left, "loop device for "+strings.TrimSpace(string(b)))
+		}
+	}
+	for _, d := range []string{"volumes", "snapshots"} {
+		entries, _ := os.ReadDir(filepath.Join(stateDir, d))
+		for _, e := range entries {
+			left = append(left, filepath.Join(stateDir, d, e.Name()))
+		}
+	}
+	return left
+}
