@@ -10,7 +10,7 @@ NODE_ID   ?= $(shell hostname)
 
 export CGO_ENABLED = 0
 
-.PHONY: cluster-deps cluster-build cluster-up cluster-down e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
+.PHONY: test-unprivileged cluster-deps cluster-build cluster-up cluster-down e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
 
 all: build
 
@@ -35,7 +35,7 @@ demo: build
 
 # Every test: unit tests with the race detector, then csi-sanity against
 # the real binary for mount and block volumes.
-test: test-unit test-sanity test-distroless fuzz bench-smoke targets-smoke
+test: test-unit test-unprivileged test-sanity test-distroless fuzz bench-smoke targets-smoke
 
 test-unit:
 	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./csi/... ./cmd/... ./registrar/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
@@ -43,6 +43,22 @@ test-unit:
 test-sanity:
 	$(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-mount.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
 	SANITY_ACCESS_TYPE=block $(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-block.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
+
+# The tests as a user who is not root, with HOSTPATH_SKIP_PRIVILEGED=1:
+# every test that needs root must skip, none may fail. Test binaries are
+# built as root and run as nobody in their package directory.
+UNPRIV_PKGS := ./loop ./fsops ./archive ./csi ./csi/store ./cmd/hostpathplugin ./registrar ./test/e2e ./test/crash ./test/stress ./test/sanity
+test-unprivileged:
+	rm -rf /tmp/hostpath-unpriv && mkdir -p /tmp/hostpath-unpriv && chmod 777 /tmp/hostpath-unpriv
+	set -e; for p in $(UNPRIV_PKGS); do \
+	  mkdir -p /tmp/hostpath-unpriv/$$p; chmod -R a+rwx /tmp/hostpath-unpriv; \
+	  $(GO) test -c -o /tmp/hostpath-unpriv/$$p/pkg.test $$p; done
+	chmod -R a+rwx /tmp/hostpath-unpriv
+	set -e; for p in $(UNPRIV_PKGS); do \
+	  (cd $$p && setpriv --reuid=65534 --regid=65534 --clear-groups \
+	    env HOME=/tmp/hostpath-unpriv TMPDIR=/tmp/hostpath-unpriv HOSTPATH_SKIP_PRIVILEGED=1 /tmp/hostpath-unpriv/$$p/pkg.test -test.count=1 -test.v > /tmp/hostpath-unpriv/$$p/log 2>&1) \
+	    || { echo "FAIL $$p as nobody:"; grep -E -- '--- FAIL|_test.go' /tmp/hostpath-unpriv/$$p/log | head -20; exit 1; }; \
+	  echo "ok $$p as nobody: $$(grep -c -- '--- SKIP' /tmp/hostpath-unpriv/$$p/log || true) skipped"; done
 
 # Full benchmarks: every case run BENCH_ROUNDS times alternating ours and
 # theirs on BENCH_SIZE MiB data sets; prints the ratio table and writes

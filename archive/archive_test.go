@@ -15,11 +15,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hostpath-csi/hostpath/fsops"
+	"github.com/hostpath-csi/hostpath/internal/testutil"
 )
 
 var ctx = context.Background()
 
 func TestRoundTrip(t *testing.T) {
+	testutil.RequireRoot(t) // owners and setgid bits survive only as root
 	base := t.TempDir()
 	src, dst := filepath.Join(base, "src"), filepath.Join(base, "dst")
 	os.MkdirAll(filepath.Join(src, "a", "b"), 0o755)
