@@ -13,6 +13,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/hostpath-csi/hostpath/csi"
 )
 
 // manifests holds every object of deploy/, decoded strictly: a field the
@@ -38,6 +40,9 @@ func load(t *testing.T) manifests {
 	files, _ := filepath.Glob("../../deploy/*.yaml")
 	more, _ := filepath.Glob("../../deploy/example/*.yaml")
 	for _, f := range append(files, more...) {
+		if filepath.Base(f) == "test-driver.yaml" {
+			continue // not an object: TestE2EDriverDefinition checks it
+		}
 		data, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
@@ -132,7 +137,7 @@ func TestManifests(t *testing.T) {
 	for dir, res := range m.kustomization {
 		files, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
 		for _, f := range files {
-			if base := filepath.Base(f); base != "kustomization.yaml" && !contains(res, base) {
+			if base := filepath.Base(f); base != "kustomization.yaml" && base != "test-driver.yaml" && !contains(res, base) {
 				t.Errorf("%s is not listed in %s/kustomization.yaml", base, dir)
 			}
 		}
@@ -267,4 +272,52 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// deploy/test-driver.yaml tells the Kubernetes e2e suite what the driver
+// does; it must name this driver, its topology key and classes deploy/
+// creates, and only capabilities the suite knows.
+func TestE2EDriverDefinition(t *testing.T) {
+	data, err := os.ReadFile("../../deploy/test-driver.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var def struct {
+		StorageClass  struct{ FromExistingClassName string }
+		SnapshotClass struct{ FromExistingClassName string }
+		DriverInfo    struct {
+			Name               string
+			SupportedSizeRange struct{ Min, Max string }
+			TopologyKeys       []string
+			Capabilities       map[string]bool
+		}
+		InlineVolumes []struct{ Attributes map[string]string }
+	}
+	if err := yaml.UnmarshalStrict(data, &def); err != nil {
+		t.Fatal(err)
+	}
+	m := load(t)
+	if def.DriverInfo.Name != m.drivers[0].Name {
+		t.Errorf("test driver %q, CSIDriver %q", def.DriverInfo.Name, m.drivers[0].Name)
+	}
+	if len(def.DriverInfo.TopologyKeys) != 1 || def.DriverInfo.TopologyKeys[0] != csi.TopologyKey {
+		t.Errorf("topology keys %v, the driver's is %s", def.DriverInfo.TopologyKeys, csi.TopologyKey)
+	}
+	if def.StorageClass.FromExistingClassName != m.classes[0].Name || def.SnapshotClass.FromExistingClassName != m.snapClasses[0].Name {
+		t.Errorf("classes %q/%q are not deploy/'s", def.StorageClass.FromExistingClassName, def.SnapshotClass.FromExistingClassName)
+	}
+	known := []string{"persistence", "block", "fsGroup", "exec", "snapshotDataSource", "pvcDataSource", "multipods",
+		"controllerExpansion", "nodeExpansion", "offlineExpansion", "onlineExpansion", "singleNodeVolume", "topology", "capacity"}
+	for c := range def.DriverInfo.Capabilities {
+		if !contains(known, c) {
+			t.Errorf("capability %q is not one this driver has been shown to have", c)
+		}
+	}
+	for _, v := range def.InlineVolumes {
+		for k := range v.Attributes {
+			if k != "size" {
+				t.Errorf("inline volume attribute %q is not one the driver takes", k)
+			}
+		}
+	}
 }
