@@ -237,8 +237,8 @@ func loopsUnder(dir string) []string {
 	return out
 }
 
-// dropRules removes the KUBE-* and CNI-* chains and every rule that uses
-// them, in every table.
+// dropRules removes the KUBE-* and CNI-* chains, the fence, and every rule
+// that uses them, in every table.
 func dropRules() {
 	out, err := exec.Command("iptables-save").Output()
 	if err != nil {
@@ -246,7 +246,7 @@ func dropRules() {
 	}
 	var keep bytes.Buffer
 	for _, l := range strings.Split(string(out), "\n") {
-		if strings.Contains(l, "KUBE-") || strings.Contains(l, "CNI-") {
+		if strings.Contains(l, "KUBE-") || strings.Contains(l, "CNI-") || strings.Contains(l, fenceChain) {
 			continue
 		}
 		keep.WriteString(l + "\n")
@@ -286,7 +286,7 @@ func (c *cluster) leftovers() []string {
 	if _, err := os.Stat("/sys/class/net/" + bridgeDevice); err == nil {
 		left = append(left, "bridge "+bridgeDevice)
 	}
-	if out, err := exec.Command("iptables-save").Output(); err == nil && (bytes.Contains(out, []byte("KUBE-")) || bytes.Contains(out, []byte("CNI-"))) {
+	if out, err := exec.Command("iptables-save").Output(); err == nil && (bytes.Contains(out, []byte("KUBE-")) || bytes.Contains(out, []byte("CNI-")) || bytes.Contains(out, []byte(fenceChain))) {
 		left = append(left, "iptables rules of kube-proxy or CNI")
 	}
 	return left

@@ -54,6 +54,11 @@ func (c *cluster) up() error {
 	for _, s := range []string{"net/bridge/bridge-nf-call-iptables", "net/ipv4/conf/all/route_localnet"} {
 		os.WriteFile("/proc/sys/"+s, []byte("1"), 0o644) // best effort: absent without br_netfilter
 	}
+	// Pods talk to this machine only: anything from the pod network that
+	// would be forwarded out of another interface is dropped.
+	if err := fence(); err != nil {
+		return err
+	}
 	p, err := newPKI(c.path("pki"), ip, c.node)
 	if err != nil {
 		return err
@@ -274,7 +279,9 @@ tlsCertFile: %q
 tlsPrivateKeyFile: %q
 failSwapOn: false
 clusterDomain: cluster.local
-resolvConf: /etc/resolv.conf
+# No resolv.conf for pods: nothing in this cluster needs a name server,
+# and no pod traffic is to leave the machine.
+resolvConf: ""
 serializeImagePulls: false
 protectKernelDefaults: false
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%%", imagefs.available: "1%%", nodefs.inodesFree: "1%%"}
@@ -287,4 +294,20 @@ imageGCLowThresholdPercent: 99
 	return c.start("kubelet", []string{"PATH=" + c.bin + ":/usr/sbin:/usr/bin:/sbin:/bin"},
 		"--config="+c.path("kubelet.yaml"), "--kubeconfig="+c.path("kubelet-client.kubeconfig"),
 		"--hostname-override="+c.node, "--node-ip="+c.hostIP.String(), "--root-dir="+kubeletDir, "--v=2")
+}
+
+// fenceChain holds the rule that keeps pod traffic on this machine.
+const fenceChain = "HOSTPATH-TEST-FENCE"
+
+func fence() error {
+	for _, args := range [][]string{
+		{"-N", fenceChain},
+		{"-A", fenceChain, "-s", podCIDR, "!", "-o", bridgeDevice, "-j", "DROP"},
+		{"-I", "FORWARD", "-j", fenceChain},
+	} {
+		if out, err := exec.Command("iptables", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("iptables %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	return nil
 }
