@@ -38,7 +38,8 @@ demo: build
 test: test-unit test-unprivileged test-sanity test-distroless fuzz bench-smoke targets-smoke
 
 test-unit:
-	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./csi/... ./cmd/... ./registrar/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
+	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./csi/... ./cmd/... ./registrar/... ./internal/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
+	$(GO) -C test/cluster test -count=1 ./cmd/...
 
 test-sanity:
 	$(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-mount.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
@@ -169,6 +170,7 @@ bench-smoke:
 lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
 	$(GO) vet ./...
+	$(GO) -C test/cluster vet ./...
 	! grep -rln --include='*.go' -e '"os/exec"' . | grep -v '_test\.go$$' | grep -v '^\./bench/' | grep -v '^\./test/'
 
 # Tools the tests use to prepare their world (the driver needs none).

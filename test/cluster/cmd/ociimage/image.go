@@ -148,6 +148,10 @@ func writeImageFile(out string, spec imageSpec) error {
 		return err
 	}
 	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return err
+	}
 	if err := writeArchive(tmp, img, spec.Ref, spec.Created); err != nil {
 		tmp.Close()
 		return err
