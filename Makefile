@@ -10,7 +10,7 @@ NODE_ID   ?= $(shell hostname)
 
 export CGO_ENABLED = 0
 
-.PHONY: test-unprivileged cluster-deps cluster-build cluster-up cluster-down e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
+.PHONY: e2e-suite test-unprivileged cluster-deps cluster-build cluster-up cluster-down e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
 
 all: build
 
@@ -132,6 +132,26 @@ cluster-down:
 e2e: cluster-up
 	cd test/cluster && HOSTPATH_E2E=1 CACHE=$(CACHE) $(GO) test -count=1 -v -timeout 40m ./e2e/ 2>&1 | tee /tmp/hostpath-e2e.log | grep -E '^(e2e |--- |ok|FAIL|PASS)|_test.go:'; rc=$${PIPESTATUS[0]}; \
 	  [ -n "$(KEEP_CLUSTER)" ] || $(MAKE) --no-print-directory cluster-down; exit $$rc
+
+# The Kubernetes external-storage e2e suite (k8s.io/kubernetes v1.37.2
+# e2e.test, run by ginkgo) against the driver deployed from deploy/, with
+# deploy/test-driver.yaml; E2E_SKIP adds \[Serial\] to the default skips,
+# `make e2e-suite E2E_SKIP='\[Disruptive\]|\[Feature:SELinux\]|alpha' E2E_FOCUS='External.Storage.*\[Serial\]' E2E_PROCS=1`
+# runs the serial set. The summary goes to test/cluster/e2e/results/.
+E2E_FOCUS ?= External.Storage
+E2E_SKIP  ?= \[Serial\]|\[Disruptive\]|\[Feature:SELinux\]|alpha
+E2E_PROCS ?= 3
+E2E_OUT   ?= /tmp/hostpath-e2e-suite
+e2e-suite: cluster-build
+	$(CLUSTER) suite
+	cd test/cluster && CACHE=$(CACHE) $(GO) run ./cmd/localcluster up
+	cd test/cluster && HOSTPATH_E2E=1 HOSTPATH_E2E_DEPLOY_ONLY=1 CACHE=$(CACHE) $(GO) test -count=1 -run TestKubernetes ./e2e/ | tail -3
+	rm -rf $(E2E_OUT) && mkdir -p $(E2E_OUT)
+	KUBE_TEST_REPO_LIST=$(CURDIR)/test/cluster/e2e/repo-list.yaml $(CACHE)/bin/ginkgo -p --procs=$(E2E_PROCS) \
+	  --focus='$(E2E_FOCUS)' --skip='$(E2E_SKIP)' --timeout=3h --output-dir=$(E2E_OUT) --json-report=report.json \
+	  $(CACHE)/bin/e2e.test -- -kubeconfig=$(CACHE)/cluster/admin.kubeconfig -provider=local \
+	  -storage.testdriver=$(CURDIR)/deploy/test-driver.yaml -report-dir=$(E2E_OUT) 2>&1 | tee $(E2E_OUT)/run.log | grep -E '^(Ran |PASS|FAIL|SUCCESS|  \[FAIL\])'; \
+	  rc=$${PIPESTATUS[0]}; [ -n "$(KEEP_CLUSTER)" ] || $(MAKE) --no-print-directory cluster-down; exit $$rc
 
 # 10,000 volumes on one node (create latency first vs last thousand,
 # ListVolumes paging, restart time), peak memory of a 10 GiB snapshot and

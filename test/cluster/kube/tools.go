@@ -5,6 +5,7 @@
 package kube
 
 import (
+	_ "github.com/onsi/ginkgo/v2/ginkgo"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-proxy"
