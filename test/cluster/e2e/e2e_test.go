@@ -36,16 +36,26 @@ func TestKubernetes(t *testing.T) {
 
 	step(t, "snapshot CRDs and snapshot-controller (external-snapshotter v8.7.0)", func() {
 		k.must("apply", "-k", filepath.Join(moduleDir(t, snapshots+"/client/v8@v8.7.0"), "config", "crd"))
-		// Its manifest still names v8.6.0; the controller built here is v8.7.0.
+		// Its manifest still names v8.6.0; the controller built here is
+		// v8.7.0. deploy/ runs the snapshotter next to each node's driver,
+		// which needs distributed snapshotting (the controller labels each
+		// snapshot content with its volume's node), as its RBAC comment says.
 		applyOverlay(t, k, filepath.Join(moduleDir(t, snapshots+"/v8@v8.7.0"), "deploy", "kubernetes", "snapshot-controller"),
-			"registry.k8s.io/sig-storage/snapshot-controller", "v8.7.0")
+			"registry.k8s.io/sig-storage/snapshot-controller", "v8.7.0", `patches:
+- target: {kind: Deployment, name: snapshot-controller}
+  patch: |-
+    - {op: add, path: /spec/template/spec/containers/0/args/-, value: --enable-distributed-snapshotting}
+- target: {kind: ClusterRole, name: snapshot-controller-runner}
+  patch: |-
+    - {op: add, path: /rules/-, value: {apiGroups: [""], resources: [nodes], verbs: [get, list, watch]}}
+`)
 		k.must("rollout", "status", "-n", "kube-system", "deployment/snapshot-controller", "--timeout=180s")
 	})
 	step(t, "deploy/ applied with kubectl apply -k, DaemonSet ready", func() {
 		ref := imageRef(t, filepath.Join(cache, "images", "hostpathplugin.tar"))
 		i := strings.LastIndex(ref, ":")
 		// Only the image reference changes: the driver built here.
-		applyOverlay(t, k, filepath.Join(repo, "deploy"), ref[:i], ref[i+1:])
+		applyOverlay(t, k, filepath.Join(repo, "deploy"), ref[:i], ref[i+1:], "")
 		if _, err := k.run("", "rollout", "status", "-n", driverNS, "daemonset/hostpath-csi-node", "--timeout=180s"); err != nil {
 			t.Fatalf("%v\n%s\n%s", err, k.describe(driverNS, "pods"), k.events(driverNS))
 		}
@@ -229,15 +239,16 @@ spec:
 }
 
 // applyOverlay applies the kustomization in base with one image's tag
-// changed, as a user pins an image: an overlay naming base.
-func applyOverlay(t *testing.T, k *kube, base, image, tag string) {
+// changed, as a user pins an image: an overlay naming base, with extra
+// kustomization text (patches) if given.
+func applyOverlay(t *testing.T, k *kube, base, image, tag, extra string) {
 	t.Helper()
 	overlay := t.TempDir()
 	rel, err := filepath.Rel(overlay, base)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kz := fmt.Sprintf("resources:\n- %s\nimages:\n- name: %s\n  newTag: %s\n", rel, image, tag)
+	kz := fmt.Sprintf("resources:\n- %s\nimages:\n- name: %s\n  newTag: %s\n%s", rel, image, tag, extra)
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kz), 0o644); err != nil {
 		t.Fatal(err)
 	}

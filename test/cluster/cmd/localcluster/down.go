@@ -169,6 +169,12 @@ func removeCgroups() {
 
 // mountsUnder lists mount points below any of the prefixes, deepest first.
 func mountsUnder(prefixes ...string) []string {
+	// mountinfo shows resolved paths (/run/netns, not /var/run/netns).
+	for _, p := range prefixes {
+		if r, err := filepath.EvalSymlinks(p); err == nil && r != p {
+			prefixes = append(prefixes, r)
+		}
+	}
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil
