@@ -142,16 +142,20 @@ E2E_FOCUS ?= External.Storage
 E2E_SKIP  ?= \[Serial\]|\[Disruptive\]|\[Feature:SELinux\]|alpha
 E2E_PROCS ?= 3
 E2E_OUT   ?= /tmp/hostpath-e2e-suite
+E2E_SUMMARY ?= test/cluster/e2e/results/parallel.md
 e2e-suite: cluster-build
 	$(CLUSTER) suite
 	cd test/cluster && CACHE=$(CACHE) $(GO) run ./cmd/localcluster up
 	cd test/cluster && HOSTPATH_E2E=1 HOSTPATH_E2E_DEPLOY_ONLY=1 CACHE=$(CACHE) $(GO) test -count=1 -run TestKubernetes ./e2e/ | tail -3
 	rm -rf $(E2E_OUT) && mkdir -p $(E2E_OUT)
-	KUBE_TEST_REPO_LIST=$(CURDIR)/test/cluster/e2e/repo-list.yaml $(CACHE)/bin/ginkgo -p --procs=$(E2E_PROCS) \
+	KUBE_TEST_REPO_LIST=$(CURDIR)/test/cluster/e2e/repo-list.yaml $(CACHE)/bin/ginkgo -p --procs=$(E2E_PROCS) --no-color \
 	  --focus='$(E2E_FOCUS)' --skip='$(E2E_SKIP)' --timeout=3h --output-dir=$(E2E_OUT) --json-report=report.json \
 	  $(CACHE)/bin/e2e.test -- -kubeconfig=$(CACHE)/cluster/admin.kubeconfig -provider=local \
 	  -storage.testdriver=$(CURDIR)/deploy/test-driver.yaml -report-dir=$(E2E_OUT) 2>&1 | tee $(E2E_OUT)/run.log | grep -E '^(Ran |PASS|FAIL|SUCCESS|  \[FAIL\])'; \
-	  rc=$${PIPESTATUS[0]}; [ -n "$(KEEP_CLUSTER)" ] || $(MAKE) --no-print-directory cluster-down; exit $$rc
+	  rc=$${PIPESTATUS[0]}; \
+	  mkdir -p test/cluster/e2e/results; $(GO) -C test/cluster run ./cmd/suitesummary -cmd "make e2e-suite E2E_FOCUS='$(E2E_FOCUS)' E2E_SKIP='$(E2E_SKIP)' E2E_PROCS=$(E2E_PROCS)" \
+	    < $(E2E_OUT)/report.json > $(E2E_SUMMARY) && sed -n 5p $(E2E_SUMMARY); \
+	  [ -n "$(KEEP_CLUSTER)" ] || $(MAKE) --no-print-directory cluster-down; exit $$rc
 
 # 10,000 volumes on one node (create latency first vs last thousand,
 # ListVolumes paging, restart time), peak memory of a 10 GiB snapshot and
