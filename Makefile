@@ -176,7 +176,7 @@ targets-smoke:
 	rm -rf /tmp/hostpath-run-smoke; $(MAKE) --no-print-directory run RUN_DIR=/tmp/hostpath-run-smoke > /tmp/hostpath-run-smoke.log 2>&1 & \
 	  for i in $$(seq 300); do [ -S /tmp/hostpath-run-smoke/csi.sock ] && break; sleep 0.1; done; \
 	  $(CTL) --endpoint=unix:///tmp/hostpath-run-smoke/csi.sock info > /dev/null; rc=$$?; \
-	  pkill -TERM -f 'hostpathplugin --endpoint=unix:///tmp/hostpath-run-smoke/csi.sock'; wait; \
+	  pkill -TERM -f '^bin/hostpathplugin --endpoint=unix:///tmp/hostpath-run-smoke/csi.sock'; wait; \
 	  test $$rc -eq 0 && echo "make run: served and stopped"
 	$(MAKE) --no-print-directory demo
 	$(MAKE) --no-print-directory image | tail -1 | tee /tmp/hostpath-image-1.txt
