@@ -188,9 +188,20 @@ func emptyRoot(t *testing.T, dir, bin, kubelet string) string {
 			syscall.Unmount(mounted[i], syscall.MNT_DETACH)
 		}
 	})
+	// Recursive binds of the host's /dev and /sys are made slaves at once:
+	// where / is shared (a node running kubelet makes it rshared), their
+	// detach at cleanup would otherwise propagate back and unmount the
+	// host's own submounts (/sys/fs/cgroup/*, /dev/pts, ...).
+	slave := func(dst string) {
+		if err := syscall.Mount("", dst, "", syscall.MS_REC|syscall.MS_SLAVE, ""); err != nil {
+			t.Fatalf("making %s a slave mount: %v", dst, err)
+		}
+	}
 	mount("/dev", filepath.Join(root, "dev"), "", syscall.MS_BIND|syscall.MS_REC)
+	slave(filepath.Join(root, "dev"))
 	mount("proc", filepath.Join(root, "proc"), "proc", 0)
 	mount("/sys", filepath.Join(root, "sys"), "", syscall.MS_BIND|syscall.MS_REC)
+	slave(filepath.Join(root, "sys"))
 	mount(kubelet, kubelet, "", syscall.MS_BIND)
 	if err := syscall.Mount("", kubelet, "", syscall.MS_SHARED, ""); err != nil {
 		t.Fatal(err)

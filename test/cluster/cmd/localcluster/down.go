@@ -41,6 +41,11 @@ func (c *cluster) down() error {
 	exec.Command("ip", "link", "delete", bridgeDevice).Run()
 	detachLoops(driverData)
 	removeCgroups()
+	if _, err := os.Stat(c.path("root-was-private")); err == nil {
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			return fmt.Errorf("making / private again: %w", err)
+		}
+	}
 	for _, d := range []string{c.state, kubeletDir, driverData} {
 		if err := os.RemoveAll(d); err != nil {
 			return err

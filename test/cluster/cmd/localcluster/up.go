@@ -47,7 +47,13 @@ func (c *cluster) up() error {
 		}
 	}
 	// kubelet and the driver mount under /var/lib/kubelet and need those
-	// mounts to reach the host: / is private on these machines.
+	// mounts to reach the host: / is private on these machines. down puts
+	// back what was there.
+	if !rootShared() {
+		if err := os.WriteFile(c.path("root-was-private"), nil, 0o644); err != nil {
+			return err
+		}
+	}
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
 		return fmt.Errorf("making / rshared: %w", err)
 	}
@@ -310,4 +316,19 @@ func fence() error {
 		}
 	}
 	return nil
+}
+
+// rootShared reports whether / is a shared mount.
+func rootShared() bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) > 6 && f[4] == "/" {
+			return strings.Contains(strings.Join(f[6:], " "), "shared:")
+		}
+	}
+	return false
 }
