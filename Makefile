@@ -199,8 +199,8 @@ lint:
 
 # Tools the tests use to prepare their world (the driver needs none).
 deps:
-	command -v mkfs.xfs >/dev/null && command -v mkfs.btrfs >/dev/null && command -v pigz >/dev/null || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xfsprogs btrfs-progs e2fsprogs tar coreutils attr pigz util-linux >/dev/null)
+	command -v mkfs.xfs >/dev/null && command -v mkfs.btrfs >/dev/null && command -v pigz >/dev/null && command -v skopeo >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xfsprogs btrfs-progs e2fsprogs tar coreutils attr pigz util-linux skopeo >/dev/null)
 
 clean:
 	rm -rf bin

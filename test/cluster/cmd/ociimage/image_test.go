@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -124,5 +125,38 @@ func TestImageIsReproducibleAndComplete(t *testing.T) {
 	}
 	if got["bin/"] == nil {
 		t.Fatal("parent directory missing")
+	}
+}
+
+// The archive reads as both formats it carries, by an independent reader
+// (skopeo, from Debian; make deps installs it): Docker's (manifest.json,
+// what docker load and podman load take) and the OCI layout (what ctr
+// images import takes, also exercised by every make cluster-up).
+func TestArchiveReadsAsDockerAndOCI(t *testing.T) {
+	if _, err := exec.LookPath("skopeo"); err != nil {
+		t.Fatal("skopeo is not installed (make deps installs it)")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "tool")
+	os.WriteFile(bin, []byte("#!binary"), 0o755)
+	out := filepath.Join(dir, "img.tar")
+	spec := imageSpec{Ref: "example.test/tool:v1", Created: time.Unix(0, 0).UTC(), Entries: []entry{{Path: "/tool", Source: bin}},
+		Labels: map[string]string{"org.opencontainers.image.version": "v1"}, Entrypoint: []string{"/tool"}}
+	if err := writeImageFile(out, spec); err != nil {
+		t.Fatal(err)
+	}
+	for _, transport := range []string{"docker-archive:", "oci-archive:"} {
+		b, err := exec.Command("skopeo", "inspect", transport+out).CombinedOutput()
+		if err != nil {
+			t.Fatalf("skopeo inspect %s: %v\n%s", transport, err, b)
+		}
+		var info struct {
+			Labels       map[string]string
+			Architecture string
+			Layers       []string
+		}
+		if err := json.Unmarshal(b, &info); err != nil || info.Labels["org.opencontainers.image.version"] != "v1" || len(info.Layers) != 1 {
+			t.Fatalf("skopeo inspect %s: %s (%v)", transport, b, err)
+		}
 	}
 }
