@@ -307,7 +307,8 @@ func TestE2EDriverDefinition(t *testing.T) {
 		t.Errorf("classes %q/%q are not deploy/'s", def.StorageClass.FromExistingClassName, def.SnapshotClass.FromExistingClassName)
 	}
 	known := []string{"persistence", "block", "fsGroup", "exec", "snapshotDataSource", "pvcDataSource", "multipods",
-		"controllerExpansion", "nodeExpansion", "offlineExpansion", "onlineExpansion", "singleNodeVolume", "topology", "capacity"}
+		"controllerExpansion", "nodeExpansion", "offlineExpansion", "onlineExpansion", "singleNodeVolume", "topology", "capacity",
+		"FSResizeFromSourceNotSupported"}
 	for c := range def.DriverInfo.Capabilities {
 		if !contains(known, c) {
 			t.Errorf("capability %q is not one this driver has been shown to have", c)
