@@ -31,6 +31,7 @@ type report struct {
 
 func main() {
 	command := flag.String("cmd", "", "the command that produced the report")
+	only := flag.String("only", "External Storage", "count only specs whose name contains this (the rest of e2e.test was not selected)")
 	flag.Parse()
 	var reports []report
 	if err := json.NewDecoder(os.Stdin).Decode(&reports); err != nil {
@@ -52,6 +53,9 @@ func main() {
 				continue
 			}
 			name := strings.Join(append(s.ContainerHierarchyTexts, s.LeafNodeText), " ")
+			if !strings.Contains(name, *only) {
+				continue
+			}
 			counts[s.State]++
 			switch s.State {
 			case "failed", "panicked", "timedout", "interrupted", "aborted":
