@@ -30,6 +30,13 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) (retErr error) 
 	if err := f.Chmod(perm); err != nil {
 		return err
 	}
+	return publish(f, tmp, path)
+}
+
+// publish makes a fully written temporary file the file at path: fsync,
+// close, rename, and an fsync of the directory so the rename survives a
+// crash. The caller removes tmp if it fails.
+func publish(f *os.File, tmp, path string) error {
 	if err := f.Sync(); err != nil {
 		return err
 	}
@@ -39,7 +46,7 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) (retErr error) 
 	if err := os.Rename(tmp, path); err != nil {
 		return err
 	}
-	return SyncDir(dir)
+	return SyncDir(filepath.Dir(path))
 }
 
 // RemoveDurable removes path and fsyncs its directory, so the removal
@@ -100,16 +107,7 @@ func CreateDurable(path, tmp string, perm os.FileMode, fill func(f *os.File) err
 	if err := fill(f); err != nil {
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	return SyncDir(filepath.Dir(path))
+	return publish(f, tmp, path)
 }
 
 // FileSize returns the open file's size and the bytes its blocks occupy.

@@ -120,20 +120,10 @@ spec:
 			r := k.jsonpath(ns, "volumesnapshot/snap", "{.status.readyToUse}")
 			return r == "true", r + " " + k.jsonpath(ns, "volumesnapshot/snap", "{.status.error.message}")
 		})
-		k.apply(pvc("restored", "64Mi", "Filesystem", "{kind: VolumeSnapshot, name: snap, apiGroup: snapshot.storage.k8s.io}"))
-		k.apply(pod("reader-restored", "restored", "", "true"))
-		k.waitPod(ns, "reader-restored", "Running", 180*time.Second)
-		if got := strings.Fields(k.exec(ns, "reader-restored", "sha256sum", "/data/random"))[0]; got != sum {
-			t.Fatalf("restored data differs: %s vs %s", got, sum)
-		}
+		sameBytes(k, "restored", "{kind: VolumeSnapshot, name: snap, apiGroup: snapshot.storage.k8s.io}", sum)
 	})
 	step(t, "PVC cloned from a PVC has the same bytes", func() {
-		k.apply(pvc("cloned", "64Mi", "Filesystem", "{kind: PersistentVolumeClaim, name: data}"))
-		k.apply(pod("reader-cloned", "cloned", "", "true"))
-		k.waitPod(ns, "reader-cloned", "Running", 180*time.Second)
-		if got := strings.Fields(k.exec(ns, "reader-cloned", "sha256sum", "/data/random"))[0]; got != sum {
-			t.Fatalf("cloned data differs: %s vs %s", got, sum)
-		}
+		sameBytes(k, "cloned", "{kind: PersistentVolumeClaim, name: data}", sum)
 	})
 	step(t, "block PVC in a pod (volumeDevices)", func() {
 		k.apply(pvc("block", "32Mi", "Block", ""))
@@ -236,6 +226,18 @@ spec:
 		})
 	})
 	fmt.Printf("e2e total %.1fs\n", time.Since(total).Seconds())
+}
+
+// sameBytes makes a PVC from source, reads it in a pod and compares the
+// random file's sha256 with want.
+func sameBytes(k *kube, name, source, want string) {
+	k.t.Helper()
+	k.apply(pvc(name, "64Mi", "Filesystem", source))
+	k.apply(pod("reader-"+name, name, "", "true"))
+	k.waitPod(ns, "reader-"+name, "Running", 180*time.Second)
+	if got := strings.Fields(k.exec(ns, "reader-"+name, "sha256sum", "/data/random"))[0]; got != want {
+		k.t.Fatalf("%s data differs: %s vs %s", name, got, want)
+	}
 }
 
 // applyOverlay applies the kustomization in base with one image's tag
