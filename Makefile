@@ -131,7 +131,7 @@ cluster-down:
 # KEEP_CLUSTER=1 leaves the cluster up after the test, to look around.
 e2e: cluster-up
 	cd test/cluster && HOSTPATH_E2E=1 CACHE=$(CACHE) $(GO) test -count=1 -v -timeout 40m ./e2e/ 2>&1 | tee /tmp/hostpath-e2e.log | grep -E '^(e2e |--- |ok|FAIL|PASS)|_test.go:'; rc=$${PIPESTATUS[0]}; \
-	  [ -n "$(KEEP_CLUSTER)" ] || $(MAKE) --no-print-directory cluster-down; exit $$rc
+	  [ -n "$(KEEP_CLUSTER)" ] || $(MAKE) --no-print-directory -C $(CURDIR) cluster-down || rc=1; exit $$rc
 
 # The Kubernetes external-storage e2e suite (k8s.io/kubernetes v1.37.2
 # e2e.test, run by ginkgo) against the driver deployed from deploy/, with
@@ -155,7 +155,7 @@ e2e-suite: cluster-build
 	  rc=$${PIPESTATUS[0]}; \
 	  mkdir -p test/cluster/e2e/results; $(GO) -C test/cluster run ./cmd/suitesummary -cmd "make e2e-suite E2E_FOCUS='$(E2E_FOCUS)' E2E_SKIP='$(E2E_SKIP)' E2E_PROCS=$(E2E_PROCS)" \
 	    < $(E2E_OUT)/report.json > $(E2E_SUMMARY) && sed -n 5p $(E2E_SUMMARY); \
-	  [ -n "$(KEEP_CLUSTER)" ] || $(MAKE) --no-print-directory cluster-down; exit $$rc
+	  [ -n "$(KEEP_CLUSTER)" ] || $(MAKE) --no-print-directory -C $(CURDIR) cluster-down || rc=1; exit $$rc
 
 # 10,000 volumes on one node (create latency first vs last thousand,
 # ListVolumes paging, restart time), peak memory of a 10 GiB snapshot and
