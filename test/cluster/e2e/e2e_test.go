@@ -341,7 +341,9 @@ func nodeLeftovers() []string {
 	}
 	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	for _, bf := range files {
-		if b, _ := os.ReadFile(bf); strings.HasPrefix(string(b), stateDir) {
+		// Attached in the driver's container, a device shows its file
+		// relative to that container's mount of the state dir.
+		if b, _ := os.ReadFile(bf); strings.HasPrefix(string(b), stateDir) || strings.HasPrefix(string(b), "/volumes/vol-") {
 			left = append(left, "loop device for "+strings.TrimSpace(string(b)))
 		}
 	}

@@ -241,7 +241,9 @@ func loopsUnder(dir string) []string {
 			continue
 		}
 		p := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
-		if p == dir || strings.HasPrefix(p, dir+"/") {
+		// A device the driver attached in its container shows its file
+		// relative to the container's mount of the state dir: /volumes/...
+		if p == dir || strings.HasPrefix(p, dir+"/") || strings.HasPrefix(p, "/volumes/vol-") || strings.HasPrefix(p, "/snapshots/snap-") {
 			out = append(out, "/dev/"+strings.Split(bf, "/")[3])
 		}
 	}
