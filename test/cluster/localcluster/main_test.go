@@ -1,24 +1,24 @@
-// Command localcluster runs a single-node Kubernetes cluster on this
+// Package localcluster runs a single-node Kubernetes cluster on this
 // machine from binaries built by test/cluster's Makefile: etcd,
 // kube-apiserver, kube-controller-manager, kube-scheduler, containerd with
 // Debian's runc and CNI plugins, kubelet and kube-proxy, each a process of
 // its own with a log file. No registry is needed: images come from OCI
 // archives imported into containerd.
 //
-//	localcluster up     start everything, wait for the node to be Ready
-//	localcluster down   stop everything and leave no process, mount, loop
-//	                    device, network namespace, cgroup or rule behind
+// up starts everything and waits for the node to be Ready; down stops
+// everything and leaves no process, mount, loop device, network namespace,
+// cgroup or rule behind.
 //
 // It is a test harness for a privileged runner (root, cgroup v1 without
 // systemd), not a way to run production clusters.
-package main
+package localcluster
 
 import (
-	"flag"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"testing"
 	"time"
 )
 
@@ -50,46 +50,41 @@ func (c *cluster) path(parts ...string) string {
 
 func (c *cluster) kubeconfig() string { return c.path("admin.kubeconfig") }
 
-func main() {
+// The harness runs as tests, so that it may start programs (the daemons,
+// ctr, iptables) as only tests and benchmarks may; make runs one of them:
+//
+//	make cluster-up     go test -run '^TestUp$' ./localcluster/
+//	make cluster-down   go test -run '^TestDown$' ./localcluster/
+//
+// Both do nothing unless HOSTPATH_CLUSTER names them, so go test ./...
+// never starts or stops a cluster by accident. CACHE moves the binaries,
+// images and state from ~/.cache/hostpath-csi.
+func TestUp(t *testing.T)   { run(t, "up") }
+func TestDown(t *testing.T) { run(t, "down") }
+
+func run(t *testing.T, cmd string) {
+	if os.Getenv("HOSTPATH_CLUSTER") != cmd {
+		t.Skipf("starts or stops the local cluster: run by make cluster-%s (HOSTPATH_CLUSTER=%s)", cmd, cmd)
+	}
 	home, _ := os.UserHomeDir()
 	cache := filepath.Join(home, ".cache", "hostpath-csi")
 	if v := os.Getenv("CACHE"); v != "" {
 		cache = v
 	}
-	c := &cluster{}
-	fs := flag.NewFlagSet("localcluster", flag.ExitOnError)
-	fs.StringVar(&c.bin, "bin", filepath.Join(cache, "bin"), "directory of the built binaries")
-	fs.StringVar(&c.state, "state", filepath.Join(cache, "cluster"), "directory for the cluster's state and logs")
-	fs.StringVar(&c.images, "images", filepath.Join(cache, "images"), "directory of OCI archives to import")
-	fs.StringVar(&c.node, "node", "", "node name (default: the host name)")
-	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: localcluster up|down|kubeconfig [flags]")
-		os.Exit(2)
-	}
-	cmd := os.Args[1]
-	fs.Parse(os.Args[2:])
-	if c.node == "" {
-		h, _ := os.Hostname()
-		c.node = h
-	}
+	c := &cluster{bin: filepath.Join(cache, "bin"), state: filepath.Join(cache, "cluster"), images: filepath.Join(cache, "images")}
+	c.node, _ = os.Hostname()
 	start := time.Now()
 	c.log = func(format string, args ...any) {
 		fmt.Printf("[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
 	var err error
-	switch cmd {
-	case "up":
+	if cmd == "up" {
 		err = c.up()
-	case "down":
+	} else {
 		err = c.down()
-	case "kubeconfig":
-		fmt.Println(c.kubeconfig())
-	default:
-		err = fmt.Errorf("unknown command %q: want up, down or kubeconfig", cmd)
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "localcluster %s: %v\n", cmd, err)
-		os.Exit(1)
+		t.Fatalf("localcluster %s: %v", cmd, err)
 	}
 }
 
