@@ -3,7 +3,6 @@ package csi
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sort"
 	"time"
 
@@ -61,9 +60,10 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	defer unlock()
 	// The source may not be deleted or changed while it is copied; it may
 	// be published, read or copied by others meanwhile.
+	var src volumeRecord // the pinned source volume: ready, its data present
 	if srcVol != nil {
-		_, unpin, err := d.pinVolume(srcVol.GetVolumeId())
-		if err != nil {
+		var unpin func()
+		if src, unpin, err = d.pinVolume(srcVol.GetVolumeId()); err != nil {
 			return nil, err
 		}
 		defer unpin()
@@ -94,14 +94,10 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		// A restore needs room for what the snapshot holds.
 		floor, rec.SourceSnapshot = s.SizeBytes, s.ID
 	case srcVol != nil:
-		v, ok := d.st.Volumes.Get(srcVol.GetVolumeId())
-		if !validVolumeID(srcVol.GetVolumeId()) || !ok || v.Phase != phaseReady {
-			return nil, d.notFoundVolume(srcVol.GetVolumeId())
+		if src.AccessType != access {
+			return nil, invalid("source volume %s is a %s volume; it cannot be cloned into a %s volume", src.ID, src.AccessType, access)
 		}
-		if v.AccessType != access {
-			return nil, invalid("source volume %s is a %s volume; it cannot be cloned into a %s volume", v.ID, v.AccessType, access)
-		}
-		floor, rec.SourceVolume = v.CapacityBytes, v.ID
+		floor, rec.SourceVolume = src.CapacityBytes, src.ID
 	}
 	if req.GetCapacityRange().GetRequiredBytes() > 0 && req.GetCapacityRange().GetRequiredBytes() < floor {
 		return nil, status.Errorf(codes.OutOfRange, "requested %d bytes is smaller than the source's %d bytes", req.GetCapacityRange().GetRequiredBytes(), floor)
@@ -329,7 +325,6 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 		csi.ControllerServiceCapability_RPC_GET_VOLUME,
 		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
 		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
-		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
 		csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
 		csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
 		csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
@@ -339,10 +334,8 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 	if d.cfg.controllerExpansion() {
 		types = append(types, csi.ControllerServiceCapability_RPC_EXPAND_VOLUME)
 	}
-	if d.cfg.DisableListSnapshots {
-		types = slices.DeleteFunc(types, func(t csi.ControllerServiceCapability_RPC_Type) bool {
-			return t == csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS
-		})
+	if !d.cfg.DisableListSnapshots {
+		types = append(types, csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS)
 	}
 	if d.cfg.EnableModifyVolume {
 		types = append(types, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME)

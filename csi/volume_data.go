@@ -173,18 +173,17 @@ func (d *Driver) removeSnapshotData(s snapshotRecord) error {
 // away): the record is kept, and the volume serves again once the data is
 // back.
 func (d *Driver) dataPresent(v volumeRecord) error {
-	p := d.volumeDataPath(v)
-	if _, err := os.Lstat(p); err != nil {
-		return status.Errorf(codes.FailedPrecondition, "the data of volume %s (%s) is missing at %s: %v; mount or restore it there and retry", v.ID, v.Name, p, err)
-	}
-	return nil
+	return present("volume", v.ID, v.Name, d.volumeDataPath(v))
 }
 
 // snapshotPresent is dataPresent for a snapshot.
 func (d *Driver) snapshotPresent(s snapshotRecord) error {
-	p := d.snapshotDataPath(s)
-	if _, err := os.Lstat(p); err != nil {
-		return status.Errorf(codes.FailedPrecondition, "the data of snapshot %s (%s) is missing at %s: %v; mount or restore it there and retry", s.ID, s.Name, p, err)
+	return present("snapshot", s.ID, s.Name, d.snapshotDataPath(s))
+}
+
+func present(kind, id, name, path string) error {
+	if _, err := os.Lstat(path); err != nil {
+		return status.Errorf(codes.FailedPrecondition, "the data of %s %s (%s) is missing at %s: %v; mount or restore it there and retry", kind, id, name, path, err)
 	}
 	return nil
 }
