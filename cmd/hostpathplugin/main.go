@@ -63,12 +63,21 @@ func run(o options) int {
 			cancel(fmt.Errorf("serving CSI: %w", err))
 		}
 	}()
-	if reg != nil {
+	regDone := make(chan struct{})
+	if reg == nil {
+		close(regDone)
+	} else {
 		go func() {
+			// Run removes the registration socket as it returns: exit
+			// waits for that, or kubelet keeps a dead registration.
+			defer close(regDone)
 			// Register only once the CSI socket answers: kubelet calls
 			// NodeGetInfo right after GetInfo.
 			for d.Healthy() != nil && ctx.Err() == nil {
 				time.Sleep(50 * time.Millisecond)
+			}
+			if ctx.Err() != nil {
+				return
 			}
 			if err := reg.Run(ctx); err != nil {
 				cancel(err)
@@ -86,6 +95,7 @@ func run(o options) int {
 	}
 	<-ctx.Done()
 	<-done
+	<-regDone
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		klog.ErrorS(cause, "stopping")
 		klog.Flush()
