@@ -10,7 +10,7 @@ NODE_ID   ?= $(shell hostname)
 
 export CGO_ENABLED = 0
 
-.PHONY: e2e-suite test-unprivileged cluster-deps cluster-build cluster-up cluster-down e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
+.PHONY: test-kernel kernel-deps e2e-suite test-unprivileged cluster-deps cluster-build cluster-up cluster-down e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
 
 all: build
 
@@ -199,6 +199,38 @@ lint:
 	$(GO) vet ./...
 	$(GO) -C test/cluster vet ./...
 	! grep -rln --include='*.go' -e '"os/exec"' . | grep -v '_test\.go$$' | grep -v '^\./bench/' 
+
+# The tests in QEMU guests booting Debian's stock kernels (test/kernel):
+# each suite's linux-image-amd64 is downloaded and unpacked under
+# $(KERNEL_CACHE), never installed; TCG, since there is no /dev/kvm.
+# KERNEL_SUITES=bookworm runs one kernel. Ends with "N passed, M failed".
+KERNEL_SUITES ?= bookworm bullseye
+KERNEL_CACHE  ?= $(CACHE)/kernel
+KERNEL_BIN    := $(KERNEL_CACHE)/bin
+KERNEL_TESTS  := loop fsops archive csi csi/store test/sanity
+kernel-deps: deps
+	command -v qemu-system-x86_64 >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null)
+	set -e; for s in $(KERNEL_SUITES); do \
+	  test -d $(KERNEL_CACHE)/$$s/boot && continue; \
+	  a=$(KERNEL_CACHE)/apt-$$s; mkdir -p $$a/lists/partial $$a/cache; \
+	  k='[signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]'; \
+	  printf 'deb %s http://deb.debian.org/debian %s main\ndeb %s http://deb.debian.org/debian-security %s-security main\n' "$$k" $$s "$$k" $$s > $$a/sources.list; \
+	  o="-o Dir::Etc::SourceList=$$a/sources.list -o Dir::Etc::SourceParts=- -o Dir::State::Lists=$$a/lists -o Dir::Cache=$$a/cache -o APT::Get::List-Cleanup=0"; \
+	  apt-get $$o update -qq; \
+	  pkg=$$(apt-cache $$o depends linux-image-amd64 | awk '/Depends: linux-image-/ {print $$2; exit}'); \
+	  (cd $$a && rm -f *.deb && apt-get $$o download $$pkg 2>&1 | grep -v '^W: Download is performed unsandboxed'); \
+	  rm -rf $(KERNEL_CACHE)/$$s.tmp && dpkg-deb -x $$a/$$pkg*.deb $(KERNEL_CACHE)/$$s.tmp && rm $$a/$$pkg*.deb; \
+	  mv $(KERNEL_CACHE)/$$s.tmp $(KERNEL_CACHE)/$$s; echo "kernel $$pkg unpacked in $(KERNEL_CACHE)/$$s"; done
+test-kernel: kernel-deps
+	rm -rf $(KERNEL_BIN) && mkdir -p $(KERNEL_BIN)
+	$(GO) test -c -o $(KERNEL_BIN)/init ./test/kernel/guest
+	$(GO) build -o $(KERNEL_BIN)/hostpathplugin ./cmd/hostpathplugin
+	set -e; for p in $(KERNEL_TESTS); do $(GO) test -c -o $(KERNEL_BIN)/$$(basename $$p).test ./$$p; done
+	HOSTPATH_KERNELS="$(foreach s,$(KERNEL_SUITES),$(KERNEL_CACHE)/$(s))" HOSTPATH_KERNEL_BIN=$(KERNEL_BIN) HOSTPATH_KERNEL_WORK=$(KERNEL_CACHE)/work \
+	  $(GO) test -count=1 -v -timeout 80m -run '^TestKernel$$' ./test/kernel/ > /tmp/hostpath-kernel.log 2>&1 & pid=$$!; \
+	  tail -n +1 -f --pid=$$pid /tmp/hostpath-kernel.log | grep --line-buffered -v '^=== RUN\|--- PASS\|^PASS$$\|^ok \|^[0-9]* passed, [0-9]* failed$$'; \
+	  wait $$pid; rc=$$?; grep -E '^[0-9]+ passed, [0-9]+ failed$$' /tmp/hostpath-kernel.log || echo "0 passed, 1 failed (the harness did not finish: /tmp/hostpath-kernel.log)"; exit $$rc
 
 # Tools the tests use to prepare their world (the driver needs none).
 deps:

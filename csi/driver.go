@@ -157,6 +157,14 @@ func New(cfg Config) (*Driver, error) {
 	if err := d.prepareStateDir(); err != nil {
 		return nil, err
 	}
+	kernel, err := fsops.ProbeKernel(root)
+	if err != nil {
+		return nil, fmt.Errorf("probing the kernel on %s: %w", root, err)
+	}
+	if err := kernel.CheckKernel(); err != nil {
+		return nil, err
+	}
+	klog.InfoS("kernel", "release", kernel.Release, "quotactl_fd", kernel.QuotactlFD)
 	d.quota = detectQuota(d.paths.volumes())
 	d.reflink = fsops.ReflinkSupported(d.paths.tmp())
 	klog.InfoS("snapshots of directory volumes", "defaultFormat", map[bool]string{true: formatReflink, false: formatTarGz}[d.reflink])

@@ -1,16 +1,20 @@
 package fsops
 
 import (
+	"fmt"
 	"os"
+	"strings"
 	"unsafe"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
 // Project quotas by syscall: the inode's project id and inherit flag with
 // FS_IOC_FSSETXATTR, the limit with quotactl_fd(2) (Linux 5.14), which
 // takes a descriptor of any file on the file system instead of a device
-// path, so it works in a container that has no node for the disk. XFS and
+// path, so it works in a container that has no node for the disk (older
+// kernels: quotactl(2) on the device node, see quotactlFD). XFS and
 // ext4 (with the project feature, mounted with prjquota) both answer the
 // generic Q_SETQUOTA/Q_GETQUOTA commands. x/sys/unix has neither the
 // structs nor the ioctl numbers, so they are declared here from
@@ -63,12 +67,57 @@ const (
 
 func qcmd(cmd, typ int) int { return cmd<<quotaCmdShift | typ&quotaCmdTypeMask }
 
+// quotactlFD runs a quota command on the file system holding fd. Kernels
+// before 5.14 (Debian 11's 5.10 among them) have no quotactl_fd; there it
+// falls back to quotactl(2) on the device the file system is mounted
+// from, found by the descriptor's st_dev in /proc/self/mountinfo. That
+// needs the device node (a driver pod has the host's /dev); without it
+// the error says which node was missing.
 func quotactlFD(fd int, cmd int, id uint32, addr unsafe.Pointer) error {
 	_, _, errno := unix.Syscall6(sysQuotactlFD, uintptr(fd), uintptr(cmd), uintptr(id), uintptr(addr), 0, 0)
-	if errno != 0 {
-		return errno
+	if errno != unix.ENOSYS {
+		if errno != 0 {
+			return errno
+		}
+		return nil
+	}
+	dev, err := mountDevice(fd)
+	if err != nil {
+		return err
+	}
+	p, err := unix.BytePtrFromString(dev)
+	if err != nil {
+		return err
+	}
+	if _, _, errno := unix.Syscall6(unix.SYS_QUOTACTL, uintptr(cmd), uintptr(unsafe.Pointer(p)), uintptr(id), uintptr(addr), 0, 0); errno != 0 {
+		return &os.PathError{Op: "quotactl (no quotactl_fd before Linux 5.14)", Path: dev, Err: errno}
 	}
 	return nil
+}
+
+// mountDevice finds the device node of the file system holding fd.
+func mountDevice(fd int) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return "", err
+	}
+	major, minor := int(unix.Major(st.Dev)), int(unix.Minor(st.Dev))
+	infos, err := mountinfo.GetMounts(func(i *mountinfo.Info) (skip, stop bool) {
+		return i.Major != major || i.Minor != minor, false
+	})
+	if err != nil {
+		return "", err
+	}
+	for _, i := range infos {
+		if strings.HasPrefix(i.Source, "/dev/") {
+			var dst unix.Stat_t
+			if err := unix.Stat(i.Source, &dst); err == nil && dst.Mode&unix.S_IFMT == unix.S_IFBLK && dst.Rdev == st.Dev {
+				return i.Source, nil
+			}
+		}
+	}
+	// ENOSYS: as far as the caller can tell, this kernel cannot do it.
+	return "", &os.PathError{Op: fmt.Sprintf("quotactl_fd (Linux 5.14) missing and no device node for %d:%d to fall back on", major, minor), Path: "/dev", Err: unix.ENOSYS}
 }
 
 func openDir(dir string) (int, error) {
