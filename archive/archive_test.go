@@ -42,14 +42,22 @@ func TestRoundTrip(t *testing.T) {
 	mt := unix.NsecToTimespec(1_700_000_000_987_654_321)
 	unix.UtimesNanoAt(unix.AT_FDCWD, filepath.Join(src, "a"), []unix.Timespec{mt, mt}, 0)
 	var buf bytes.Buffer
-	ws, err := Write(ctx, src, &buf, Options{})
+	var wp, rp fsops.Progress
+	ws, err := Write(fsops.WithProgress(ctx, &wp), src, &buf, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	os.Mkdir(dst, 0o755)
-	rs, err := Extract(ctx, bytes.NewReader(buf.Bytes()), dst)
+	rs, err := Extract(fsops.WithProgress(ctx, &rp), bytes.NewReader(buf.Bytes()), dst)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Progress counted the tar stream both ways (the writer's last zero
+	// block may stay unread) and every regular file.
+	wb, wf := wp.Done()
+	rb, rf := rp.Done()
+	if wf != ws.Files || rf != rs.Files || wb < 4<<10 || rb > wb || wb-rb > 1024 {
+		t.Fatalf("progress: wrote %d bytes %d files, read %d bytes %d files; stats %+v", wb, wf, rb, rf, ws)
 	}
 	if ws.DataBytes > 64<<10 {
 		t.Fatalf("DataBytes %d counts holes", ws.DataBytes)

@@ -38,7 +38,8 @@ func Extract(ctx context.Context, r io.Reader, dir string) (Stats, error) {
 	}
 	defer unix.Close(root)
 	x := newExtractor(root)
-	err = x.run(ctx, tar.NewReader(gz))
+	x.progress = fsops.ProgressFrom(ctx)
+	err = x.run(ctx, tar.NewReader(fsops.ProgressReader{R: gz, P: x.progress}))
 	x.closeParent()
 	x.jobs.close()
 	if err == nil {
@@ -90,6 +91,7 @@ type extractor struct {
 	// directory's files together, so most entries reuse it.
 	parentRel string
 	parentRef *dirRef
+	progress  *fsops.Progress // from ctx, or nil
 }
 
 func newExtractor(root int) *extractor {
@@ -286,6 +288,7 @@ const smallFile = 1 << 20
 func (x *extractor) file(pfd int, base, rel string, h *tar.Header, r io.Reader, meta fsops.Meta) error {
 	x.stats.Files++
 	x.stats.Bytes += h.Size
+	x.progress.AddFiles(1)
 	if h.Size <= smallFile {
 		bp := x.jobs.buffer()
 		data := (*bp)[:h.Size]

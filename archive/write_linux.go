@@ -63,7 +63,11 @@ func Write(ctx context.Context, dir string, w io.Writer, opts Options) (Stats, e
 		gz.Close()
 		return Stats{}, &os.PathError{Op: "open", Path: dir, Err: err}
 	}
-	aw := &writer{ctx: ctx, raw: gz, tw: tar.NewWriter(gz), links: map[[2]uint64]string{}, buf: make([]byte, 1<<20)}
+	// A Progress in ctx counts the tar stream (content and headers) as it
+	// goes into the compressor, and the files.
+	pr := fsops.ProgressFrom(ctx)
+	pw := fsops.ProgressWriter{W: gz, P: pr}
+	aw := &writer{ctx: ctx, raw: pw, tw: tar.NewWriter(pw), progress: pr, links: map[[2]uint64]string{}, buf: make([]byte, 1<<20)}
 	err = aw.root(fd)
 	if err == nil {
 		err = aw.tw.Close()
@@ -75,12 +79,13 @@ func Write(ctx context.Context, dir string, w io.Writer, opts Options) (Stats, e
 }
 
 type writer struct {
-	ctx   context.Context
-	raw   io.Writer // the stream under tw, for entries tw cannot write
-	tw    *tar.Writer
-	stats Stats
-	links map[[2]uint64]string
-	buf   []byte
+	ctx      context.Context
+	raw      io.Writer // the stream under tw, for entries tw cannot write
+	tw       *tar.Writer
+	progress *fsops.Progress
+	stats    Stats
+	links    map[[2]uint64]string
+	buf      []byte
 }
 
 func (a *writer) root(fd int) error {
@@ -223,6 +228,7 @@ func (a *writer) file(dirfd int, name, p string, st *unix.Stat_t) error {
 			return fmt.Errorf("archiving %s: %w", p, err)
 		}
 		a.stats.Files++
+		a.progress.AddFiles(1)
 		a.stats.Bytes += h.Size
 		a.stats.DataBytes += data
 		return nil
@@ -243,6 +249,7 @@ func (a *writer) file(dirfd int, name, p string, st *unix.Stat_t) error {
 		}
 	}
 	a.stats.Files++
+	a.progress.AddFiles(1)
 	a.stats.Bytes += h.Size
 	a.stats.DataBytes += h.Size
 	return nil

@@ -168,7 +168,7 @@ func BenchmarkBlockSnapshot(b *testing.B) {
 				}
 				defer out.Close()
 				fi, _ := in.Stat()
-				if _, err := fsops.CopyFileData(int(out.Fd()), int(in.Fd()), fi.Size(), nil); err != nil {
+				if _, err := fsops.CopyFileData(int(out.Fd()), int(in.Fd()), fi.Size(), nil, nil); err != nil {
 					b.Fatal(err)
 				}
 			}},

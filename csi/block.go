@@ -37,7 +37,7 @@ func (d *Driver) createBlockData(ctx context.Context, v volumeRecord) error {
 		if err := fsops.CreateBackingFile(path, v.CapacityBytes); err != nil {
 			return err
 		}
-	} else if err := d.copyBacking(src, path, v.CapacityBytes); err != nil {
+	} else if err := d.copyBacking(ctx, src, path, v.CapacityBytes); err != nil {
 		return err
 	}
 	_, err := loop.Attach(path, loop.Options{})
@@ -47,7 +47,7 @@ func (d *Driver) createBlockData(ctx context.Context, v volumeRecord) error {
 // copyBacking makes dst a copy of the file src (reflinked or sparse) and
 // then gives it its full size, allocated: a restore keeps the new
 // volume's size, never the snapshot's. dst appears only complete.
-func (d *Driver) copyBacking(src, dst string, size int64) error {
+func (d *Driver) copyBacking(ctx context.Context, src, dst string, size int64) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
@@ -59,7 +59,7 @@ func (d *Driver) copyBacking(src, dst string, size int64) error {
 	}
 	tmp := filepath.Join(d.paths.tmp(), filepath.Base(dst)+".partial")
 	return fsops.CreateDurable(dst, tmp, 0o600, func(out *os.File) error {
-		if _, err := fsops.CopyFileData(int(out.Fd()), int(in.Fd()), min(srcSize, size), nil); err != nil {
+		if _, err := fsops.CopyFileData(int(out.Fd()), int(in.Fd()), min(srcSize, size), nil, fsops.ProgressFrom(ctx)); err != nil {
 			return err
 		}
 		return fsops.AllocateFile(int(out.Fd()), size)
@@ -196,7 +196,7 @@ func (d *Driver) writeBlockSnapshot(ctx context.Context, v volumeRecord, s snaps
 	}
 	var allocated int64
 	err = fsops.CreateDurable(d.snapshotDataPath(s), d.snapshotTempPath(s), 0o600, func(out *os.File) error {
-		if _, err := fsops.CopyFileData(int(out.Fd()), int(src.Fd()), size, nil); err != nil {
+		if _, err := fsops.CopyFileData(int(out.Fd()), int(src.Fd()), size, nil, fsops.ProgressFrom(ctx)); err != nil {
 			return err
 		}
 		if err := out.Sync(); err != nil { // st_blocks is final once the data is on disk

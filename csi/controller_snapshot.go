@@ -193,6 +193,8 @@ func createdSnapshot(s *csi.Snapshot) *csi.Snapshot {
 // snapshot holds (what a restore needs room for) and, for archives, the
 // archive's sha256.
 func (d *Driver) writeSnapshot(ctx context.Context, v volumeRecord, s snapshotRecord, compact bool) (int64, string, error) {
+	ctx, done := d.track(ctx, "snapshot", s.ID, d.expectedBytes(v))
+	defer done()
 	switch s.Format {
 	case formatImage:
 		return d.writeBlockSnapshot(ctx, v, s)

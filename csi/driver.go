@@ -72,6 +72,9 @@ type Config struct {
 
 	// ShutdownGrace bounds how long calls in flight may run after SIGTERM.
 	ShutdownGrace time.Duration
+	// ProgressInterval is how often a snapshot, restore or clone in
+	// flight logs its progress (default 10 s).
+	ProgressInterval time.Duration
 }
 
 // controllerExpansion and nodeExpansion say which sides of expansion are
@@ -99,6 +102,7 @@ type Driver struct {
 	// reflink: files in the state dir can share blocks (FICLONE works).
 	reflink bool
 	metrics *metrics
+	ops     inflight      // snapshots, restores and clones running now
 	heavy   chan struct{} // semaphore of MaxHeavyOps slots
 
 	// attachMu makes counting a node's attachments and adding one a
@@ -140,6 +144,9 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.ShutdownGrace == 0 {
 		cfg.ShutdownGrace = 25 * time.Second
 	}
+	if cfg.ProgressInterval <= 0 {
+		cfg.ProgressInterval = 10 * time.Second
+	}
 	if cfg.MaxHeavyOps <= 0 {
 		cfg.MaxHeavyOps = 4
 	}
@@ -151,7 +158,7 @@ func New(cfg Config) (*Driver, error) {
 		return nil, err
 	}
 	cfg.StateDir = root
-	d := &Driver{cfg: cfg, paths: layout{root: root}, locks: newKeyLocks(), tag: nodeTag(cfg.NodeID), mountPoint: fsops.GetMountPoint}
+	d := &Driver{cfg: cfg, paths: layout{root: root}, locks: newKeyLocks(), tag: nodeTag(cfg.NodeID), mountPoint: fsops.GetMountPoint, ops: inflight{ops: map[*operation]struct{}{}}}
 	d.metrics = newMetrics(d)
 	d.heavy = make(chan struct{}, cfg.MaxHeavyOps)
 	if err := d.prepareStateDir(); err != nil {

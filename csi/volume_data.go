@@ -31,6 +31,15 @@ func (d *Driver) createVolumeData(ctx context.Context, v volumeRecord) error {
 			return err
 		}
 		defer release()
+		kind, expected := "clone", int64(0)
+		if s, ok := d.st.Snapshots.Get(v.SourceSnapshot); ok {
+			kind, expected = "restore", s.SizeBytes
+		} else if src, ok := d.st.Volumes.Get(v.SourceVolume); ok {
+			expected = d.expectedBytes(src)
+		}
+		var done func()
+		ctx, done = d.track(ctx, kind, v.ID, expected)
+		defer done()
 	}
 	if v.AccessType == accessBlock {
 		return d.createBlockData(ctx, v)
@@ -186,4 +195,25 @@ func present(kind, id, name, path string) error {
 		return status.Errorf(codes.FailedPrecondition, "the data of %s %s (%s) is missing at %s: %v; mount or restore it there and retry", kind, id, name, path, err)
 	}
 	return nil
+}
+
+// expectedBytes is what copying a volume will move, where it can be known
+// without walking the tree: a block volume's allocated bytes, a directory
+// volume's project quota usage. 0 means not known.
+func (d *Driver) expectedBytes(v volumeRecord) int64 {
+	if v.AccessType == accessBlock {
+		if f, err := os.Open(d.volumeDataPath(v)); err == nil {
+			defer f.Close()
+			if _, allocated, err := fsops.FileSize(f); err == nil {
+				return allocated
+			}
+		}
+		return 0
+	}
+	if d.quota == quotaProject && v.ProjectID != 0 {
+		if u, err := fsops.GetProjectUsage(d.paths.volumes(), v.ProjectID); err == nil {
+			return u.UsedBytes
+		}
+	}
+	return 0
 }

@@ -47,20 +47,22 @@ type copyProbe struct {
 // copy_file_range over the extents SEEK_DATA/SEEK_HOLE report (so holes stay
 // holes; a plain copy_file_range fills them on ext4), then read/write that
 // skips zero blocks. buf is a scratch buffer for the last resort.
-func CopyFileData(dst, src int, size int64, buf []byte) (CopyMethod, error) {
-	return (&copyProbe{}).copyData(dst, src, size, false, buf)
+// pr, if not nil, counts the bytes as they are copied.
+func CopyFileData(dst, src int, size int64, buf []byte, pr *Progress) (CopyMethod, error) {
+	return (&copyProbe{}).copyData(dst, src, size, false, buf, pr)
 }
 
 // copyData copies a file's data. dense says the file has no holes (its
 // blocks cover its size), which spares the extent lookups: one
 // copy_file_range does a small file.
-func (p *copyProbe) copyData(dst, src int, size int64, dense bool, buf []byte) (CopyMethod, error) {
+func (p *copyProbe) copyData(dst, src int, size int64, dense bool, buf []byte, pr *Progress) (CopyMethod, error) {
 	if size == 0 {
 		return CopyRange, nil
 	}
 	if !p.noReflink.Load() {
 		err := unix.IoctlFileClone(dst, src)
 		if err == nil {
+			pr.AddBytes(size)
 			return CopyReflink, nil
 		}
 		if !reflinkUnsupported(err) {
@@ -71,9 +73,9 @@ func (p *copyProbe) copyData(dst, src int, size int64, dense bool, buf []byte) (
 	if !p.noRange.Load() {
 		var err error
 		if dense {
-			err = copyRange(dst, src, 0, size)
+			err = copyRange(dst, src, 0, size, pr)
 		} else {
-			err = copyExtents(dst, src, size)
+			err = copyExtents(dst, src, size, pr)
 		}
 		if err == nil {
 			return CopyRange, nil
@@ -86,7 +88,7 @@ func (p *copyProbe) copyData(dst, src int, size int64, dense bool, buf []byte) (
 			return 0, &os.PathError{Op: "ftruncate", Path: "", Err: err}
 		}
 	}
-	return CopyReadWrite, WriteSparse(dst, io.NewSectionReader(fdReaderAt(src), 0, size), size, buf)
+	return CopyReadWrite, WriteSparse(dst, ProgressReader{io.NewSectionReader(fdReaderAt(src), 0, size), pr}, size, buf)
 }
 
 // fdReaderAt reads a descriptor it does not own with pread(2). It is not an
@@ -113,14 +115,16 @@ func (fd fdReaderAt) ReadAt(p []byte, off int64) (int, error) {
 	return n, nil
 }
 
-// copyRange moves [off, end) with copy_file_range, at the same offsets.
-func copyRange(dst, src int, off, end int64) error {
+// copyRange moves [off, end) with copy_file_range, at the same offsets,
+// at most 256 MiB a call so that progress shows in a large file.
+func copyRange(dst, src int, off, end int64, pr *Progress) error {
 	for off < end {
 		woff := off
-		n, err := unix.CopyFileRange(src, &off, dst, &woff, int(min(end-off, 1<<30)), 0)
+		n, err := unix.CopyFileRange(src, &off, dst, &woff, int(min(end-off, 256<<20)), 0)
 		if err != nil {
 			return &os.PathError{Op: "copy_file_range", Path: "", Err: err}
 		}
+		pr.AddBytes(int64(n))
 		if n == 0 {
 			return &os.PathError{Op: "copy_file_range", Path: "", Err: fmt.Errorf("source shrank during copy: %w", unix.EIO)}
 		}
@@ -129,13 +133,13 @@ func copyRange(dst, src int, off, end int64) error {
 }
 
 // copyExtents moves each data extent with copy_file_range, leaving holes.
-func copyExtents(dst, src int, size int64) error {
+func copyExtents(dst, src int, size int64, pr *Progress) error {
 	exts, err := DataExtents(src, 0, size)
 	if err != nil {
 		return err
 	}
 	for _, e := range exts {
-		if err := copyRange(dst, src, e.Offset, e.Offset+e.Length); err != nil {
+		if err := copyRange(dst, src, e.Offset, e.Offset+e.Length, pr); err != nil {
 			return err
 		}
 	}

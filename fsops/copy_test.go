@@ -81,7 +81,7 @@ func fallbackRound(dir string, w, r int, buf []byte) error {
 	p := &copyProbe{}
 	p.noReflink.Store(true) // force the last resort
 	p.noRange.Store(true)
-	m, err := p.copyData(int(dst.Fd()), int(src.Fd()), int64(len(want)), false, buf)
+	m, err := p.copyData(int(dst.Fd()), int(src.Fd()), int64(len(want)), false, buf, nil)
 	src.Close()
 	dst.Close()
 	if err != nil {

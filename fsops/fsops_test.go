@@ -174,8 +174,15 @@ func TestCopyFileDataKeepsHoles(t *testing.T) {
 	fi, _ := in.Stat()
 	out, _ := os.Create(filepath.Join(dir, "dst"))
 	defer out.Close()
-	if _, err := CopyFileData(int(out.Fd()), int(in.Fd()), fi.Size(), nil); err != nil {
+	var pr Progress
+	m, err := CopyFileData(int(out.Fd()), int(in.Fd()), fi.Size(), nil, &pr)
+	if err != nil {
 		t.Fatal(err)
+	}
+	// Progress counts the data moved: both 1 MiB extents, no hole (or,
+	// reflinked, the whole size at once).
+	if b, _ := pr.Done(); m != CopyReflink && b != 2<<20 || m == CopyReflink && b != fi.Size() {
+		t.Fatalf("progress counted %d bytes (method %v)", b, m)
 	}
 	var st unix.Stat_t
 	unix.Fstat(int(out.Fd()), &st)
@@ -208,12 +215,16 @@ func TestCopyTree(t *testing.T) {
 	unix.UtimesNanoAt(unix.AT_FDCWD, filepath.Join(src, "sub"), []unix.Timespec{mtime, mtime}, 0)
 	os.Mkdir(dst, 0o755)
 
-	stats, err := CopyTree(context.Background(), src, dst)
+	var pr Progress
+	stats, err := CopyTree(WithProgress(context.Background(), &pr), src, dst)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if stats.Files != 2 || stats.Hardlinks != 1 || stats.Symlinks != 1 || stats.Special != 2 || stats.Dirs != 2 {
 		t.Fatalf("stats %+v", stats)
+	}
+	if b, f := pr.Done(); b != stats.Bytes || f != stats.Files {
+		t.Fatalf("progress counted %d bytes, %d files; stats %+v", b, f, stats)
 	}
 	var a, b unix.Stat_t
 	unix.Lstat(filepath.Join(dst, "setuid"), &a)

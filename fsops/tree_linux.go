@@ -40,6 +40,7 @@ type treeCopier struct {
 	uid, gid uint32 // who new files belong to
 	dstRoot  int
 	probe    copyProbe
+	progress *Progress // from ctx (WithProgress), or nil
 	stats    CopyStats
 	links    map[[2]uint64]string // source inode -> destination path
 	jobs     chan fileJob
@@ -63,7 +64,8 @@ func (c *treeCopier) fail(err error) {
 //
 // Every step is fd-relative and never follows a symlink: a source entry
 // that is swapped for a symlink mid-copy is copied as that symlink or makes
-// the copy fail, and never leads the copy out of src.
+// the copy fail, and never leads the copy out of src. A Progress in ctx
+// (WithProgress) counts the bytes and files as they are copied.
 func CopyTree(ctx context.Context, src, dst string) (CopyStats, error) {
 	sfd, err := unix.Open(src, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -75,7 +77,7 @@ func CopyTree(ctx context.Context, src, dst string) (CopyStats, error) {
 		return CopyStats{}, &os.PathError{Op: "open", Path: dst, Err: err}
 	}
 	defer unix.Close(dfd)
-	c := &treeCopier{ctx: ctx, uid: uint32(os.Geteuid()), gid: uint32(os.Getegid()), dstRoot: dfd, links: map[[2]uint64]string{}, jobs: make(chan fileJob, 64)}
+	c := &treeCopier{ctx: ctx, progress: ProgressFrom(ctx), uid: uint32(os.Geteuid()), gid: uint32(os.Getegid()), dstRoot: dfd, links: map[[2]uint64]string{}, jobs: make(chan fileJob, 64)}
 	for i := 0; i < copyWorkers(); i++ {
 		c.wg.Add(1)
 		go c.worker()
@@ -123,10 +125,11 @@ func (c *treeCopier) worker() {
 }
 
 func (c *treeCopier) copyFile(j fileJob, buf []byte) error {
-	m, err := c.probe.copyData(j.dst, j.src, j.size, j.dense, buf)
+	m, err := c.probe.copyData(j.dst, j.src, j.size, j.dense, buf, c.progress)
 	if err != nil {
 		return fmt.Errorf("copying %s: %w", j.name, err)
 	}
+	c.progress.AddFiles(1)
 	if m == CopyReflink {
 		atomic.AddInt64(&c.stats.Reflinked, 1)
 	}

@@ -134,6 +134,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.pluginRegistrationPath, "plugin-registration-path", "", "kubelet's plugins_registry dir as mounted here; with --kubelet-registration-path, register with kubelet in-process")
 	fs.StringVar(&o.kubeletRegistrationPath, "kubelet-registration-path", "", "the CSI socket path as kubelet sees it on the host")
 	fs.IntVar(&o.cfg.MaxHeavyOps, "max-heavy-operations", 4, "clones, snapshots and restores that may run at once")
+	fs.DurationVar(&o.cfg.ProgressInterval, "progress-interval", 10*time.Second, "how often a snapshot, restore or clone in flight logs its bytes and files done, rate and time left")
 	fs.DurationVar(&o.cfg.ShutdownGrace, "shutdown-grace", 25*time.Second, "how long calls in flight may finish after SIGTERM")
 
 	// The reference driver's other flags, so its manifests keep working.
