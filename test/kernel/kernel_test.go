@@ -80,11 +80,11 @@ func run(name string, args ...string) error {
 
 // result is what one test binary's run counted.
 type result struct {
-	name                   string
+	name                    string
 	passed, failed, skipped int
-	rc                     int
-	seconds                float64
-	ended                  bool
+	rc                      int
+	seconds                 float64
+	ended                   bool
 }
 
 func TestKernel(t *testing.T) {
