@@ -20,7 +20,15 @@ import (
 
 var ctx = context.Background()
 
+// TestRoundTrip: everything a tree holds survives Write and Extract, for
+// tar.gz and tar.zst.
 func TestRoundTrip(t *testing.T) {
+	for name, opts := range map[string]Options{"gzip": {}, "zstd": {Zstd: true}} {
+		t.Run(name, func(t *testing.T) { roundTrip(t, opts) })
+	}
+}
+
+func roundTrip(t *testing.T, opts Options) {
 	testutil.RequireRoot(t) // owners and setgid bits survive only as root
 	base := t.TempDir()
 	src, dst := filepath.Join(base, "src"), filepath.Join(base, "dst")
@@ -43,7 +51,7 @@ func TestRoundTrip(t *testing.T) {
 	unix.UtimesNanoAt(unix.AT_FDCWD, filepath.Join(src, "a"), []unix.Timespec{mt, mt}, 0)
 	var buf bytes.Buffer
 	var wp, rp fsops.Progress
-	ws, err := Write(fsops.WithProgress(ctx, &wp), src, &buf, Options{})
+	ws, err := Write(fsops.WithProgress(ctx, &wp), src, &buf, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,13 +175,19 @@ func TestBreakouts(t *testing.T) {
 }
 
 func TestDamagedArchives(t *testing.T) {
+	for name, opts := range map[string]Options{"gzip": {Level: 1}, "zstd": {Zstd: true}} {
+		t.Run(name, func(t *testing.T) { damagedArchives(t, opts) })
+	}
+}
+
+func damagedArchives(t *testing.T, opts Options) {
 	base := t.TempDir()
 	src := filepath.Join(base, "src")
 	os.Mkdir(src, 0o755)
 	content := bytes.Repeat([]byte("0123456789"), 100000)
 	os.WriteFile(filepath.Join(src, "f"), content, 0o644)
 	var buf bytes.Buffer
-	if _, err := Write(ctx, src, &buf, Options{Level: 1}); err != nil {
+	if _, err := Write(ctx, src, &buf, opts); err != nil {
 		t.Fatal(err)
 	}
 	good := buf.Bytes()
@@ -388,5 +402,50 @@ func TestDeepTree(t *testing.T) {
 		if err := fsops.RemoveAll(d); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestZstdReadByGNUTar: GNU tar with the zstd CLI reads what Write makes
+// with Zstd (several frames: one per 4 MiB block), sparse files included.
+func TestZstdReadByGNUTar(t *testing.T) {
+	base := t.TempDir()
+	src := filepath.Join(base, "src")
+	os.MkdirAll(filepath.Join(src, "d"), 0o755)
+	big := make([]byte, 10<<20) // three frames
+	for i := range big {
+		big[i] = byte(i * 31 / 7)
+	}
+	os.WriteFile(filepath.Join(src, "d", "big"), big, 0o644)
+	f, _ := os.Create(filepath.Join(src, "sparse"))
+	f.WriteAt([]byte("start"), 0)
+	f.WriteAt([]byte("end"), 64<<20)
+	f.Close()
+	var buf bytes.Buffer
+	if _, err := Write(ctx, src, &buf, Options{Zstd: true}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(buf.Bytes(), zstdMagic) {
+		t.Fatalf("archive starts with %x, not the zstd magic", buf.Bytes()[:4])
+	}
+	if buf.Len() > 1<<20 {
+		t.Fatalf("archive of 10 MiB of a repeating pattern and a sparse file is %d bytes", buf.Len())
+	}
+	if !testutil.HaveTools(t, "the GNU tar reading check") {
+		return
+	}
+	archivePath := filepath.Join(base, "a.tar.zst")
+	os.WriteFile(archivePath, buf.Bytes(), 0o600)
+	gnu := filepath.Join(base, "gnu")
+	os.Mkdir(gnu, 0o755)
+	if out, err := exec.Command("tar", "-I", "zstd", "-xf", archivePath, "-C", gnu).CombinedOutput(); err != nil {
+		t.Fatalf("GNU tar cannot read our tar.zst: %v %s", err, out)
+	}
+	if got, _ := os.ReadFile(filepath.Join(gnu, "d", "big")); !bytes.Equal(got, big) {
+		t.Fatal("GNU tar read different content")
+	}
+	var st unix.Stat_t
+	unix.Stat(filepath.Join(gnu, "sparse"), &st)
+	if st.Size != 64<<20+3 || st.Blocks*512 > 1<<20 {
+		t.Fatalf("sparse file through GNU tar: size %d, %d bytes allocated", st.Size, st.Blocks*512)
 	}
 }

@@ -2,6 +2,8 @@ package archive
 
 import (
 	"archive/tar"
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/mholt/archives"
 	"golang.org/x/sys/unix"
 
@@ -27,9 +30,9 @@ import (
 // are refused, so nothing is written outside dir whatever the archive
 // holds. A corrupt or truncated stream gives an error wrapping ErrFormat.
 func Extract(ctx context.Context, r io.Reader, dir string) (Stats, error) {
-	gz, err := archives.Gz{Multithreaded: true}.OpenReader(r)
+	gz, err := decompressor(r)
 	if err != nil {
-		return Stats{}, fmt.Errorf("%w: %v", ErrFormat, err)
+		return Stats{}, err
 	}
 	defer gz.Close()
 	root, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -65,6 +68,31 @@ func Extract(ctx context.Context, r io.Reader, dir string) (Stats, error) {
 		}
 	}
 	return x.stats, nil
+}
+
+// zstdMagic opens a zstd frame (RFC 8878 3.1.1).
+var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
+
+// decompressor reads a tar.gz or a tar.zst, told apart by the first
+// bytes; both through mholt/archives. zstd checks each frame's checksum
+// as it ends, gzip its member's CRC at the end of the stream.
+func decompressor(r io.Reader) (io.ReadCloser, error) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	magic, _ := br.Peek(len(zstdMagic))
+	var rc io.ReadCloser
+	var err error
+	if bytes.Equal(magic, zstdMagic) {
+		rc, err = archives.Zstd{DecoderOptions: []zstd.DOption{
+			zstd.WithDecoderConcurrency(0), // GOMAXPROCS
+			zstd.WithDecoderMaxWindow(64 << 20),
+		}}.OpenReader(br)
+	} else {
+		rc, err = archives.Gz{Multithreaded: true}.OpenReader(br)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrFormat, err)
+	}
+	return rc, nil
 }
 
 // formatErr tags errors of the stream itself (bad gzip, bad tar, early

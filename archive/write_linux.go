@@ -9,6 +9,7 @@ import (
 	"path"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/mholt/archives"
 	"golang.org/x/sys/unix"
 
@@ -39,19 +40,29 @@ type Options struct {
 	// klauspost's, which is several times faster and about 4% larger on
 	// text. Both use every core.
 	Compact bool
+	// Zstd writes tar.zst instead of tar.gz: zstd level 3 (the zstd
+	// CLI's default) on every core, one frame per 4 MiB block. Extract
+	// tells the two apart by their magic numbers.
+	Zstd bool
 }
 
-// Write streams a tar.gz of the tree below dir into w, compressing on all
-// cores in bounded memory.
+// Write streams a tar.gz (or tar.zst) of the tree below dir into w,
+// compressing on all cores in bounded memory.
 func Write(ctx context.Context, dir string, w io.Writer, opts Options) (Stats, error) {
 	level := opts.Level
 	if level == 0 {
 		level = DefaultLevel
 	}
 	var gz io.WriteCloser
-	if opts.Compact {
+	switch {
+	case opts.Zstd:
+		var err error
+		if gz, err = newParallelZstd(w, zstd.SpeedDefault); err != nil {
+			return Stats{}, err
+		}
+	case opts.Compact:
 		gz = newParallelGzip(w, level)
-	} else {
+	default:
 		var err error
 		// mholt/archives' multithreaded gzip is klauspost/pgzip.
 		if gz, err = (archives.Gz{CompressionLevel: level, Multithreaded: true}).OpenWriter(w); err != nil {

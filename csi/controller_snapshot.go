@@ -24,6 +24,7 @@ import (
 // Snapshot formats.
 const (
 	formatTarGz   = "tar.gz"  // portable archive of a directory volume
+	formatTarZst  = "tar.zst" // the same, zstd-compressed (compression: zstd)
 	formatReflink = "reflink" // reflinked copy of a directory volume
 	formatImage   = "img"     // extent or reflink copy of a block volume's file
 )
@@ -31,7 +32,7 @@ const (
 // Snapshot parameters (VolumeSnapshotClass).
 const (
 	paramFormat      = "format"      // auto (default), tar.gz or reflink
-	paramCompression = "compression" // fast (default) or compact, for tar.gz
+	paramCompression = "compression" // fast (default) or compact for tar.gz, or zstd for tar.zst
 )
 
 // snapshotOptions reads and checks the parameters of CreateSnapshot.
@@ -40,13 +41,25 @@ func (d *Driver) snapshotOptions(params map[string]string, access string) (forma
 	if d.reflink {
 		format = formatReflink
 	}
+	// compression: zstd asks for an archive: tar.zst, unless the format
+	// says reflink, which has nothing to compress.
+	if params[paramCompression] == "zstd" {
+		switch params[paramFormat] {
+		case "", "auto", formatTarGz:
+			format = formatTarZst
+		default:
+			return "", false, invalid("parameter %s=zstd compresses archives; %s=%s makes none (use %s=auto or %s)", paramCompression, paramFormat, params[paramFormat], paramFormat, formatTarGz)
+		}
+	}
 	for k, v := range params {
 		switch {
 		case k == paramFormat:
 			switch v {
 			case "", "auto":
 			case formatTarGz:
-				format = formatTarGz
+				if format != formatTarZst {
+					format = formatTarGz
+				}
 			case formatReflink:
 				if !d.reflink {
 					return "", false, invalid("parameter %s=%s: the state dir's file system cannot share blocks (XFS with reflink=1 or btrfs can); use %s", k, v, formatTarGz)
@@ -60,8 +73,9 @@ func (d *Driver) snapshotOptions(params map[string]string, access string) (forma
 			case "", "fast":
 			case "compact":
 				compact = true
+			case "zstd":
 			default:
-				return "", false, invalid("parameter %s=%q: want fast or compact", k, v)
+				return "", false, invalid("parameter %s=%q: want fast, compact or zstd", k, v)
 			}
 		case strings.HasPrefix(k, coParamPrefix):
 		default:
@@ -205,7 +219,7 @@ func (d *Driver) writeSnapshot(ctx context.Context, v volumeRecord, s snapshotRe
 	var st archive.Stats
 	err := fsops.CreateDurable(d.snapshotDataPath(s), d.snapshotTempPath(s), 0o600, func(f *os.File) error {
 		var err error
-		st, err = archive.Write(ctx, d.volumeDataPath(v), io.MultiWriter(f, h), archive.Options{Compact: compact})
+		st, err = archive.Write(ctx, d.volumeDataPath(v), io.MultiWriter(f, h), archive.Options{Compact: compact, Zstd: s.Format == formatTarZst})
 		d.metrics.moved("archive", st.Bytes)
 		return err
 	})

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -59,17 +60,27 @@ func TestSnapshotRestoreClone(t *testing.T) {
 			src := mustCreate(t, d, "src", 100<<20)
 			srcDir := d.paths.volumeDir(src.GetVolumeId())
 			fillVolume(t, srcDir)
-			formats := []string{formatTarGz}
-			if d.reflink {
-				formats = append(formats, formatReflink)
+			formats := map[string]map[string]string{
+				formatTarGz:  {paramFormat: formatTarGz},
+				formatTarZst: {paramCompression: "zstd"},
 			}
-			for _, format := range formats {
-				params := map[string]string{paramFormat: format}
+			if d.reflink {
+				formats[formatReflink] = map[string]string{paramFormat: formatReflink}
+			}
+			for format, params := range formats {
 				s1, err := d.CreateSnapshot(ctx, snapReq("snap-"+format, src.GetVolumeId(), params))
 				if err != nil {
 					t.Fatal(err)
 				}
 				snap := s1.GetSnapshot()
+				if rec, _ := d.st.Snapshots.Get(snap.GetSnapshotId()); rec.Format != format {
+					t.Fatalf("parameters %v made a %s snapshot, want %s", params, rec.Format, format)
+				} else if format == formatTarZst {
+					b, _ := os.ReadFile(d.snapshotDataPath(rec))
+					if !strings.HasSuffix(d.snapshotDataPath(rec), ".tar.zst") || !bytes.HasPrefix(b, []byte{0x28, 0xb5, 0x2f, 0xfd}) {
+						t.Fatalf("tar.zst snapshot %s does not hold zstd", d.snapshotDataPath(rec))
+					}
+				}
 				s2, err := d.CreateSnapshot(ctx, snapReq("snap-"+format, src.GetVolumeId(), params))
 				if err != nil || s2.GetSnapshot().GetSnapshotId() != snap.GetSnapshotId() {
 					t.Fatalf("retried CreateSnapshot: %v %v", s2, err)
@@ -113,7 +124,7 @@ func TestSnapshotParameters(t *testing.T) {
 	d := newDriver(t, testConfig(t))
 	v := mustCreate(t, d, "v", 1<<20)
 	for _, p := range []map[string]string{
-		{"format": "zip"}, {"compression": "max"}, {"unknown": "x"},
+		{"format": "zip"}, {"compression": "max"}, {"unknown": "x"}, {"format": "reflink", "compression": "zstd"},
 	} {
 		_, err := d.CreateSnapshot(ctx, snapReq("s", v.GetVolumeId(), p))
 		wantCode(t, err, codes.InvalidArgument)

@@ -161,6 +161,8 @@ func (d *Driver) snapshotDataPath(s snapshotRecord) string {
 		return filepath.Join(d.paths.snapshots(), s.ID+".img")
 	case formatReflink:
 		return filepath.Join(d.paths.snapshots(), s.ID)
+	case formatTarZst:
+		return filepath.Join(d.paths.snapshots(), s.ID+".tar.zst")
 	}
 	return d.paths.snapshotFile(s.ID)
 }

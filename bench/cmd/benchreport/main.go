@@ -103,7 +103,12 @@ func rows(results []result) []row {
 		if strings.HasPrefix(k.variant, "ours") {
 			continue
 		}
-		for _, ours := range []string{"ours", "ours-reflink"} {
+		for _, ours := range []string{"ours", "ours-reflink", "ours-zstd"} {
+			// zstd against zstd, gzip against gzip; the uncompressed
+			// ceiling against both.
+			if strings.Contains(k.variant, "zstd") != (ours == "ours-zstd") && !strings.Contains(k.variant, "uncompressed") {
+				continue
+			}
 			ok := key{k.bench, k.cse, ours}
 			if _, found := group[ok]; !found {
 				continue

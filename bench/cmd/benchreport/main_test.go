@@ -31,3 +31,22 @@ PASS`
 		t.Fatal("output")
 	}
 }
+
+// TestZstdPairs: ours-zstd is compared with the zstd peers only, gzip
+// with gzip, and the uncompressed ceiling with both.
+func TestZstdPairs(t *testing.T) {
+	in := `BenchmarkSnapshot/ext4/mixed/ours-2	1	100 ns/op
+BenchmarkSnapshot/ext4/mixed/tar-czf-2	1	1000 ns/op
+BenchmarkSnapshot/ext4/mixed/ours-zstd-2	1	200 ns/op
+BenchmarkSnapshot/ext4/mixed/tar-cf-uncompressed-2	1	50 ns/op
+BenchmarkSnapshot/ext4/mixed/tar-zstd-T0-3-2	1	100 ns/op
+PASS`
+	var got []string
+	for _, r := range rows(parse(strings.NewReader(in))) {
+		got = append(got, r.ours+" vs "+r.theirs)
+	}
+	want := "ours vs tar-czf, ours vs tar-cf-uncompressed, ours-zstd vs tar-cf-uncompressed, ours-zstd vs tar-zstd-T0-3"
+	if strings.Join(got, ", ") != want {
+		t.Fatalf("pairs: %s\nwant:  %s", strings.Join(got, ", "), want)
+	}
+}
