@@ -22,19 +22,18 @@ import (
 // text (measured in bench/); the standard library's deflate at level 6 is
 // within 1% of gzip -6. Reading uses mholt/archives either way.
 type parallelGzip struct {
-	w       io.Writer
-	level   int
-	block   int
-	buf     []byte
-	dict    []byte
-	crc     uint32
-	size    uint32
-	work    chan *gzJob
-	queue   chan *gzJob
-	done    chan struct{}
-	wg      sync.WaitGroup
-	errMu   sync.Mutex
-	err     error
+	w     io.Writer
+	level int
+	block int
+	buf   []byte
+	dict  []byte
+	crc   uint32
+	size  uint32
+	work  chan *gzJob
+	queue chan *gzJob
+	done  chan struct{}
+	wg    sync.WaitGroup
+	firstErr
 	started bool
 }
 
@@ -70,18 +69,25 @@ func newParallelGzip(w io.Writer, level int) *parallelGzip {
 	return z
 }
 
-func (z *parallelGzip) setErr(err error) {
-	z.errMu.Lock()
-	if z.err == nil {
-		z.err = err
-	}
-	z.errMu.Unlock()
+// firstErr keeps the first error of a pipeline whose goroutines may
+// each fail.
+type firstErr struct {
+	mu  sync.Mutex
+	err error
 }
 
-func (z *parallelGzip) getErr() error {
-	z.errMu.Lock()
-	defer z.errMu.Unlock()
-	return z.err
+func (f *firstErr) setErr(err error) {
+	f.mu.Lock()
+	if f.err == nil {
+		f.err = err
+	}
+	f.mu.Unlock()
+}
+
+func (f *firstErr) getErr() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
 }
 
 func (z *parallelGzip) worker() {

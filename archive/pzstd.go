@@ -3,7 +3,6 @@ package archive
 import (
 	"io"
 	"runtime"
-	"sync"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/mholt/archives"
@@ -25,8 +24,7 @@ type parallelZstd struct {
 	buf   []byte
 	queue chan *zstdJob
 	done  chan struct{}
-	mu    sync.Mutex
-	err   error
+	firstErr
 }
 
 type zstdJob struct {
@@ -55,20 +53,6 @@ func newParallelZstd(w io.Writer, level zstd.EncoderLevel) (*parallelZstd, error
 		queue: make(chan *zstdJob, 2*n), done: make(chan struct{})}
 	go z.writer()
 	return z, nil
-}
-
-func (z *parallelZstd) setErr(err error) {
-	z.mu.Lock()
-	if z.err == nil {
-		z.err = err
-	}
-	z.mu.Unlock()
-}
-
-func (z *parallelZstd) getErr() error {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	return z.err
 }
 
 // writer emits frames in input order.
