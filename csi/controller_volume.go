@@ -131,7 +131,9 @@ func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord) (volumeR
 	if err := d.st.Volumes.Reserve(&rec, d.checkCapacity); err != nil {
 		return volumeRecord{}, toStatus(err, "reserving volume %q", rec.Name)
 	}
-	if err := d.st.Volumes.Put(rec); err != nil {
+	// Not durable: if a power loss takes this record, the next start
+	// removes the data it leaves as owned by no record (removeOrphans).
+	if err := d.st.Volumes.PutPending(rec); err != nil {
 		// The atomic write left no record; only the reservation is undone.
 		d.st.Volumes.Unreserve(rec.ID)
 		return volumeRecord{}, toStatus(err, "recording volume %s", rec.ID)

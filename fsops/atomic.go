@@ -33,6 +33,35 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) (retErr error) 
 	return publish(f, tmp, path)
 }
 
+// ReplaceFile replaces path with data atomically (a reader sees the old
+// content or the new, never a mix) but not durably: no fsync, so after a
+// power loss path may hold the old content or none. For records that the
+// next start treats as unfinished either way.
+func ReplaceFile(path string, data []byte, perm os.FileMode) (retErr error) {
+	dir, base := filepath.Split(path)
+	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer func() {
+		if retErr != nil {
+			os.Remove(tmp)
+		}
+	}()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Chmod(perm)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
 // publish makes a fully written temporary file the file at path: fsync,
 // close, rename, and an fsync of the directory so the rename survives a
 // crash. The caller removes tmp if it fails.

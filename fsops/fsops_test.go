@@ -13,23 +13,29 @@ import (
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 )
 
+// TestWriteFileAtomic: the durable and the merely atomic replacement both
+// leave the last content, the mode asked for, and no temporary file.
 func TestWriteFileAtomic(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "state.json")
-	for _, content := range []string{"one", "two, longer", "3"} {
-		if err := WriteFileAtomic(p, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if b, _ := os.ReadFile(p); string(b) != content {
-			t.Fatalf("got %q want %q", b, content)
-		}
-	}
-	entries, _ := os.ReadDir(dir)
-	if len(entries) != 1 {
-		t.Fatalf("temporary files left: %v", entries)
-	}
-	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
-		t.Fatalf("mode %v", fi.Mode())
+	for name, write := range map[string]func(string, []byte, os.FileMode) error{"WriteFileAtomic": WriteFileAtomic, "ReplaceFile": ReplaceFile} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			p := filepath.Join(dir, "state.json")
+			for _, content := range []string{"one", "two, longer", "3"} {
+				if err := write(p, []byte(content), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				if b, _ := os.ReadFile(p); string(b) != content {
+					t.Fatalf("got %q want %q", b, content)
+				}
+			}
+			entries, _ := os.ReadDir(dir)
+			if len(entries) != 1 {
+				t.Fatalf("temporary files left: %v", entries)
+			}
+			if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
+				t.Fatalf("mode %v", fi.Mode())
+			}
+		})
 	}
 }
 

@@ -38,6 +38,16 @@ func TestTableLifecycle(t *testing.T) {
 	if _, ok := s.Volumes.ByName("pvc-1"); ok {
 		t.Fatal("unreserved name still taken")
 	}
+	// A pending record is on disk (not durably) and in the index.
+	if err := s.Volumes.Reserve(&v, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Volumes.PutPending(v); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := open(t, dir).Volumes.Get("id-1"); !ok || got.Phase != Creating {
+		t.Fatalf("pending record read back: %+v %v", got, ok)
+	}
 	v.Phase = Ready
 	if err := s.Volumes.Put(v); err != nil {
 		t.Fatal(err)
