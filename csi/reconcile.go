@@ -23,6 +23,9 @@ import (
 //   - data under a valid id with no record belongs to no volume: removed;
 //   - tmp/ holds only unfinished work: emptied.
 func (d *Driver) reconcile() error {
+	for _, id := range d.st.Volumes.Emptied() {
+		klog.InfoS("repair: removed the empty record of a create a power loss interrupted; its data goes with the orphans", "volume_id", id)
+	}
 	for _, v := range d.st.Volumes.All() {
 		switch v.Phase {
 		case phaseCreating, phaseDeleting:

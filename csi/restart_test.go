@@ -62,6 +62,11 @@ func TestReconcile(t *testing.T) {
 	os.WriteFile(filepath.Join(d.paths.meta(), "volumes", ".vol-x.json.tmp-1"), []byte("{"), 0o600)
 	stranger := filepath.Join(d.paths.volumes(), "not-ours")
 	os.WriteFile(stranger, nil, 0o600)
+	// A create whose pending record a power loss left empty (it is not
+	// fsynced), with its backing file on disk.
+	empty := d.newVolumeID()
+	os.WriteFile(filepath.Join(d.paths.meta(), "volumes", empty+".json"), nil, 0o600)
+	os.WriteFile(filepath.Join(d.paths.volumes(), empty+".img"), []byte("data"), 0o600)
 
 	d2 := newDriver(t, cfg)
 	// A ready volume whose data is missing keeps its record (see
@@ -74,7 +79,8 @@ func TestReconcile(t *testing.T) {
 	if len(got) != 2 || !got[keep.GetVolumeId()] || !got[lost.GetVolumeId()] {
 		t.Fatalf("after reconcile volumes are %v, want %v", got, want)
 	}
-	for _, p := range []string{d.paths.volumeDir(half.ID), d.paths.volumeDir(gone.GetVolumeId()), d.paths.volumeDir(orphan), filepath.Join(d.paths.tmp(), "snap-x.partial")} {
+	for _, p := range []string{d.paths.volumeDir(half.ID), d.paths.volumeDir(gone.GetVolumeId()), d.paths.volumeDir(orphan), filepath.Join(d.paths.tmp(), "snap-x.partial"),
+		filepath.Join(d.paths.meta(), "volumes", empty+".json"), filepath.Join(d.paths.volumes(), empty+".img")} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s survived reconcile", p)
 		}

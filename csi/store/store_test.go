@@ -117,3 +117,22 @@ func TestDamagedRecordStopsOpen(t *testing.T) {
 		t.Fatalf("a damaged record must stop Open: %v", err)
 	}
 }
+
+// TestEmptyPendingRecordRemoved: an empty record, what a power loss can
+// leave of a PutPending write, is removed at Open and reported, not
+// taken for damage.
+func TestEmptyPendingRecordRemoved(t *testing.T) {
+	dir := t.TempDir()
+	open(t, dir)
+	p := filepath.Join(dir, "volumes", "id-9.json")
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, dir)
+	if got := s.Volumes.Emptied(); len(got) != 1 || got[0] != "id-9" {
+		t.Fatalf("emptied %v", got)
+	}
+	if _, err := os.Stat(p); !os.IsNotExist(err) {
+		t.Fatalf("empty record still there: %v", err)
+	}
+}

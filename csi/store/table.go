@@ -41,7 +41,13 @@ type Table[T Record[T]] struct {
 	mu     sync.RWMutex
 	byID   map[string]T
 	byName map[string]string
+
+	emptied []string // ids of empty records Open removed
 }
+
+// Emptied lists the ids of empty records that Open removed: creates that a
+// power loss interrupted before their pending record reached the disk.
+func (t *Table[T]) Emptied() []string { return t.emptied }
 
 func newTable[T Record[T]](kind, dir string, valid func(string) bool) (*Table[T], error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -70,6 +76,16 @@ func (t *Table[T]) load() error {
 		data, err := os.ReadFile(p)
 		if err != nil {
 			return err
+		}
+		if len(data) == 0 {
+			// Only a PutPending record can come back empty from a power
+			// loss (Put fsyncs before the rename): an unfinished create,
+			// whose data the driver's start removes as owned by no record.
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+			t.emptied = append(t.emptied, id)
+			continue
 		}
 		var r T
 		if err := json.Unmarshal(data, &r); err != nil {
