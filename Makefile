@@ -111,7 +111,7 @@ image:
 
 BENCH_OUT    ?= bench/results
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 120m ./bench/ -args -bench.size=$(BENCH_SIZE) -bench.rounds=$(BENCH_ROUNDS) | tee /tmp/hostpath-bench.txt
+	$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 120m ./bench/ -args -bench.size=$(BENCH_SIZE) -bench.rounds=$(BENCH_ROUNDS) | tee /tmp/hostpath-bench.txt; test $${PIPESTATUS[0]} -eq 0
 	$(GO) run ./bench/cmd/benchreport -out $(BENCH_OUT) < /tmp/hostpath-bench.txt
 
 # A single-node Kubernetes cluster on this machine, built from the
@@ -182,8 +182,8 @@ targets-smoke:
 	  pkill -TERM -f '^bin/hostpathplugin --endpoint=unix:///tmp/hostpath-run-smoke/csi.sock'; wait; \
 	  test $$rc -eq 0 && echo "make run: served and stopped"
 	$(MAKE) --no-print-directory demo
-	$(MAKE) --no-print-directory image | tail -1 | tee /tmp/hostpath-image-1.txt
-	$(MAKE) --no-print-directory image | tail -1 | tee /tmp/hostpath-image-2.txt
+	$(MAKE) --no-print-directory image | tail -1 | tee /tmp/hostpath-image-1.txt; test $${PIPESTATUS[0]} -eq 0
+	$(MAKE) --no-print-directory image | tail -1 | tee /tmp/hostpath-image-2.txt; test $${PIPESTATUS[0]} -eq 0
 	cmp /tmp/hostpath-image-1.txt /tmp/hostpath-image-2.txt && echo "make image: reproducible"
 	$(MAKE) --no-print-directory stress STRESS_DURATION=3s CRASH_ITERATIONS=12 2>&1 | grep -E '^(--- |ok|FAIL)'; test $${PIPESTATUS[0]} -eq 0
 	$(MAKE) --no-print-directory scale SCALE_VOLUMES=50 SCALE_MEM_GIB=0 SCALE_FILES=500 2>&1 | grep -E '^(ok|FAIL|Benchmark)'; test $${PIPESTATUS[0]} -eq 0
@@ -191,7 +191,7 @@ targets-smoke:
 
 # Each benchmark once on tiny data, so the suite never rots.
 bench-smoke:
-	$(GO) test -run '^$$' -bench . -benchtime=1x ./bench/ -args -bench.size=2 | tee /tmp/hostpath-bench-smoke.txt | grep -E '^(ok|FAIL|PASS)'
+	$(GO) test -run '^$$' -bench . -benchtime=1x ./bench/ -args -bench.size=2 | tee /tmp/hostpath-bench-smoke.txt | grep -E '^(ok|FAIL|PASS)'; test $${PIPESTATUS[0]} -eq 0
 	$(GO) run ./bench/cmd/benchreport -out /tmp/hostpath-bench-smoke < /tmp/hostpath-bench-smoke.txt > /dev/null
 
 lint:
