@@ -137,11 +137,13 @@ func boot(t *testing.T, qemu string, k kernelPackage, bin, work string) ([]resul
 	// The scratch disk: a journaled ext4 (as users' is) holding the
 	// templates, mounted on /tmp in the guest. mke2fs -d keeps holes.
 	scratch := filepath.Join(work, "scratch.img")
-	if f, err := os.Create(scratch); err != nil {
-		t.Fatal(err)
-	} else {
-		f.Truncate(24 << 30)
+	f, err := os.Create(scratch)
+	if err == nil {
+		err = f.Truncate(24 << 30) // sparse: only what the guest writes takes room
 		f.Close()
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 	if err := run("mkfs.ext4", "-q", "-d", filepath.Join(work, "templates"), scratch); err != nil {
 		t.Fatal(err)
