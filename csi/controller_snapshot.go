@@ -41,25 +41,14 @@ func (d *Driver) snapshotOptions(params map[string]string, access string) (forma
 	if d.reflink {
 		format = formatReflink
 	}
-	// compression: zstd asks for an archive: tar.zst, unless the format
-	// says reflink, which has nothing to compress.
-	if params[paramCompression] == "zstd" {
-		switch params[paramFormat] {
-		case "", "auto", formatTarGz:
-			format = formatTarZst
-		default:
-			return "", false, invalid("parameter %s=zstd compresses archives; %s=%s makes none (use %s=auto or %s)", paramCompression, paramFormat, params[paramFormat], paramFormat, formatTarGz)
-		}
-	}
+	zstd := false
 	for k, v := range params {
 		switch {
 		case k == paramFormat:
 			switch v {
 			case "", "auto":
 			case formatTarGz:
-				if format != formatTarZst {
-					format = formatTarGz
-				}
+				format = formatTarGz
 			case formatReflink:
 				if !d.reflink {
 					return "", false, invalid("parameter %s=%s: the state dir's file system cannot share blocks (XFS with reflink=1 or btrfs can); use %s", k, v, formatTarGz)
@@ -74,6 +63,7 @@ func (d *Driver) snapshotOptions(params map[string]string, access string) (forma
 			case "compact":
 				compact = true
 			case "zstd":
+				zstd = true
 			default:
 				return "", false, invalid("parameter %s=%q: want fast, compact or zstd", k, v)
 			}
@@ -81,6 +71,14 @@ func (d *Driver) snapshotOptions(params map[string]string, access string) (forma
 		default:
 			return "", false, invalid("unknown snapshot parameter %q; this driver accepts %q and %q", k, paramFormat, paramCompression)
 		}
+	}
+	// zstd asks for an archive: tar.zst, unless the format says reflink,
+	// which has nothing to compress.
+	if zstd {
+		if params[paramFormat] == formatReflink {
+			return "", false, invalid("parameter %s=zstd compresses archives; %s=%s makes none (use %s=auto or %s)", paramCompression, paramFormat, formatReflink, paramFormat, formatTarGz)
+		}
+		format = formatTarZst
 	}
 	if access == accessBlock {
 		format = formatImage

@@ -11,7 +11,19 @@ import (
 // leaves either the old content or the new one, never a mix or an empty
 // file: write a temporary file in the same directory, fsync it, rename it
 // over path, then fsync the directory so the rename itself is durable.
-func WriteFileAtomic(path string, data []byte, perm os.FileMode) (retErr error) {
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	return replaceFile(path, data, perm, true)
+}
+
+// ReplaceFile replaces path with data atomically (a reader sees the old
+// content or the new, never a mix) but not durably: no fsync, so after a
+// power loss path may hold the old content or none. For records that the
+// next start treats as unfinished either way.
+func ReplaceFile(path string, data []byte, perm os.FileMode) error {
+	return replaceFile(path, data, perm, false)
+}
+
+func replaceFile(path string, data []byte, perm os.FileMode, durable bool) (retErr error) {
 	dir, base := filepath.Split(path)
 	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
 	if err != nil {
@@ -30,33 +42,10 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) (retErr error) 
 	if err := f.Chmod(perm); err != nil {
 		return err
 	}
-	return publish(f, tmp, path)
-}
-
-// ReplaceFile replaces path with data atomically (a reader sees the old
-// content or the new, never a mix) but not durably: no fsync, so after a
-// power loss path may hold the old content or none. For records that the
-// next start treats as unfinished either way.
-func ReplaceFile(path string, data []byte, perm os.FileMode) (retErr error) {
-	dir, base := filepath.Split(path)
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
-	if err != nil {
-		return err
+	if durable {
+		return publish(f, tmp, path)
 	}
-	tmp := f.Name()
-	defer func() {
-		if retErr != nil {
-			os.Remove(tmp)
-		}
-	}()
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(perm)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := f.Close(); err != nil {
 		return err
 	}
 	return os.Rename(tmp, path)

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/moby/sys/mountinfo"
@@ -72,14 +74,18 @@ func qcmd(cmd, typ int) int { return cmd<<quotaCmdShift | typ&quotaCmdTypeMask }
 // falls back to quotactl(2) on the device the file system is mounted
 // from, found by the descriptor's st_dev in /proc/self/mountinfo. That
 // needs the device node (a driver pod has the host's /dev); without it
-// the error says which node was missing.
+// the error says which node was missing. Both the missing call and the
+// node found are remembered: volume stats ask on every kubelet pass.
 func quotactlFD(fd int, cmd int, id uint32, addr unsafe.Pointer) error {
-	_, _, errno := unix.Syscall6(sysQuotactlFD, uintptr(fd), uintptr(cmd), uintptr(id), uintptr(addr), 0, 0)
-	if errno != unix.ENOSYS {
-		if errno != 0 {
-			return errno
+	if !noQuotactlFD.Load() {
+		_, _, errno := unix.Syscall6(sysQuotactlFD, uintptr(fd), uintptr(cmd), uintptr(id), uintptr(addr), 0, 0)
+		if errno != unix.ENOSYS {
+			if errno != 0 {
+				return errno
+			}
+			return nil
 		}
-		return nil
+		noQuotactlFD.Store(true)
 	}
 	dev, err := mountDevice(fd)
 	if err != nil {
@@ -95,11 +101,26 @@ func quotactlFD(fd int, cmd int, id uint32, addr unsafe.Pointer) error {
 	return nil
 }
 
-// mountDevice finds the device node of the file system holding fd.
+var (
+	noQuotactlFD atomic.Bool // the kernel answered ENOSYS (before 5.14)
+	quotaDevices sync.Map    // st_dev (uint64) -> device node path
+)
+
+// isDevice says whether path is the block device node dev.
+func isDevice(path string, dev uint64) bool {
+	var st unix.Stat_t
+	return unix.Stat(path, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFBLK && st.Rdev == dev
+}
+
+// mountDevice finds the device node of the file system holding fd: from
+// the cache while the node is still that device, else from mountinfo.
 func mountDevice(fd int) (string, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return "", err
+	}
+	if p, ok := quotaDevices.Load(st.Dev); ok && isDevice(p.(string), st.Dev) {
+		return p.(string), nil
 	}
 	major, minor := int(unix.Major(st.Dev)), int(unix.Minor(st.Dev))
 	infos, err := mountinfo.GetMounts(func(i *mountinfo.Info) (skip, stop bool) {
@@ -109,11 +130,9 @@ func mountDevice(fd int) (string, error) {
 		return "", err
 	}
 	for _, i := range infos {
-		if strings.HasPrefix(i.Source, "/dev/") {
-			var dst unix.Stat_t
-			if err := unix.Stat(i.Source, &dst); err == nil && dst.Mode&unix.S_IFMT == unix.S_IFBLK && dst.Rdev == st.Dev {
-				return i.Source, nil
-			}
+		if strings.HasPrefix(i.Source, "/dev/") && isDevice(i.Source, st.Dev) {
+			quotaDevices.Store(st.Dev, i.Source)
+			return i.Source, nil
 		}
 	}
 	// ENOSYS: as far as the caller can tell, this kernel cannot do it.

@@ -173,31 +173,20 @@ func (t *Table[T]) Check(f func(all map[string]T) error) error {
 }
 
 // Put writes the record durably, then updates the index.
-func (t *Table[T]) Put(r T) error {
-	data, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := fsops.WriteFileAtomic(filepath.Join(t.dir, r.RecordID()+".json"), data, 0o600); err != nil {
-		return err
-	}
-	t.mu.Lock()
-	t.byID[r.RecordID()] = r.Clone()
-	t.byName[r.RecordName()] = r.RecordID()
-	t.mu.Unlock()
-	return nil
-}
+func (t *Table[T]) Put(r T) error { return t.put(r, fsops.WriteFileAtomic) }
 
 // PutPending writes a record that is not final yet (a volume being
 // created) atomically but without fsync: a power loss may lose it, which
 // leaves what a crash before it would, data that no record owns, and the
 // next start removes that. It spares a create two of its five fsyncs.
-func (t *Table[T]) PutPending(r T) error {
+func (t *Table[T]) PutPending(r T) error { return t.put(r, fsops.ReplaceFile) }
+
+func (t *Table[T]) put(r T, write func(string, []byte, os.FileMode) error) error {
 	data, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
 	}
-	if err := fsops.ReplaceFile(filepath.Join(t.dir, r.RecordID()+".json"), data, 0o600); err != nil {
+	if err := write(filepath.Join(t.dir, r.RecordID()+".json"), data, 0o600); err != nil {
 		return err
 	}
 	t.mu.Lock()

@@ -76,15 +76,9 @@ func HaveTools(t testing.TB, what string) bool {
 // enforcement test into an absence test without anyone noticing.
 func KernelHas(t testing.TB, option string) bool {
 	t.Helper()
-	var uts syscall.Utsname
-	syscall.Uname(&uts)
-	var rel []byte
-	for _, c := range uts.Release {
-		if c == 0 {
-			break
-		}
-		rel = append(rel, byte(c))
-	}
+	var uts unix.Utsname
+	unix.Uname(&uts)
+	rel := unix.ByteSliceToString(uts.Release[:])
 	var config []byte
 	if f, err := os.Open("/proc/config.gz"); err == nil {
 		defer f.Close()
@@ -95,7 +89,7 @@ func KernelHas(t testing.TB, option string) bool {
 		if config, err = io.ReadAll(zr); err != nil {
 			t.Fatal(err)
 		}
-	} else if config, err = os.ReadFile("/boot/config-" + string(rel)); err != nil {
+	} else if config, err = os.ReadFile("/boot/config-" + rel); err != nil {
 		t.Fatalf("cannot tell whether kernel %s has %s: no /proc/config.gz and %v", rel, option, err)
 	}
 	return bytes.Contains(config, []byte("\n"+option+"=y")) || bytes.Contains(config, []byte("\n"+option+"=m"))

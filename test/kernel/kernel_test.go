@@ -26,6 +26,7 @@ import (
 
 	"github.com/hostpath-csi/hostpath/internal/testfs"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
+	"github.com/hostpath-csi/hostpath/test/kernel/plan"
 )
 
 // Environment the Makefile's test-kernel target sets.
@@ -55,20 +56,6 @@ var templates = []testfs.Spec{
 	{FSType: "btrfs", Size: 300 << 20, Setup: [][]string{{"btrfs", "quota", "enable"}}},
 	{FSType: "btrfs", Size: 400 << 20, Setup: [][]string{{"btrfs", "quota", "enable"}}},
 	{FSType: "btrfs", Size: 2 << 30},
-}
-
-// Plan and Run mirror test/kernel/guest's types: the guest reads the plan
-// as JSON from /plan.json.
-type Plan struct {
-	Modules []string
-	Disk    string
-	Runs    []Run
-}
-
-type Run struct {
-	Name string
-	Args []string
-	Env  []string
 }
 
 func run(name string, args ...string) error {
@@ -150,9 +137,9 @@ func boot(t *testing.T, qemu string, k kernelPackage, bin, work string) ([]resul
 	}
 	os.RemoveAll(filepath.Join(work, "templates"))
 
-	plan := Plan{Disk: "scratch"}
+	pl := plan.Plan{Disk: "scratch"}
 	for _, m := range mods {
-		plan.Modules = append(plan.Modules, "/lib/modules/"+k.release+strings.TrimPrefix(m, k.modules))
+		pl.Modules = append(pl.Modules, "/lib/modules/"+k.release+strings.TrimPrefix(m, k.modules))
 	}
 	tests, _ := filepath.Glob(filepath.Join(bin, "*.test"))
 	sort.Strings(tests)
@@ -162,13 +149,13 @@ func boot(t *testing.T, qemu string, k kernelPackage, bin, work string) ([]resul
 		args := []string{"/bin/" + filepath.Base(f), "-test.v", "-test.count=1", "-test.timeout=40m"}
 		if name == "sanity" {
 			senv := append(env, "SANITY_DRIVER_BIN=/bin/hostpathplugin")
-			plan.Runs = append(plan.Runs, Run{Name: "sanity-mount", Args: args, Env: senv},
-				Run{Name: "sanity-block", Args: args, Env: append(senv, "SANITY_ACCESS_TYPE=block")})
+			pl.Runs = append(pl.Runs, plan.Run{Name: "sanity-mount", Args: args, Env: senv},
+				plan.Run{Name: "sanity-block", Args: args, Env: append(senv, "SANITY_ACCESS_TYPE=block")})
 			continue
 		}
-		plan.Runs = append(plan.Runs, Run{Name: name, Args: args, Env: env})
+		pl.Runs = append(pl.Runs, plan.Run{Name: name, Args: args, Env: env})
 	}
-	if len(plan.Runs) == 0 {
+	if len(pl.Runs) == 0 {
 		t.Fatalf("no test binaries in %s", bin)
 	}
 
@@ -178,7 +165,7 @@ func boot(t *testing.T, qemu string, k kernelPackage, bin, work string) ([]resul
 		}
 	}
 	initrd := filepath.Join(work, "initrd.cpio")
-	writeInitramfs(t, initrd, k, bin, tests, mods, plan)
+	writeInitramfs(t, initrd, k, bin, tests, mods, pl)
 	t.Logf("kernel %s: %d modules, %d templates, initramfs and scratch disk made in %.1f s", k.release, len(mods), len(templates), time.Since(start).Seconds())
 
 	logPath := filepath.Join(work, "console.log")
@@ -225,8 +212,8 @@ func boot(t *testing.T, qemu string, k kernelPackage, bin, work string) ([]resul
 			t.Errorf("%s in kernel %s: %s (console log: %s)", r.name, k.release, status, logPath)
 		}
 	}
-	if len(res) != len(plan.Runs) {
-		t.Errorf("kernel %s: %d of %d test binaries ran", k.release, len(res), len(plan.Runs))
+	if len(res) != len(pl.Runs) {
+		t.Errorf("kernel %s: %d of %d test binaries ran", k.release, len(res), len(pl.Runs))
 	}
 	if !done {
 		b, _ := os.ReadFile(logPath)
@@ -239,7 +226,7 @@ func boot(t *testing.T, qemu string, k kernelPackage, bin, work string) ([]resul
 		k.release, kernelLine, passed, failed, skipped, elapsed.Seconds())
 }
 
-func writeInitramfs(t *testing.T, initrd string, k kernelPackage, bin string, tests, mods []string, plan Plan) {
+func writeInitramfs(t *testing.T, initrd string, k kernelPackage, bin string, tests, mods []string, pl plan.Plan) {
 	f, err := os.Create(initrd)
 	if err != nil {
 		t.Fatal(err)
@@ -258,19 +245,19 @@ func writeInitramfs(t *testing.T, initrd string, k kernelPackage, bin string, te
 		must(c.hostFile("bin/"+filepath.Base(tf), tf, 0o755))
 	}
 	for i, m := range mods {
-		must(c.hostFile(strings.TrimPrefix(plan.Modules[i], "/"), m, 0o644))
+		must(c.hostFile(strings.TrimPrefix(pl.Modules[i], "/"), m, 0o644))
 	}
 	// The kernel's configuration, where testutil.KernelHas looks for it.
 	must(c.hostFile("boot/config-"+k.release, k.config, 0o644))
-	b, _ := json.MarshalIndent(plan, "", "  ")
-	must(c.file("plan.json", 0o644, int64(len(b)), strings.NewReader(string(b))))
+	b, _ := json.MarshalIndent(pl, "", "  ")
+	must(c.file(strings.TrimPrefix(plan.Path, "/"), 0o644, int64(len(b)), strings.NewReader(string(b))))
 	must(c.close())
 }
 
 var (
 	reResult = regexp.MustCompile(`^\s*--- (PASS|FAIL|SKIP): `)
 	reSanity = regexp.MustCompile(`^csi-sanity-\S+: (\d+) passed, (\d+) failed, (\d+) skipped`)
-	reEnd    = regexp.MustCompile(`^@@guest end (\S+) rc=(-?\d+) seconds=([\d.]+)`)
+	reEnd    = regexp.MustCompile(`^` + plan.MarkEnd + `(\S+) rc=(-?\d+) seconds=([\d.]+)`)
 )
 
 // readConsole follows the guest's console: it prints the lines a person
@@ -284,24 +271,24 @@ func readConsole(t *testing.T, r io.Reader) (res []result, done bool, kernel str
 	for sc.Scan() {
 		line := strings.TrimRight(sc.Text(), "\r")
 		switch {
-		case strings.HasPrefix(line, "@@guest run "):
-			res = append(res, result{name: strings.TrimPrefix(line, "@@guest run ")})
+		case strings.HasPrefix(line, plan.MarkRun):
+			res = append(res, result{name: strings.TrimPrefix(line, plan.MarkRun)})
 			cur = &res[len(res)-1]
 			fmt.Println(line)
-		case strings.HasPrefix(line, "@@guest end "):
+		case strings.HasPrefix(line, plan.MarkEnd):
 			if m := reEnd.FindStringSubmatch(line); m != nil && cur != nil {
 				cur.rc, _ = strconv.Atoi(m[2])
 				cur.seconds, _ = strconv.ParseFloat(m[3], 64)
 				cur.ended = true
 			}
 			fmt.Println(line)
-		case line == "@@guest done":
+		case line == plan.MarkDone:
 			done = true
 			fmt.Println(line)
-		case strings.HasPrefix(line, "@@guest kernel "):
-			kernel = strings.TrimPrefix(line, "@@guest kernel ")
+		case strings.HasPrefix(line, plan.MarkKernel):
+			kernel = strings.TrimPrefix(line, plan.MarkKernel)
 			fmt.Println(line)
-		case strings.HasPrefix(line, "@@guest"), strings.HasPrefix(line, "panic:"), strings.Contains(line, "Kernel panic"):
+		case strings.HasPrefix(line, plan.Mark), strings.HasPrefix(line, "panic:"), strings.Contains(line, "Kernel panic"):
 			fmt.Println(line)
 		case cur != nil && reSanity.MatchString(line):
 			m := reSanity.FindStringSubmatch(line)

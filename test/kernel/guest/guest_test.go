@@ -19,28 +19,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-)
 
-// Plan is what the host asks the guest to do; the host writes it to
-// /plan.json in the initramfs. The host harness has the same type.
-type Plan struct {
-	Modules []string // module files, dependencies first
-	Disk    string   // serial of the scratch disk, mounted on /tmp
-	Runs    []Run
-}
-
-// Run is one test binary's run.
-type Run struct {
-	Name string
-	Args []string // Args[0] is the binary
-	Env  []string
-}
-
-// Lines the host harness reads off the console.
-const (
-	markRun  = "@@guest run "
-	markEnd  = "@@guest end "
-	markDone = "@@guest done"
+	"github.com/hostpath-csi/hostpath/test/kernel/plan"
 )
 
 func TestGuest(t *testing.T) {
@@ -50,35 +30,38 @@ func TestGuest(t *testing.T) {
 	// Whatever happens, the machine powers off: init must never return,
 	// and the host reads a missing done line as a failure.
 	defer poweroff()
-	if err := boot(); err != nil {
-		fmt.Printf("@@guest boot failed: %v\n", err)
-		return
-	}
-	b, err := os.ReadFile("/plan.json")
+	p, err := start()
 	if err != nil {
-		fmt.Printf("@@guest boot failed: %v\n", err)
-		return
-	}
-	var plan Plan
-	if err := json.Unmarshal(b, &plan); err != nil {
-		fmt.Printf("@@guest boot failed: plan: %v\n", err)
-		return
-	}
-	if err := loadModules(plan.Modules); err != nil {
-		fmt.Printf("@@guest boot failed: %v\n", err)
-		return
-	}
-	if err := mountScratch(plan.Disk); err != nil {
-		fmt.Printf("@@guest boot failed: %v\n", err)
+		fmt.Printf("%s boot failed: %v\n", plan.Mark, err)
 		return
 	}
 	var uts unix.Utsname
 	unix.Uname(&uts)
-	fmt.Printf("@@guest kernel %s\n", unix.ByteSliceToString(uts.Release[:]))
-	for _, r := range plan.Runs {
+	fmt.Printf("%s%s\n", plan.MarkKernel, unix.ByteSliceToString(uts.Release[:]))
+	for _, r := range p.Runs {
 		runOne(r)
 	}
-	fmt.Println(markDone)
+	fmt.Println(plan.MarkDone)
+}
+
+// start mounts the pseudo file systems, reads the plan, loads its modules
+// and mounts the scratch disk.
+func start() (plan.Plan, error) {
+	var p plan.Plan
+	if err := boot(); err != nil {
+		return p, err
+	}
+	b, err := os.ReadFile(plan.Path)
+	if err != nil {
+		return p, err
+	}
+	if err := json.Unmarshal(b, &p); err != nil {
+		return p, fmt.Errorf("plan: %w", err)
+	}
+	if err := loadModules(p.Modules); err != nil {
+		return p, err
+	}
+	return p, mountScratch(p.Disk)
 }
 
 func boot() error {
@@ -112,7 +95,7 @@ func loadModules(files []string) error {
 		err = unix.FinitModule(fd, "", 0)
 		unix.Close(fd)
 		if err != nil && err != unix.EEXIST {
-			fmt.Printf("@@guest module %s not loaded: %v\n", filepath.Base(f), err)
+			fmt.Printf("%s module %s not loaded: %v\n", plan.Mark, filepath.Base(f), err)
 		}
 	}
 	return nil
@@ -145,13 +128,13 @@ func mountScratch(serial string) error {
 
 // runOne runs a test binary in its own directory under /tmp/work, its
 // output on the console between two marker lines.
-func runOne(r Run) {
-	fmt.Printf("%s%s\n", markRun, r.Name)
-	start := time.Now()
+func runOne(r plan.Run) {
+	fmt.Printf("%s%s\n", plan.MarkRun, r.Name)
+	begin := time.Now()
 	dir := filepath.Join("/tmp/work", r.Name)
 	rc := 0
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		fmt.Printf("@@guest %s: %v\n", r.Name, err)
+		fmt.Printf("%s %s: %v\n", plan.Mark, r.Name, err)
 		rc = -1
 	} else {
 		cmd := exec.Command(r.Args[0], r.Args[1:]...)
@@ -164,11 +147,11 @@ func runOne(r Run) {
 			if ee, ok := err.(*exec.ExitError); ok {
 				rc = ee.ExitCode()
 			} else {
-				fmt.Printf("@@guest %s: %v\n", r.Name, err)
+				fmt.Printf("%s %s: %v\n", plan.Mark, r.Name, err)
 			}
 		}
 	}
-	fmt.Printf("%s%s rc=%d seconds=%.1f\n", markEnd, r.Name, rc, time.Since(start).Seconds())
+	fmt.Printf("%s%s rc=%d seconds=%.1f\n", plan.MarkEnd, r.Name, rc, time.Since(begin).Seconds())
 }
 
 func poweroff() {
