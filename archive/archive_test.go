@@ -2,16 +2,19 @@ package archive
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 
+	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
 	"github.com/hostpath-csi/hostpath/fsops"
@@ -283,32 +286,118 @@ func TestSparseIsRecorded(t *testing.T) {
 	}
 }
 
-// TestParallelGzip: the stream is standard gzip whatever the sizes of the
-// writes and of the input around block boundaries.
-func TestParallelGzip(t *testing.T) {
-	for _, size := range []int{0, 1, gzDict - 1, gzDict + 1, gzBlock - 1, gzBlock, gzBlock + 1, 3*gzBlock + 12345} {
-		in := make([]byte, size)
-		for i := range in {
-			in[i] = byte(i*7 + i/1000)
+// TestIndexedStreams: whatever the sizes of the writes and of the input
+// around block boundaries, the stream is one unit per block, standard
+// readers (Go's gzip, klauspost's streaming zstd) read it as one stream,
+// and the parallel reader gives back the input.
+func TestIndexedStreams(t *testing.T) {
+	zf, err := newZstdFrames(zstd.SpeedDefault)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zf.enc.Close()
+	formats := []struct {
+		name   string
+		f      blockFormat
+		block  int
+		read   func(io.Reader) (io.Reader, error)
+		reader func() (blockFormat, error)
+	}{
+		{"gzip", &gzipMembers{level: 6}, gzBlock,
+			func(r io.Reader) (io.Reader, error) { return gzip.NewReader(r) },
+			func() (blockFormat, error) { return &gzipMembers{}, nil }},
+		{"gzip-compact", &gzipMembers{level: 6, compact: true}, gzBlock,
+			func(r io.Reader) (io.Reader, error) { return gzip.NewReader(r) },
+			func() (blockFormat, error) { return &gzipMembers{}, nil }},
+		{"zstd", zf, zstdBlock,
+			func(r io.Reader) (io.Reader, error) { return zstd.NewReader(r) },
+			func() (blockFormat, error) { return newZstdDecoder() }},
+	}
+	for _, ft := range formats {
+		for _, size := range []int{0, 1, ft.block - 1, ft.block, ft.block + 1, 3*ft.block + 12345} {
+			t.Run(fmt.Sprintf("%s/%d", ft.name, size), func(t *testing.T) {
+				in := make([]byte, size)
+				for i := range in {
+					in[i] = byte(i*7 + i/1000)
+				}
+				var buf bytes.Buffer
+				z := newParallelWriter(&buf, ft.f, ft.block)
+				for off := 0; off < len(in); {
+					n := min(len(in)-off, 1+off%70000)
+					z.Write(in[off : off+n])
+					off += n
+				}
+				if err := z.Close(); err != nil {
+					t.Fatal(err)
+				}
+				stream := buf.Bytes()
+				std, err := ft.read(bytes.NewReader(stream))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if out, err := io.ReadAll(std); err != nil || !bytes.Equal(out, in) {
+					t.Fatalf("standard reader: round trip failed: %v", err)
+				}
+				rf, err := ft.reader()
+				if err != nil {
+					t.Fatal(err)
+				}
+				br := bufio.NewReader(bytes.NewReader(stream))
+				units := 0
+				for {
+					_, err := rf.next(br)
+					if err == io.EOF {
+						break
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					units++
+				}
+				if want := max(1, (size+ft.block-1)/ft.block); units != want {
+					t.Fatalf("%d units, want %d", units, want)
+				}
+				pr := newParallelReader(bufio.NewReader(bytes.NewReader(stream)), rf)
+				out, err := io.ReadAll(pr)
+				pr.Close()
+				if err != nil || !bytes.Equal(out, in) {
+					t.Fatalf("parallel reader: round trip failed: %v", err)
+				}
+			})
 		}
-		var buf bytes.Buffer
-		z := newParallelGzip(&buf, 6)
-		for off := 0; off < len(in); {
-			n := min(len(in)-off, 1+off%70000)
-			z.Write(in[off : off+n])
-			off += n
-		}
-		if err := z.Close(); err != nil {
-			t.Fatal(err)
-		}
-		zr, err := gzip.NewReader(&buf)
-		if err != nil {
-			t.Fatalf("size %d: %v", size, err)
-		}
-		out, err := io.ReadAll(zr)
-		if err != nil || !bytes.Equal(out, in) {
-			t.Fatalf("size %d: round trip failed: %v", size, err)
-		}
+	}
+}
+
+// TestEarlierFormats: single-stream tar.gz and tar.zst (what GNU tar and
+// earlier versions of the driver write) still extract.
+func TestEarlierFormats(t *testing.T) {
+	tarball := func(w io.Writer) {
+		tw := tar.NewWriter(w)
+		tw.WriteHeader(&tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644, Size: 5})
+		tw.Write([]byte("hello"))
+		tw.Close()
+	}
+	writers := map[string]func(io.Writer) io.WriteCloser{
+		"gzip": func(w io.Writer) io.WriteCloser { return gzip.NewWriter(w) },
+		"zstd": func(w io.Writer) io.WriteCloser { e, _ := zstd.NewWriter(w); return e },
+	}
+	for name, newW := range writers {
+		t.Run(name, func(t *testing.T) {
+			var buf bytes.Buffer
+			w := newW(&buf)
+			tarball(w)
+			w.Close()
+			if isGzipMember(buf.Bytes()) || isZstdUnit(buf.Bytes()) {
+				t.Fatal("test stream looks indexed")
+			}
+			dst := t.TempDir()
+			if _, err := Extract(ctx, &buf, dst); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := os.ReadFile(filepath.Join(dst, "f")); string(got) != "hello" {
+				t.Fatalf("got %q", got)
+			}
+		})
 	}
 }
 
@@ -424,8 +513,8 @@ func TestZstdReadByGNUTar(t *testing.T) {
 	if _, err := Write(ctx, src, &buf, Options{Zstd: true}); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.HasPrefix(buf.Bytes(), zstdMagic) {
-		t.Fatalf("archive starts with %x, not the zstd magic", buf.Bytes()[:4])
+	if !isZstdUnit(buf.Bytes()) {
+		t.Fatalf("archive starts with %x, not a pzstd skippable frame", buf.Bytes()[:12])
 	}
 	if buf.Len() > 1<<20 {
 		t.Fatalf("archive of 10 MiB of a repeating pattern and a sparse file is %d bytes", buf.Len())

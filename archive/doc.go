@@ -1,7 +1,10 @@
 // Package archive writes and reads the tar.gz streams that hold snapshots
 // of directory volumes, in-process: a walk of the tree that is fd-relative
 // and never follows a symlink, a tar stream with PAX headers (long names,
-// nanosecond times, extended attributes, owners), and parallel gzip.
+// nanosecond times, extended attributes, owners), compressed on every core
+// into gzip members or zstd frames that each carry their length, so that a
+// restore decompresses on every core too (see blockFormat). Any gzip or
+// zstd reader reads them as one stream.
 //
 // Extraction confines every entry to the destination with openat2(2)
 // (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), so an archive with absolute

@@ -70,23 +70,32 @@ func Extract(ctx context.Context, r io.Reader, dir string) (Stats, error) {
 	return x.stats, nil
 }
 
-// zstdMagic opens a zstd frame (RFC 8878 3.1.1).
-var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
-
 // decompressor reads a tar.gz or a tar.zst, told apart by the first
-// bytes; both through mholt/archives. zstd checks each frame's checksum
-// as it ends, gzip its member's CRC at the end of the stream.
+// bytes. The snapshots this driver writes are indexed (see blockFormat)
+// and are decoded on every core; other streams, such as the snapshots of
+// earlier versions, are read as one stream through mholt/archives. zstd
+// checks each frame's checksum as it ends, gzip each member's CRC at its
+// end.
 func decompressor(r io.Reader) (io.ReadCloser, error) {
 	br := bufio.NewReaderSize(r, 64<<10)
-	magic, _ := br.Peek(len(zstdMagic))
+	head, _ := br.Peek(gzHeaderLen)
 	var rc io.ReadCloser
 	var err error
-	if bytes.Equal(magic, zstdMagic) {
+	switch {
+	case isGzipMember(head):
+		return newParallelReader(br, &gzipMembers{}), nil
+	case isZstdUnit(head):
+		z, err := newZstdDecoder()
+		if err != nil {
+			return nil, err
+		}
+		return newParallelReader(br, z), nil
+	case bytes.HasPrefix(head, zstdMagic):
 		rc, err = archives.Zstd{DecoderOptions: []zstd.DOption{
 			zstd.WithDecoderConcurrency(0), // GOMAXPROCS
 			zstd.WithDecoderMaxWindow(64 << 20),
 		}}.OpenReader(br)
-	} else {
+	default:
 		rc, err = archives.Gz{Multithreaded: true}.OpenReader(br)
 	}
 	if err != nil {

@@ -1,6 +1,10 @@
 package archive
 
 import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"fmt"
 	"io"
 	"runtime"
 
@@ -8,39 +12,50 @@ import (
 	"github.com/mholt/archives"
 )
 
-// parallelZstd compresses on every core, the way `zstd -T0` does: the
-// input is cut into blocks of zstdBlock bytes, each becomes a zstd frame
-// of its own, compressed by a worker, and the frames are written in input
-// order. Concatenated frames are one valid zstd stream (RFC 8878 3.1), so
-// `zstd -d`, `tar -I zstd -xf` and any decoder read it. A single
-// klauspost/compress stream encoder overlaps at most two goroutines; whole
-// frames per block scale with cores, at a cost in ratio of well under 1%
-// for blocks this large. The encoder is mholt/archives' Zstd
-// (klauspost/compress/zstd), used through EncodeAll, which is safe for
-// concurrent use.
-type parallelZstd struct {
-	w     io.Writer
-	enc   *zstd.Encoder
-	buf   []byte
-	queue chan *zstdJob
-	done  chan struct{}
-	firstErr
+// zstdFrames is the tar.zst unit format, the one pzstd writes: each block
+// is a zstd frame of its own, preceded by a skippable frame (RFC 8878
+// 3.1.2, magic 0x184D2A50) whose four bytes of content are the frame's
+// length. Decoders skip skippable frames and read concatenated frames as
+// one stream, so `zstd -d` and `tar -I zstd -xf` read it, and `pzstd -d`
+// decodes it in parallel as we do. A single klauspost/compress stream
+// encoder overlaps at most two goroutines; whole frames per block scale
+// with cores.
+//
+// The codec is mholt/archives' Zstd (klauspost/compress/zstd), used
+// through EncodeAll and DecodeAll, which are safe for concurrent use.
+type zstdFrames struct {
+	enc *zstd.Encoder
+	dec interface {
+		DecodeAll(input, dst []byte) ([]byte, error)
+	}
+	closeDec func() error
 }
 
-type zstdJob struct {
-	in, out []byte
-	ready   chan struct{}
+// Close releases the decoder.
+func (z *zstdFrames) Close() error {
+	if z.closeDec != nil {
+		return z.closeDec()
+	}
+	return nil
 }
 
-// zstdBlock is the input of one frame: large enough that starting each
-// frame without history costs little, small enough that two cores get
-// several blocks of a modest file.
-const zstdBlock = 4 << 20
+const (
+	// zstdBlock is the input of one frame.
+	zstdBlock = 4 << 20
+	// zstdSkipLen: the skippable frame's magic, its length and content.
+	zstdSkipLen = 12
+	// zstdMaxUnit bounds what a reader allocates for a frame: a raw
+	// block of incompressible input plus its headers.
+	zstdMaxUnit = zstdBlock + zstdBlock/64 + 64
+)
 
-// newParallelZstd writes a zstd stream at zstd level (klauspost's
-// SpeedDefault is level 3, the zstd CLI's default) to w. Memory is
-// bounded: at most two blocks per core wait in the queue.
-func newParallelZstd(w io.Writer, level zstd.EncoderLevel) (*parallelZstd, error) {
+// zstdMagic opens a zstd frame (RFC 8878 3.1.1).
+var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
+
+// zstdSkipHeader is a skippable frame of four bytes, little-endian.
+var zstdSkipHeader = []byte{0x50, 0x2a, 0x4d, 0x18, 4, 0, 0, 0}
+
+func newZstdFrames(level zstd.EncoderLevel) (*zstdFrames, error) {
 	n := max(runtime.GOMAXPROCS(0), 1)
 	wc, err := archives.Zstd{EncoderOptions: []zstd.EOption{
 		zstd.WithEncoderLevel(level), zstd.WithEncoderConcurrency(n),
@@ -49,58 +64,69 @@ func newParallelZstd(w io.Writer, level zstd.EncoderLevel) (*parallelZstd, error
 	if err != nil {
 		return nil, err
 	}
-	z := &parallelZstd{w: w, enc: wc.(*zstd.Encoder), buf: make([]byte, 0, zstdBlock),
-		queue: make(chan *zstdJob, 2*n), done: make(chan struct{})}
-	go z.writer()
-	return z, nil
+	return &zstdFrames{enc: wc.(*zstd.Encoder)}, nil
 }
 
-// writer emits frames in input order.
-func (z *parallelZstd) writer() {
-	defer close(z.done)
-	for j := range z.queue {
-		<-j.ready
-		if z.getErr() == nil {
-			if _, err := z.w.Write(j.out); err != nil {
-				z.setErr(err)
-			}
-		}
+func newZstdDecoder() (*zstdFrames, error) {
+	rc, err := archives.Zstd{DecoderOptions: []zstd.DOption{
+		zstd.WithDecoderConcurrency(runtime.GOMAXPROCS(0)),
+		zstd.WithDecoderMaxMemory(zstdBlock),
+	}}.OpenReader(nil)
+	if err != nil {
+		return nil, err
 	}
+	dec, ok := rc.(interface {
+		DecodeAll(input, dst []byte) ([]byte, error)
+	})
+	if !ok {
+		rc.Close()
+		return nil, fmt.Errorf("mholt/archives' zstd reader %T has no DecodeAll", rc)
+	}
+	return &zstdFrames{dec: dec, closeDec: rc.Close}, nil
 }
 
-func (z *parallelZstd) submit() {
-	j := &zstdJob{in: z.buf, ready: make(chan struct{})}
-	z.queue <- j // blocks when the writer is behind: bounded memory
-	go func() {
-		j.out = z.enc.EncodeAll(j.in, make([]byte, 0, len(j.in)/2))
-		close(j.ready)
-	}()
-	z.buf = make([]byte, 0, zstdBlock)
+func (z *zstdFrames) encode(in []byte) ([]byte, error) {
+	out := append(make([]byte, 0, len(in)/2+64), zstdSkipHeader...)
+	out = append(out, 0, 0, 0, 0)
+	out = z.enc.EncodeAll(in, out)
+	if len(out)-zstdSkipLen > zstdMaxUnit {
+		return nil, errTooLarge
+	}
+	binary.LittleEndian.PutUint32(out[len(zstdSkipHeader):], uint32(len(out)-zstdSkipLen))
+	return out, nil
 }
 
-func (z *parallelZstd) Write(p []byte) (int, error) {
-	if err := z.getErr(); err != nil {
-		return 0, err
-	}
-	n := len(p)
-	for len(p) > 0 {
-		m := copy(z.buf[len(z.buf):cap(z.buf)], p)
-		z.buf = z.buf[:len(z.buf)+m]
-		p = p[m:]
-		if len(z.buf) == cap(z.buf) {
-			z.submit()
-		}
-	}
-	return n, nil
+// isZstdUnit tells whether a stream starts like an indexed frame.
+func isZstdUnit(head []byte) bool {
+	return bytes.HasPrefix(head, zstdSkipHeader)
 }
 
-// Close compresses what is left and waits for every frame to be written.
-func (z *parallelZstd) Close() error {
-	if len(z.buf) > 0 {
-		z.submit()
+func (z *zstdFrames) next(r *bufio.Reader) ([]byte, error) {
+	head, err := r.Peek(zstdSkipLen)
+	if len(head) == 0 && err == io.EOF {
+		return nil, io.EOF
 	}
-	close(z.queue)
-	<-z.done
-	z.enc.Close()
-	return z.getErr()
+	if err != nil {
+		return nil, unexpected(err)
+	}
+	if !isZstdUnit(head) {
+		return nil, fmt.Errorf("not a frame of an indexed zstd stream")
+	}
+	n := binary.LittleEndian.Uint32(head[len(zstdSkipHeader):])
+	if n < uint32(len(zstdMagic)) || n > zstdMaxUnit {
+		return nil, fmt.Errorf("%w: frame of %d bytes", errTooLarge, n)
+	}
+	unit := make([]byte, zstdSkipLen+int(n))
+	if _, err := io.ReadFull(r, unit); err != nil {
+		return nil, unexpected(err)
+	}
+	return unit, nil
+}
+
+func (z *zstdFrames) decode(dst, unit []byte) ([]byte, error) {
+	frame := unit[zstdSkipLen:]
+	if !bytes.HasPrefix(frame, zstdMagic) {
+		return nil, fmt.Errorf("skippable frame not followed by a zstd frame")
+	}
+	return z.dec.DecodeAll(frame, dst[:0])
 }

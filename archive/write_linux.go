@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
-	"github.com/mholt/archives"
 	"golang.org/x/sys/unix"
 
 	"github.com/hostpath-csi/hostpath/fsops"
@@ -53,22 +52,17 @@ func Write(ctx context.Context, dir string, w io.Writer, opts Options) (Stats, e
 	if level == 0 {
 		level = DefaultLevel
 	}
-	var gz io.WriteCloser
-	switch {
-	case opts.Zstd:
-		var err error
-		if gz, err = newParallelZstd(w, zstd.SpeedDefault); err != nil {
+	var f blockFormat = &gzipMembers{level: level, compact: opts.Compact}
+	block := gzBlock
+	if opts.Zstd {
+		z, err := newZstdFrames(zstd.SpeedDefault)
+		if err != nil {
 			return Stats{}, err
 		}
-	case opts.Compact:
-		gz = newParallelGzip(w, level)
-	default:
-		var err error
-		// mholt/archives' multithreaded gzip is klauspost/pgzip.
-		if gz, err = (archives.Gz{CompressionLevel: level, Multithreaded: true}).OpenWriter(w); err != nil {
-			return Stats{}, err
-		}
+		defer z.enc.Close()
+		f, block = z, zstdBlock
 	}
+	gz := newParallelWriter(w, f, block)
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		gz.Close()

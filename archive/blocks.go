@@ -1,0 +1,274 @@
+package archive
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"runtime"
+	"sync"
+)
+
+// A snapshot's compressed stream is a sequence of units, each the
+// compressed form of one block of the tar stream, each decodable on its
+// own and each saying its own length before its data: a gzip member with
+// its length in an extra field (like BGZF), or a zstd frame after a
+// skippable frame holding its length (like pzstd). Any gzip or zstd
+// reader reads the sequence as one stream; ours finds the units without
+// decoding them and decodes them on every core, which is what makes a
+// restore faster than `tar xzf`, whose single gzip stream can only be
+// inflated on one core.
+
+// blockFormat frames and unframes the units of one compression format.
+type blockFormat interface {
+	// encode returns the unit holding in.
+	encode(in []byte) ([]byte, error)
+	// next reads the next unit whole from r, or returns io.EOF at the
+	// clean end of the stream.
+	next(r *bufio.Reader) ([]byte, error)
+	// decode returns the block a unit holds, appended to dst.
+	decode(dst, unit []byte) ([]byte, error)
+}
+
+// firstErr keeps the first error of a pipeline whose goroutines may
+// each fail.
+type firstErr struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (f *firstErr) setErr(err error) {
+	f.mu.Lock()
+	if f.err == nil {
+		f.err = err
+	}
+	f.mu.Unlock()
+}
+
+func (f *firstErr) getErr() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
+}
+
+type blockJob struct {
+	in, out []byte
+	err     error
+	ready   chan struct{}
+}
+
+// parallelWriter cuts its input into blocks of a fixed size, encodes
+// them on every core and writes the units in input order. Memory is
+// bounded: at most two blocks per core are in flight.
+type parallelWriter struct {
+	w     io.Writer
+	f     blockFormat
+	block int
+	buf   []byte
+	queue chan *blockJob
+	sem   chan struct{}
+	done  chan struct{}
+	units int
+	firstErr
+}
+
+func newParallelWriter(w io.Writer, f blockFormat, block int) *parallelWriter {
+	n := max(runtime.GOMAXPROCS(0), 1)
+	z := &parallelWriter{w: w, f: f, block: block, buf: make([]byte, 0, block),
+		queue: make(chan *blockJob, 2*n), sem: make(chan struct{}, n), done: make(chan struct{})}
+	go z.writer()
+	return z
+}
+
+// writer emits units in input order.
+func (z *parallelWriter) writer() {
+	defer close(z.done)
+	for j := range z.queue {
+		<-j.ready
+		if j.err != nil {
+			z.setErr(j.err)
+		}
+		if z.getErr() == nil {
+			if _, err := z.w.Write(j.out); err != nil {
+				z.setErr(err)
+			}
+		}
+	}
+}
+
+func (z *parallelWriter) submit() {
+	j := &blockJob{in: z.buf, ready: make(chan struct{})}
+	z.queue <- j // blocks when the writer is behind: bounded memory
+	z.sem <- struct{}{}
+	go func() {
+		j.out, j.err = z.f.encode(j.in)
+		<-z.sem
+		close(j.ready)
+	}()
+	z.buf = make([]byte, 0, z.block)
+	z.units++
+}
+
+func (z *parallelWriter) Write(p []byte) (int, error) {
+	if err := z.getErr(); err != nil {
+		return 0, err
+	}
+	n := len(p)
+	for len(p) > 0 {
+		m := copy(z.buf[len(z.buf):cap(z.buf)], p)
+		z.buf = z.buf[:len(z.buf)+m]
+		p = p[m:]
+		if len(z.buf) == cap(z.buf) {
+			z.submit()
+		}
+	}
+	return n, nil
+}
+
+// Close encodes what is left and waits for every unit to be written. An
+// empty input still gives one (empty) unit: an empty file is not a valid
+// gzip stream. Close does not close w.
+func (z *parallelWriter) Close() error {
+	if len(z.buf) > 0 || z.units == 0 {
+		z.submit()
+	}
+	close(z.queue)
+	<-z.done
+	return z.getErr()
+}
+
+// parallelReader reads units in order on one goroutine (the underlying
+// reader is read by nothing else while it runs) and decodes them on every
+// core; Read returns the blocks in order. Memory is bounded like the
+// writer's.
+type parallelReader struct {
+	f     blockFormat
+	queue chan *blockJob
+	sem   chan struct{}
+	stop  chan struct{}
+	ended chan struct{}
+	cur   []byte // what is left of whole
+	whole []byte
+	err   error
+	free  chan []byte // blocks Read is done with, for the next decodes
+}
+
+// errTooLarge: a unit says it is larger than any unit the writer makes.
+var errTooLarge = errors.New("unit larger than the format allows")
+
+func newParallelReader(r *bufio.Reader, f blockFormat) *parallelReader {
+	n := max(runtime.GOMAXPROCS(0), 1)
+	z := &parallelReader{f: f, queue: make(chan *blockJob, 2*n), sem: make(chan struct{}, n),
+		stop: make(chan struct{}), ended: make(chan struct{}), free: make(chan []byte, 3*n)}
+	go z.reader(r)
+	return z
+}
+
+func (z *parallelReader) reader(r *bufio.Reader) {
+	defer close(z.ended)
+	defer close(z.queue)
+	for units := 0; ; units++ {
+		select {
+		case <-z.stop:
+			return
+		default:
+		}
+		unit, err := z.f.next(r)
+		if err == io.EOF && units == 0 {
+			err = io.ErrUnexpectedEOF
+		}
+		if err == io.EOF {
+			return
+		}
+		j := &blockJob{in: unit, err: err, ready: make(chan struct{})}
+		select {
+		case z.queue <- j:
+		case <-z.stop:
+			return
+		}
+		if err != nil {
+			close(j.ready)
+			return
+		}
+		z.sem <- struct{}{}
+		go func() {
+			var buf []byte
+			select {
+			case buf = <-z.free:
+			default:
+			}
+			j.out, j.err = z.f.decode(buf[:0], j.in)
+			<-z.sem
+			close(j.ready)
+		}()
+	}
+}
+
+func (z *parallelReader) Read(p []byte) (int, error) {
+	for len(z.cur) == 0 {
+		if z.err != nil {
+			return 0, z.err
+		}
+		j, ok := <-z.queue
+		if !ok {
+			z.err = io.EOF
+			continue
+		}
+		<-j.ready
+		if j.err != nil {
+			z.err = formatErr(j.err)
+			continue
+		}
+		z.cur, z.whole = j.out, j.out
+	}
+	n := copy(p, z.cur)
+	z.advance(n)
+	return n, nil
+}
+
+// advance consumes n bytes of the current block and recycles it when it
+// is used up.
+func (z *parallelReader) advance(n int) {
+	z.cur = z.cur[n:]
+	if len(z.cur) == 0 && z.whole != nil {
+		select {
+		case z.free <- z.whole[:0]:
+		default:
+		}
+		z.cur, z.whole = nil, nil
+	}
+}
+
+// WriteTo saves a copy per Read when the consumer takes whole blocks.
+func (z *parallelReader) WriteTo(w io.Writer) (int64, error) {
+	var total int64
+	for {
+		if len(z.cur) == 0 {
+			if _, err := z.Read(nil); err != nil {
+				if err == io.EOF {
+					return total, nil
+				}
+				return total, err
+			}
+		}
+		n, err := w.Write(z.cur)
+		total += int64(n)
+		z.advance(n)
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+// Close stops the reading goroutine and waits for it, so the underlying
+// reader is the caller's again when Close returns.
+func (z *parallelReader) Close() error {
+	close(z.stop)
+	for j := range z.queue {
+		<-j.ready
+	}
+	<-z.ended
+	if c, ok := z.f.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
+}
