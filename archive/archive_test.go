@@ -224,6 +224,16 @@ func FuzzExtract(f *testing.F) {
 	f.Add(makeArchive(f, []entry{{name: "a", typ: tar.TypeReg, body: "x"}}))
 	f.Add(makeArchive(f, []entry{{name: "l", link: "..", typ: tar.TypeSymlink}, {name: "l/x", typ: tar.TypeReg, body: "x"}}))
 	f.Add(makeArchive(f, []entry{{name: "d/", typ: tar.TypeDir}, {name: "d/h", link: "a", typ: tar.TypeLink}}))
+	// What Write makes: indexed gzip members and zstd frames.
+	src := f.TempDir()
+	os.WriteFile(filepath.Join(src, "a"), []byte("some content"), 0o644)
+	for _, opts := range []Options{{}, {Zstd: true}} {
+		var buf bytes.Buffer
+		if _, err := Write(ctx, src, &buf, opts); err != nil {
+			f.Fatal(err)
+		}
+		f.Add(buf.Bytes())
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		base := t.TempDir()
 		dst := filepath.Join(base, "dst")
