@@ -188,6 +188,10 @@ func New(cfg Config) (*Driver, error) {
 	return d, nil
 }
 
+// Close checkpoints the state's journal and closes it: the next start has
+// nothing to redo. Calls after it fail to write state.
+func (d *Driver) Close() error { return d.st.Close() }
+
 // prepareStateDir creates the layout and proves the directory is writable,
 // so a read-only or missing state dir stops the driver at start with a
 // message naming it rather than failing the first CreateVolume.

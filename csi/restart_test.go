@@ -53,6 +53,11 @@ func TestReconcile(t *testing.T) {
 	// A delete interrupted after its record said so.
 	gone := mustCreate(t, d, "pvc-deleting", 1<<20)
 	rec, _ := d.st.Volumes.Get(gone.GetVolumeId())
+	// The records planted by hand stand for durable state: the driver
+	// stops (its journal checkpointed) before they are written.
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
 	rec.Phase = phaseDeleting
 	writeJSON(t, filepath.Join(d.paths.meta(), "volumes", rec.ID+".json"), rec)
 	// Data without a record, a temp file, a snapshot that never finished.
@@ -97,6 +102,9 @@ func TestDamagedStateStopsStart(t *testing.T) {
 	cfg := testConfig(t)
 	d := newDriver(t, cfg)
 	v := mustCreate(t, d, "pvc-x", 1<<20)
+	if err := d.Close(); err != nil { // else the journal repairs the record
+		t.Fatal(err)
+	}
 	os.WriteFile(filepath.Join(d.paths.meta(), "volumes", v.GetVolumeId()+".json"), []byte("{garbage"), 0o600)
 	if _, err := New(cfg); err == nil {
 		t.Fatal("a damaged record must stop the start, not be skipped")

@@ -92,6 +92,20 @@ func SyncDir(dir string) error {
 	return nil
 }
 
+// SyncFile fsyncs the file at path (opened without following a symlink),
+// making what was written to it durable.
+func SyncFile(path string) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	if err := unix.Fsync(fd); err != nil {
+		return &os.PathError{Op: "fsync", Path: path, Err: err}
+	}
+	return nil
+}
+
 // SyncFS flushes the whole file system holding path with one syncfs(2),
 // cheaper than an fsync per file after writing many files.
 func SyncFS(path string) error {

@@ -96,6 +96,9 @@ func run(o options) int {
 	<-ctx.Done()
 	<-done
 	<-regDone
+	if err := d.Close(); err != nil {
+		klog.ErrorS(err, "closing the state")
+	}
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		klog.ErrorS(cause, "stopping")
 		klog.Flush()

@@ -34,9 +34,10 @@ func (e *NameError) Unwrap() error { return ErrNameTaken }
 // the index by id and by name. mu guards the index and is never held
 // across I/O.
 type Table[T Record[T]] struct {
-	kind  string
-	dir   string
-	valid func(id string) bool
+	kind    string
+	dir     string
+	valid   func(id string) bool
+	journal *journal
 
 	mu     sync.RWMutex
 	byID   map[string]T
@@ -172,22 +173,29 @@ func (t *Table[T]) Check(f func(all map[string]T) error) error {
 	return f(t.byID)
 }
 
-// Put writes the record durably, then updates the index.
-func (t *Table[T]) Put(r T) error { return t.put(r, fsops.WriteFileAtomic) }
+// Put writes the record durably, then updates the index: the record file
+// atomically, then the change into the journal, synced.
+func (t *Table[T]) Put(r T) error { return t.put(r, true) }
 
 // PutPending writes a record that is not final yet (a volume being
-// created) atomically but without fsync: a power loss may lose it, which
+// created) atomically but not durably: a power loss may lose it, which
 // leaves what a crash before it would, data that no record owns, and the
-// next start removes that. It spares a create two of its five fsyncs.
-func (t *Table[T]) PutPending(r T) error { return t.put(r, fsops.ReplaceFile) }
+// next start removes that.
+func (t *Table[T]) PutPending(r T) error { return t.put(r, false) }
 
-func (t *Table[T]) put(r T, write func(string, []byte, os.FileMode) error) error {
+func (t *Table[T]) put(r T, durable bool) error {
 	data, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
 	}
-	if err := write(filepath.Join(t.dir, r.RecordID()+".json"), data, 0o600); err != nil {
+	p := filepath.Join(t.dir, r.RecordID()+".json")
+	if err := fsops.ReplaceFile(p, data, 0o600); err != nil {
 		return err
+	}
+	if durable {
+		if err := t.journal.commit(entry{Table: filepath.Base(t.dir), ID: r.RecordID(), Record: data}, p); err != nil {
+			return err
+		}
 	}
 	t.mu.Lock()
 	t.byID[r.RecordID()] = r.Clone()
@@ -196,9 +204,14 @@ func (t *Table[T]) put(r T, write func(string, []byte, os.FileMode) error) error
 	return nil
 }
 
-// Drop removes the record from disk, durably, and then from the index.
+// Drop removes the record from disk, durably (through the journal), and
+// then from the index.
 func (t *Table[T]) Drop(id string) error {
-	if err := fsops.RemoveDurable(filepath.Join(t.dir, id+".json")); err != nil {
+	p := filepath.Join(t.dir, id+".json")
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := t.journal.commit(entry{Table: filepath.Base(t.dir), ID: id, Drop: true}, p); err != nil {
 		return err
 	}
 	t.mu.Lock()
@@ -212,7 +225,12 @@ type Store struct {
 	Volumes   *Table[Volume]
 	Snapshots *Table[Snapshot]
 	Groups    *Table[Group]
+	journal   *journal
 }
+
+// Close checkpoints the journal and closes it; the store refuses writes
+// after it.
+func (s *Store) Close() error { return s.journal.close() }
 
 // IDRules says which file names in each table are records; anything else
 // is left alone (and dot-files, interrupted writes, are removed).
@@ -220,8 +238,9 @@ type IDRules struct {
 	Volume, Snapshot, Group func(id string) bool
 }
 
-// Open makes the tables under dir (volumes/, snapshots/, groups/) and
-// loads every record.
+// Open makes the tables under dir (volumes/, snapshots/, groups/), redoes
+// the journal's changes (dir/journal) that a power loss may have taken
+// from the record files, and loads every record.
 func Open(dir string, ids IDRules) (*Store, error) {
 	var s Store
 	var err error
@@ -234,6 +253,14 @@ func Open(dir string, ids IDRules) (*Store, error) {
 	if s.Groups, err = newTable[Group]("group snapshot", filepath.Join(dir, "groups"), ids.Group); err != nil {
 		return nil, err
 	}
+	tables := map[string]*tableDir{}
+	for _, t := range []*tableDir{{s.Volumes.dir, s.Volumes.valid}, {s.Snapshots.dir, s.Snapshots.valid}, {s.Groups.dir, s.Groups.valid}} {
+		tables[filepath.Base(t.dir)] = t
+	}
+	if s.journal, err = openJournal(filepath.Join(dir, "journal"), tables); err != nil {
+		return nil, err
+	}
+	s.Volumes.journal, s.Snapshots.journal, s.Groups.journal = s.journal, s.journal, s.journal
 	for _, load := range []func() error{s.Volumes.load, s.Snapshots.load, s.Groups.load} {
 		if err := load(); err != nil {
 			return nil, err
