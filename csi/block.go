@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/fsops"
@@ -33,7 +34,11 @@ func (d *Driver) createBlockData(ctx context.Context, v volumeRecord) error {
 		}
 		src = d.volumeDataPath(s)
 	}
-	if src == "" {
+	if src == "" && v.Fresh {
+		if err := fsops.CreateBackingFileLazy(path, v.CapacityBytes); err != nil {
+			return err
+		}
+	} else if src == "" {
 		if err := fsops.CreateBackingFile(path, v.CapacityBytes); err != nil {
 			return err
 		}
@@ -96,6 +101,52 @@ func (d *Driver) growBlock(v volumeRecord, size int64) error {
 		return err
 	}
 	return loop.Resize(dev)
+}
+
+// settleBlock makes a fresh block volume's backing file durable (its
+// blocks and its name) before a pod can write to it, and records that.
+func (d *Driver) settleBlock(v *volumeRecord) error {
+	if v.AccessType != accessBlock || !v.Fresh {
+		return nil
+	}
+	path := d.volumeDataPath(*v)
+	if err := fsops.SyncFile(path); err != nil {
+		return err
+	}
+	if err := fsops.SyncDir(filepath.Dir(path)); err != nil {
+		return err
+	}
+	v.Fresh = false
+	return d.st.Volumes.Put(*v)
+}
+
+// repairFresh makes a fresh block volume's backing file whole and durable
+// at start: a power loss may have taken it, or its size, before anything
+// was written to it, so making it again loses nothing.
+func (d *Driver) repairFresh(v volumeRecord) error {
+	path := d.volumeDataPath(v)
+	var st unix.Stat_t
+	err := unix.Lstat(path, &st)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		klog.InfoS("repair: making again the backing file of an empty block volume that a power loss took", "volume_id", v.ID, "name", v.Name, "path", path)
+		err = fsops.CreateBackingFile(path, v.CapacityBytes)
+	case err != nil:
+		return &os.PathError{Op: "lstat", Path: path, Err: err}
+	default:
+		if st.Size != v.CapacityBytes {
+			klog.InfoS("repair: giving an empty block volume's backing file its size back after a power loss", "volume_id", v.ID, "name", v.Name, "path", path, "size", st.Size)
+		}
+		err = fsops.GrowFile(path, v.CapacityBytes)
+	}
+	if err != nil {
+		return err
+	}
+	if err := fsops.SyncDir(filepath.Dir(path)); err != nil {
+		return err
+	}
+	v.Fresh = false
+	return d.st.Volumes.Put(v)
 }
 
 // attachBlock returns the volume's loop device, binding one if the file

@@ -128,6 +128,10 @@ func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord) (volumeR
 	rec.ID = d.newVolumeID()
 	rec.Phase = phaseCreating
 	rec.CreatedAt = time.Now().UTC()
+	// An empty block volume's backing file is made durable when a pod
+	// first gets it (settleBlock), not here: that spares a create an
+	// fsync.
+	rec.Fresh = rec.AccessType == accessBlock && rec.SourceSnapshot == "" && rec.SourceVolume == ""
 	if err := d.st.Volumes.Reserve(&rec, d.checkCapacity); err != nil {
 		return volumeRecord{}, toStatus(err, "reserving volume %q", rec.Name)
 	}

@@ -60,6 +60,9 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		return nil, err
 	}
 	defer unlock()
+	if err := d.settleBlock(&v); err != nil {
+		return nil, toStatus(err, "making the backing file of volume %s durable", v.ID)
+	}
 	if !slices.Contains(v.Staged, staging) {
 		v.Staged = append(v.Staged, staging)
 		if err := d.st.Volumes.Put(v); err != nil {
@@ -258,6 +261,9 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		if ours {
 			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is SINGLE_NODE_SINGLE_WRITER and already published at %s", v.ID, p.Target)
 		}
+	}
+	if err := d.settleBlock(&v); err != nil {
+		return nil, toStatus(err, "making the backing file of volume %s durable", v.ID)
 	}
 	if !slices.ContainsFunc(v.Published, func(p publication) bool { return p.Target == target }) {
 		// Record first: a crash after the mount still knows the target.

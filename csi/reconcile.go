@@ -23,6 +23,10 @@ import (
 //   - data under a valid id with no record belongs to no volume: removed;
 //   - tmp/ holds only unfinished work: emptied.
 func (d *Driver) reconcile() error {
+	home, err := d.volumesDirIsHome()
+	if err != nil {
+		return err
+	}
 	for _, id := range d.st.Volumes.Emptied() {
 		klog.InfoS("repair: removed the empty record of a create a power loss interrupted; its data goes with the orphans", "volume_id", id)
 	}
@@ -55,6 +59,12 @@ func (d *Driver) reconcile() error {
 					}
 					continue
 				}
+			}
+			if v.Fresh && (home || d.dataPresent(v) == nil) {
+				if err := d.repairFresh(v); err != nil {
+					return err
+				}
+				continue
 			}
 			if err := d.dataPresent(v); err != nil {
 				klog.InfoS("volume data is missing; its record is kept and publish refused until the data is back", "volume_id", v.ID, "name", v.Name, "path", d.volumeDataPath(v))
@@ -127,6 +137,9 @@ func (d *Driver) removeOrphans(dir string, known func(string) bool, valid func(s
 	for _, e := range entries {
 		id, _, _ := strings.Cut(e.Name(), ".")
 		p := filepath.Join(dir, e.Name())
+		if e.Name() == volumesMarker {
+			continue
+		}
 		if !valid(id) {
 			klog.InfoS("unexpected entry in state dir left alone", "path", p)
 			continue
@@ -140,4 +153,36 @@ func (d *Driver) removeOrphans(dir string, known func(string) bool, valid func(s
 		}
 	}
 	return nil
+}
+
+// volumesMarker is a file in the volumes directory that says it is the
+// directory the records were made in, not an empty mount point whose disk
+// has not arrived yet.
+const volumesMarker = ".hostpath-volumes"
+
+// volumesDirIsHome tells whether the volumes directory is the one the
+// records' data lives in: only then may start make again the backing file
+// of a fresh block volume that a power loss took (in an empty mount point
+// it would be attached, and written, in place of the real one). The marker
+// is written durably the first time that is evident: no volume records
+// yet, or the data of a ready volume present.
+func (d *Driver) volumesDirIsHome() (bool, error) {
+	marker := filepath.Join(d.paths.volumes(), volumesMarker)
+	if _, err := os.Lstat(marker); err == nil {
+		return true, nil
+	} else if !os.IsNotExist(err) {
+		return false, err
+	}
+	vols := d.st.Volumes.All()
+	home := len(vols) == 0
+	for _, v := range vols {
+		if v.Phase == phaseReady && !v.Fresh && v.LocalPath == "" && d.dataPresent(v) == nil {
+			home = true
+			break
+		}
+	}
+	if !home {
+		return false, nil
+	}
+	return true, fsops.WriteFileAtomic(marker, []byte("the volumes of this hostpath driver's state dir\n"), 0o600)
 }

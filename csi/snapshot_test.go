@@ -162,7 +162,7 @@ func TestCorruptSnapshot(t *testing.T) {
 		if _, ok := d.st.Volumes.ByName("r-" + name); ok {
 			t.Fatal("failed restore left a record")
 		}
-		entries, _ := os.ReadDir(d.paths.volumes())
+		entries, _ := volumeData(d)
 		if len(entries) != 1 {
 			t.Fatalf("failed restore left data: %v", entries)
 		}

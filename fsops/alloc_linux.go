@@ -8,8 +8,20 @@ import (
 
 // CreateBackingFile makes a new file of exactly size bytes at path, its
 // blocks reserved with fallocate(2) so writes to the volume cannot fail
-// for lack of space later. A failure leaves no file behind.
-func CreateBackingFile(path string, size int64) (retErr error) {
+// for lack of space later, and fsyncs it. A failure leaves no file behind.
+func CreateBackingFile(path string, size int64) error {
+	return createBackingFile(path, size, true)
+}
+
+// CreateBackingFileLazy is CreateBackingFile without the fsync: after a
+// power loss the file may be missing or short. For a file that holds
+// nothing yet, whose user makes it durable (SyncFile and SyncDir) before
+// anything is written to it.
+func CreateBackingFileLazy(path string, size int64) error {
+	return createBackingFile(path, size, false)
+}
+
+func createBackingFile(path string, size int64, durable bool) (retErr error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
@@ -22,6 +34,9 @@ func CreateBackingFile(path string, size int64) (retErr error) {
 	}()
 	if err := allocate(int(f.Fd()), path, size); err != nil {
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	return f.Sync()
 }

@@ -46,6 +46,11 @@ type Volume struct {
 	Mutable map[string]string `json:"mutable,omitempty"`
 	// LocalPath is the node directory a static local volume shows.
 	LocalPath string `json:"localPath,omitempty"`
+	// Fresh marks an empty block volume whose backing file has not been
+	// made durable yet, which no pod has written to: the first stage or
+	// publish fsyncs it, and a start that finds it missing or short (a
+	// power loss) makes it again.
+	Fresh bool `json:"fresh,omitempty"`
 }
 
 // Snapshot is what the driver keeps about one snapshot.
