@@ -35,10 +35,9 @@ func (d *Driver) createBlockData(ctx context.Context, v volumeRecord) error {
 		src = d.volumeDataPath(s)
 	}
 	if src == "" && v.Fresh {
-		if err := fsops.CreateBackingFileLazy(path, v.CapacityBytes); err != nil {
-			return err
-		}
-	} else if src == "" {
+		return createFreshBlock(path, v.CapacityBytes)
+	}
+	if src == "" {
 		if err := fsops.CreateBackingFile(path, v.CapacityBytes); err != nil {
 			return err
 		}
@@ -46,6 +45,26 @@ func (d *Driver) createBlockData(ctx context.Context, v volumeRecord) error {
 		return err
 	}
 	_, err := loop.Attach(path, loop.Options{})
+	return err
+}
+
+// createFreshBlock makes an empty block volume's file at its full size,
+// then reserves its blocks and binds its loop device side by side: the
+// device takes the file's size when it is bound, and the blocks need only
+// be reserved by the time CreateVolume returns. The caller's undo
+// (removeBlockData) takes away what a failure leaves.
+func createFreshBlock(path string, size int64) error {
+	f, err := fsops.CreateSparseFile(path, size)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	allocated := make(chan error, 1)
+	go func() { allocated <- fsops.AllocateFile(int(f.Fd()), size) }()
+	_, err = loop.Attach(path, loop.Options{})
+	if aerr := <-allocated; err == nil {
+		err = aerr
+	}
 	return err
 }
 

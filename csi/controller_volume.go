@@ -135,6 +135,9 @@ func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord) (volumeR
 	if err := d.st.Volumes.Reserve(&rec, d.checkCapacity); err != nil {
 		return volumeRecord{}, toStatus(err, "reserving volume %q", rec.Name)
 	}
+	if rec.Fresh {
+		return d.provisionFreshBlock(ctx, rec)
+	}
 	// Not durable: if a power loss takes this record, the next start
 	// removes the data it leaves as owned by no record (removeOrphans).
 	if err := d.st.Volumes.PutPending(rec); err != nil {
@@ -155,6 +158,33 @@ func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord) (volumeR
 		return volumeRecord{}, toStatus(err, "recording volume %s", rec.ID)
 	}
 	return rec, nil
+}
+
+// provisionFreshBlock makes an empty block volume. It needs no
+// "creating" record: whichever of the ready record and the backing file a
+// crash leaves, start repairs it (a fresh volume's missing file is made
+// again, a file without a record is removed with its loop device). So the
+// record's journal commit and the file's creation and loop attach run side
+// by side.
+func (d *Driver) provisionFreshBlock(ctx context.Context, rec volumeRecord) (volumeRecord, error) {
+	rec.Phase = phaseReady
+	recorded := make(chan error, 1)
+	go func() { recorded <- d.st.Volumes.Put(rec) }()
+	dataErr := d.createVolumeData(ctx, rec)
+	putErr := <-recorded
+	if dataErr == nil && putErr == nil {
+		return rec, nil
+	}
+	if rmErr := d.removeVolumeData(rec); rmErr != nil {
+		// The record stays for DeleteVolume (or the next start) to finish.
+		klog.ErrorS(rmErr, "cleaning up after failed create", "volume_id", rec.ID)
+	} else if err := d.st.Volumes.Drop(rec.ID); err != nil {
+		d.st.Volumes.Unreserve(rec.ID)
+	}
+	if dataErr != nil {
+		return volumeRecord{}, toStatus(dataErr, "creating volume %q", rec.Name)
+	}
+	return volumeRecord{}, toStatus(putErr, "recording volume %s", rec.ID)
 }
 
 // existingVolume answers a repeated CreateVolume: the same volume if the

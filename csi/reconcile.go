@@ -8,6 +8,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/fsops"
+	"github.com/hostpath-csi/hostpath/loop"
 )
 
 // reconcile makes the state and the disk agree after a restart or a crash,
@@ -148,6 +149,18 @@ func (d *Driver) removeOrphans(dir string, known func(string) bool, valid func(s
 			continue
 		}
 		klog.InfoS("repair: removing data that no record owns", "path", p)
+		// A block volume's file may still be bound to a loop device (a
+		// crash between the attach and the record): let it go first, or
+		// the device keeps the deleted file's blocks.
+		devs, err := loop.FindAll(p)
+		if err != nil {
+			return err
+		}
+		for _, dev := range devs {
+			if err := loop.Detach(dev); err != nil {
+				return err
+			}
+		}
 		if err := fsops.RemoveAll(p); err != nil {
 			return err
 		}

@@ -9,19 +9,8 @@ import (
 // CreateBackingFile makes a new file of exactly size bytes at path, its
 // blocks reserved with fallocate(2) so writes to the volume cannot fail
 // for lack of space later, and fsyncs it. A failure leaves no file behind.
-func CreateBackingFile(path string, size int64) error {
-	return createBackingFile(path, size, true)
-}
+func CreateBackingFile(path string, size int64) (retErr error) {
 
-// CreateBackingFileLazy is CreateBackingFile without the fsync: after a
-// power loss the file may be missing or short. For a file that holds
-// nothing yet, whose user makes it durable (SyncFile and SyncDir) before
-// anything is written to it.
-func CreateBackingFileLazy(path string, size int64) error {
-	return createBackingFile(path, size, false)
-}
-
-func createBackingFile(path string, size int64, durable bool) (retErr error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
@@ -35,10 +24,25 @@ func createBackingFile(path string, size int64, durable bool) (retErr error) {
 	if err := allocate(int(f.Fd()), path, size); err != nil {
 		return err
 	}
-	if !durable {
-		return nil
-	}
 	return f.Sync()
+}
+
+// CreateSparseFile makes a new file at path of size bytes, none of them
+// allocated yet (AllocateFile reserves them), and returns it open for
+// writing. It is not fsynced: for a file that holds nothing yet, whose
+// user makes it durable (SyncFile and SyncDir) before anything is written
+// to it. A failure leaves no file behind.
+func CreateSparseFile(path string, size int64) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Ftruncate(int(f.Fd()), size); err != nil {
+		f.Close()
+		os.Remove(path)
+		return nil, &os.PathError{Op: "ftruncate", Path: path, Err: err}
+	}
+	return f, nil
 }
 
 // GrowFile extends the file at path to size bytes, allocated like
@@ -67,10 +71,7 @@ func GrowFile(path string, size int64) error {
 // size, without changing data (fallocate mode 0 leaves written and shared
 // extents alone).
 func AllocateFile(fd int, size int64) error {
-	if err := unix.Fallocate(fd, 0, 0, size); err != nil {
-		return &os.PathError{Op: "fallocate", Path: "", Err: err}
-	}
-	return nil
+	return allocate(fd, "", size)
 }
 
 func allocate(fd int, path string, size int64) error {
