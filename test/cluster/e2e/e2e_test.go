@@ -350,6 +350,9 @@ func nodeLeftovers() []string {
 	for _, d := range []string{"volumes", "snapshots"} {
 		entries, _ := os.ReadDir(filepath.Join(stateDir, d))
 		for _, e := range entries {
+			if e.Name() == ".hostpath-volumes" { // the driver's marker stays
+				continue
+			}
 			left = append(left, filepath.Join(stateDir, d, e.Name()))
 		}
 	}
