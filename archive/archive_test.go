@@ -383,7 +383,7 @@ func TestIndexedStreams(t *testing.T) {
 func TestEarlierFormats(t *testing.T) {
 	tarball := func(w io.Writer) {
 		tw := tar.NewWriter(w)
-		tw.WriteHeader(&tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644, Size: 5})
+		tw.WriteHeader(&tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644, Size: 5, Uid: os.Getuid(), Gid: os.Getgid()})
 		tw.Write([]byte("hello"))
 		tw.Close()
 	}
