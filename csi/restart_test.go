@@ -74,17 +74,6 @@ func TestReconcile(t *testing.T) {
 	empty := d.newVolumeID()
 	os.WriteFile(filepath.Join(d.paths.meta(), "volumes", empty+".json"), nil, 0o600)
 	os.WriteFile(filepath.Join(d.paths.volumes(), empty+".img"), []byte("data"), 0o600)
-	// An empty block volume's file attached before its record was written
-	// (they are written side by side).
-	bound := filepath.Join(d.paths.volumes(), d.newVolumeID()+".img")
-	if err := fsops.CreateBackingFile(bound, 1<<20); err != nil {
-		t.Fatal(err)
-	}
-	dev, err := loop.Attach(bound, loop.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { loop.Detach(dev) })
 
 	d2 := newDriver(t, cfg)
 	// A ready volume whose data is missing keeps its record (see
@@ -98,7 +87,7 @@ func TestReconcile(t *testing.T) {
 		t.Fatalf("after reconcile volumes are %v, want %v", got, want)
 	}
 	for _, p := range []string{d.paths.volumeDir(half.ID), d.paths.volumeDir(gone.GetVolumeId()), d.paths.volumeDir(orphan), filepath.Join(d.paths.tmp(), "snap-x.partial"),
-		filepath.Join(d.paths.meta(), "volumes", empty+".json"), filepath.Join(d.paths.volumes(), empty+".img"), bound} {
+		filepath.Join(d.paths.meta(), "volumes", empty+".json"), filepath.Join(d.paths.volumes(), empty+".img")} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s survived reconcile", p)
 		}
@@ -106,11 +95,33 @@ func TestReconcile(t *testing.T) {
 	if _, err := os.Stat(stranger); err != nil {
 		t.Error("reconcile removed a file the driver did not make")
 	}
-	if _, err := os.Stat(filepath.Join("/sys/block", filepath.Base(dev.Path()), "loop", "backing_file")); !os.IsNotExist(err) {
-		t.Errorf("the orphan's loop device %s is still bound: %v", dev.Path(), err)
-	}
 	if !d2.ready.Load() {
 		t.Fatal("not ready after reconcile")
+	}
+}
+
+// TestOrphanBlockFileDetached: an empty block volume's file attached
+// before its record was written (they are written side by side) and a
+// crash: start removes the file and lets its loop device go.
+func TestOrphanBlockFileDetached(t *testing.T) {
+	testutil.RequireRoot(t)
+	cfg := testConfig(t)
+	d := newDriver(t, cfg)
+	bound := filepath.Join(d.paths.volumes(), d.newVolumeID()+".img")
+	if err := fsops.CreateBackingFile(bound, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	dev, err := loop.Attach(bound, loop.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { loop.Detach(dev) })
+	newDriver(t, cfg)
+	if _, err := os.Stat(bound); !os.IsNotExist(err) {
+		t.Errorf("%s survived reconcile", bound)
+	}
+	if _, err := os.Stat(filepath.Join("/sys/block", filepath.Base(dev.Path()), "loop", "backing_file")); !os.IsNotExist(err) {
+		t.Errorf("the orphan's loop device %s is still bound: %v", dev.Path(), err)
 	}
 }
 
