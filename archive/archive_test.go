@@ -355,7 +355,7 @@ func TestIndexedStreams(t *testing.T) {
 				br := bufio.NewReader(bytes.NewReader(stream))
 				units := 0
 				for {
-					_, err := rf.next(br)
+					_, err := rf.next(br, nil)
 					if err == io.EOF {
 						break
 					}

@@ -73,8 +73,8 @@ func (g *gzipMembers) writer(w io.Writer) (flateWriter, error) {
 	return flate.NewWriter(w, g.level)
 }
 
-func (g *gzipMembers) encode(in []byte) ([]byte, error) {
-	buf := bytes.NewBuffer(make([]byte, 0, len(in)/3+gzHeaderLen+gzTrailer+64))
+func (g *gzipMembers) encode(dst, in []byte) ([]byte, error) {
+	buf := bytes.NewBuffer(dst[:0])
 	buf.Write(gzipMemberHeader)
 	buf.Write([]byte{0, 0, 0, 0}) // the length, known at the end
 	fw, err := g.writer(buf)
@@ -103,7 +103,7 @@ func isGzipMember(head []byte) bool {
 	return bytes.HasPrefix(head, gzipMemberHeader)
 }
 
-func (g *gzipMembers) next(r *bufio.Reader) ([]byte, error) {
+func (g *gzipMembers) next(r *bufio.Reader, buf []byte) ([]byte, error) {
 	head, err := r.Peek(gzHeaderLen)
 	if len(head) == 0 && err == io.EOF {
 		return nil, io.EOF
@@ -118,7 +118,7 @@ func (g *gzipMembers) next(r *bufio.Reader) ([]byte, error) {
 	if n < gzHeaderLen+gzTrailer+2 || n > gzMaxUnit {
 		return nil, fmt.Errorf("%w: member of %d bytes", errTooLarge, n)
 	}
-	unit := make([]byte, n)
+	unit := slices.Grow(buf[:0], int(n))[:n]
 	if _, err := io.ReadFull(r, unit); err != nil {
 		return nil, unexpected(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/mholt/archives"
@@ -85,8 +86,8 @@ func newZstdDecoder() (*zstdFrames, error) {
 	return &zstdFrames{dec: dec, closeDec: rc.Close}, nil
 }
 
-func (z *zstdFrames) encode(in []byte) ([]byte, error) {
-	out := append(make([]byte, 0, len(in)/2+64), zstdSkipHeader...)
+func (z *zstdFrames) encode(dst, in []byte) ([]byte, error) {
+	out := append(dst[:0], zstdSkipHeader...)
 	out = append(out, 0, 0, 0, 0)
 	out = z.enc.EncodeAll(in, out)
 	if len(out)-zstdSkipLen > zstdMaxUnit {
@@ -101,7 +102,7 @@ func isZstdUnit(head []byte) bool {
 	return bytes.HasPrefix(head, zstdSkipHeader)
 }
 
-func (z *zstdFrames) next(r *bufio.Reader) ([]byte, error) {
+func (z *zstdFrames) next(r *bufio.Reader, buf []byte) ([]byte, error) {
 	head, err := r.Peek(zstdSkipLen)
 	if len(head) == 0 && err == io.EOF {
 		return nil, io.EOF
@@ -116,7 +117,7 @@ func (z *zstdFrames) next(r *bufio.Reader) ([]byte, error) {
 	if n < uint32(len(zstdMagic)) || n > zstdMaxUnit {
 		return nil, fmt.Errorf("%w: frame of %d bytes", errTooLarge, n)
 	}
-	unit := make([]byte, zstdSkipLen+int(n))
+	unit := slices.Grow(buf[:0], zstdSkipLen+int(n))[:zstdSkipLen+int(n)]
 	if _, err := io.ReadFull(r, unit); err != nil {
 		return nil, unexpected(err)
 	}
