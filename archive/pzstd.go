@@ -41,8 +41,11 @@ func (z *zstdFrames) Close() error {
 }
 
 const (
-	// zstdBlock is the input of one frame.
-	zstdBlock = 4 << 20
+	// zstdBlock is the input of one frame: each starts without history,
+	// so larger frames compress better (on Go's source tree 8 MiB frames
+	// are 0.9% smaller than 4 MiB ones, +0.8% against zstd -3), and a
+	// 256 MiB volume still makes 32 of them for two cores.
+	zstdBlock = 8 << 20
 	// zstdSkipLen: the skippable frame's magic, its length and content.
 	zstdSkipLen = 12
 	// zstdMaxUnit bounds what a reader allocates for a frame: a raw

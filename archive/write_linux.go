@@ -40,7 +40,7 @@ type Options struct {
 	// text. Both use every core.
 	Compact bool
 	// Zstd writes tar.zst instead of tar.gz: zstd level 3 (the zstd
-	// CLI's default) on every core, one frame per 4 MiB block. Extract
+	// CLI's default) on every core, one frame per 8 MiB block. Extract
 	// tells the two apart by their magic numbers.
 	Zstd bool
 }
