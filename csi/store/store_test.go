@@ -274,3 +274,38 @@ func TestJournalConcurrentAndFull(t *testing.T) {
 		}
 	}
 }
+
+// TestJournalDamagedHeader: a journal whose header does not check starts
+// again at the first epoch, and the entries of its earlier life, which may
+// carry that epoch, are never applied, even where a new entry ends
+// exactly where an old one began.
+func TestJournalDamagedHeader(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	for _, v := range []Volume{{ID: "id-1", Name: "a", Phase: Ready}, {ID: "id-2", Name: "b", Phase: Ready}} {
+		if err := s.Volumes.Put(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	jf, err := os.OpenFile(filepath.Join(dir, "journal"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jf.WriteAt([]byte("garbage!"), 0)
+	jf.Close()
+	s2 := open(t, dir)
+	// The same length as id-1's entry: it ends where id-2's began.
+	if err := s2.Volumes.Put(Volume{ID: "id-3", Name: "c", Phase: Ready}); err != nil {
+		t.Fatal(err)
+	}
+	vols := filepath.Join(dir, "volumes")
+	os.WriteFile(filepath.Join(vols, "id-2.json"), []byte(`{"id":"id-2","name":"b","phase":"deleting"}`), 0o600)
+	os.Remove(filepath.Join(vols, "id-3.json"))
+	s3 := open(t, dir)
+	if v, ok := s3.Volumes.Get("id-3"); !ok || v.Phase != Ready {
+		t.Fatalf("id-3, committed after the damage: %+v %v", v, ok)
+	}
+	if v, _ := s3.Volumes.Get("id-2"); v.Phase != Deleting {
+		t.Fatalf("an entry from before the damage was applied: %+v", v)
+	}
+}
