@@ -153,10 +153,12 @@ func (d *Driver) repairFresh(v volumeRecord) error {
 	case err != nil:
 		return &os.PathError{Op: "lstat", Path: path, Err: err}
 	default:
-		if st.Size != v.CapacityBytes {
+		if st.Size < v.CapacityBytes {
 			klog.InfoS("repair: giving an empty block volume's backing file its size back after a power loss", "volume_id", v.ID, "name", v.Name, "path", path, "size", st.Size)
 		}
-		err = fsops.GrowFile(path, v.CapacityBytes)
+		// Never smaller: an expansion grows the file before its record,
+		// so a crash between them leaves the file the larger.
+		err = fsops.GrowFile(path, max(st.Size, v.CapacityBytes))
 	}
 	if err != nil {
 		return err

@@ -280,7 +280,7 @@ func TestMissingDataComesBack(t *testing.T) {
 // it; the first publish of a fresh volume makes its file durable.
 func TestFreshBlockVolumeAfterPowerLoss(t *testing.T) {
 	testutil.RequireRoot(t)
-	for _, loss := range []string{"file", "size"} {
+	for _, loss := range []string{"file", "size", "grown"} {
 		t.Run(loss, func(t *testing.T) {
 			cfg := testConfig(t)
 			d := newDriver(t, cfg)
@@ -303,15 +303,20 @@ func TestFreshBlockVolumeAfterPowerLoss(t *testing.T) {
 				t.Fatal(err)
 			}
 			path := d.volumeDataPath(rec)
-			if loss == "file" {
+			want := int64(8 << 20)
+			switch loss {
+			case "file":
 				os.Remove(path)
-			} else {
+			case "size":
 				os.Truncate(path, 0)
+			case "grown": // an expansion that a crash stopped before its record
+				want = 16 << 20
+				os.Truncate(path, want)
 			}
 			d2 := newDriver(t, cfg)
 			t.Cleanup(func() { d2.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}) })
 			var st unix.Stat_t
-			if err := unix.Stat(path, &st); err != nil || st.Size != 8<<20 || st.Blocks*512 < 8<<20 {
+			if err := unix.Stat(path, &st); err != nil || st.Size != want || st.Blocks*512 < want {
 				t.Fatalf("backing file after start: size %d, %d bytes allocated, %v", st.Size, st.Blocks*512, err)
 			}
 			rec, _ = d2.st.Volumes.Get(id)
