@@ -2,9 +2,13 @@ package archive
 
 import (
 	"bufio"
+	"bytes"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"sync"
 )
 
@@ -191,6 +195,45 @@ type parallelReader struct {
 
 // errTooLarge: a unit says it is larger than any unit the writer makes.
 var errTooLarge = errors.New("unit larger than the format allows")
+
+// readUnit reads, into buf (grown if need be), a unit that starts with
+// prefix and a little-endian uint32 length right after it; the unit's
+// whole size is that length plus extra, between least and most. It
+// returns io.EOF at the clean end of the stream and errNotUnit when the
+// stream does not start with prefix.
+func readUnit(r *bufio.Reader, buf, prefix []byte, extra, least, most int) ([]byte, error) {
+	head, err := r.Peek(len(prefix) + 4)
+	if len(head) == 0 && err == io.EOF {
+		return nil, io.EOF
+	}
+	if err != nil {
+		return nil, unexpected(err)
+	}
+	if !bytes.HasPrefix(head, prefix) {
+		return nil, errNotUnit
+	}
+	n := int(binary.LittleEndian.Uint32(head[len(prefix):])) + extra
+	if n < least || n > most {
+		return nil, fmt.Errorf("%w: unit of %d bytes", errTooLarge, n)
+	}
+	unit := slices.Grow(buf[:0], n)[:n]
+	if _, err := io.ReadFull(r, unit); err != nil {
+		return nil, unexpected(err)
+	}
+	return unit, nil
+}
+
+// errNotUnit: the stream goes on with something that is not a unit of
+// its format.
+var errNotUnit = errors.New("not a unit of an indexed stream")
+
+// unexpected turns an early end into ErrUnexpectedEOF.
+func unexpected(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
 
 func newParallelReader(r *bufio.Reader, f blockFormat) *parallelReader {
 	n := max(runtime.GOMAXPROCS(0), 1)

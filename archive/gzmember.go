@@ -60,8 +60,6 @@ const (
 // no time, no name, Unix; XLEN 8; subfield 'H','C' of 4 bytes.
 var gzipMemberHeader = []byte{0x1f, 0x8b, 8, 4, 0, 0, 0, 0, 0, 3, 8, 0, 'H', 'C', 4, 0}
 
-var errNotMember = errors.New("not a member of an indexed gzip stream")
-
 func (g *gzipMembers) writer(w io.Writer) (flateWriter, error) {
 	if fw, ok := g.writers.Get().(flateWriter); ok {
 		fw.Reset(w)
@@ -104,25 +102,8 @@ func isGzipMember(head []byte) bool {
 }
 
 func (g *gzipMembers) next(r *bufio.Reader, buf []byte) ([]byte, error) {
-	head, err := r.Peek(gzHeaderLen)
-	if len(head) == 0 && err == io.EOF {
-		return nil, io.EOF
-	}
-	if err != nil {
-		return nil, unexpected(err)
-	}
-	if !isGzipMember(head) {
-		return nil, errNotMember
-	}
-	n := binary.LittleEndian.Uint32(head[len(gzipMemberHeader):])
-	if n < gzHeaderLen+gzTrailer+2 || n > gzMaxUnit {
-		return nil, fmt.Errorf("%w: member of %d bytes", errTooLarge, n)
-	}
-	unit := slices.Grow(buf[:0], int(n))[:n]
-	if _, err := io.ReadFull(r, unit); err != nil {
-		return nil, unexpected(err)
-	}
-	return unit, nil
+	// The length in the header is the member's whole length.
+	return readUnit(r, buf, gzipMemberHeader, 0, gzHeaderLen+gzTrailer+2, gzMaxUnit)
 }
 
 func (g *gzipMembers) decode(dst, unit []byte) ([]byte, error) {
@@ -152,12 +133,4 @@ func (g *gzipMembers) decode(dst, unit []byte) ([]byte, error) {
 		return nil, errors.New("gzip member checksum mismatch")
 	}
 	return dst, nil
-}
-
-// unexpected turns an early end into ErrUnexpectedEOF.
-func unexpected(err error) error {
-	if err == io.EOF {
-		return io.ErrUnexpectedEOF
-	}
-	return err
 }

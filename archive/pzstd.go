@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"runtime"
-	"slices"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/mholt/archives"
@@ -110,25 +109,8 @@ func isZstdUnit(head []byte) bool {
 }
 
 func (z *zstdFrames) next(r *bufio.Reader, buf []byte) ([]byte, error) {
-	head, err := r.Peek(zstdSkipLen)
-	if len(head) == 0 && err == io.EOF {
-		return nil, io.EOF
-	}
-	if err != nil {
-		return nil, unexpected(err)
-	}
-	if !isZstdUnit(head) {
-		return nil, fmt.Errorf("not a frame of an indexed zstd stream")
-	}
-	n := binary.LittleEndian.Uint32(head[len(zstdSkipHeader):])
-	if n < uint32(len(zstdMagic)) || n > zstdMaxUnit {
-		return nil, fmt.Errorf("%w: frame of %d bytes", errTooLarge, n)
-	}
-	unit := slices.Grow(buf[:0], zstdSkipLen+int(n))[:zstdSkipLen+int(n)]
-	if _, err := io.ReadFull(r, unit); err != nil {
-		return nil, unexpected(err)
-	}
-	return unit, nil
+	// The length in the skippable frame is the next frame's.
+	return readUnit(r, buf, zstdSkipHeader, zstdSkipLen, zstdSkipLen+len(zstdMagic), zstdSkipLen+zstdMaxUnit)
 }
 
 func (z *zstdFrames) decode(dst, unit []byte) ([]byte, error) {

@@ -96,6 +96,14 @@ func (d *Driver) removeBlockData(v volumeRecord) error {
 	if _, err := os.Lstat(path); os.IsNotExist(err) {
 		return nil
 	}
+	if err := detachAll(path); err != nil {
+		return err
+	}
+	return fsops.RemoveDurable(path)
+}
+
+// detachAll lets go of every loop device bound to the file at path.
+func detachAll(path string) error {
 	devs, err := loop.FindAll(path)
 	if err != nil {
 		return err
@@ -105,7 +113,7 @@ func (d *Driver) removeBlockData(v volumeRecord) error {
 			return err
 		}
 	}
-	return fsops.RemoveDurable(path)
+	return nil
 }
 
 // growBlock grows the backing file and tells the loop device, so the new

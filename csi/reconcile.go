@@ -8,7 +8,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/fsops"
-	"github.com/hostpath-csi/hostpath/loop"
 )
 
 // reconcile makes the state and the disk agree after a restart or a crash,
@@ -152,14 +151,8 @@ func (d *Driver) removeOrphans(dir string, known func(string) bool, valid func(s
 		// A block volume's file may still be bound to a loop device (a
 		// crash between the attach and the record): let it go first, or
 		// the device keeps the deleted file's blocks.
-		devs, err := loop.FindAll(p)
-		if err != nil {
+		if err := detachAll(p); err != nil {
 			return err
-		}
-		for _, dev := range devs {
-			if err := loop.Detach(dev); err != nil {
-				return err
-			}
 		}
 		if err := fsops.RemoveAll(p); err != nil {
 			return err
