@@ -136,11 +136,16 @@ func (d *Driver) settleBlock(v *volumeRecord) error {
 	if v.AccessType != accessBlock || !v.Fresh {
 		return nil
 	}
-	path := d.volumeDataPath(*v)
-	if err := fsops.SyncFile(path); err != nil {
+	if err := fsops.SyncFile(d.volumeDataPath(*v)); err != nil {
 		return err
 	}
-	if err := fsops.SyncDir(filepath.Dir(path)); err != nil {
+	return d.markSettled(v)
+}
+
+// markSettled makes the name of a fresh volume's fsynced backing file
+// durable and records that the volume is no longer fresh.
+func (d *Driver) markSettled(v *volumeRecord) error {
+	if err := fsops.SyncDir(filepath.Dir(d.volumeDataPath(*v))); err != nil {
 		return err
 	}
 	v.Fresh = false
@@ -171,11 +176,7 @@ func (d *Driver) repairFresh(v volumeRecord) error {
 	if err != nil {
 		return err
 	}
-	if err := fsops.SyncDir(filepath.Dir(path)); err != nil {
-		return err
-	}
-	v.Fresh = false
-	return d.st.Volumes.Put(v)
+	return d.markSettled(&v)
 }
 
 // attachBlock returns the volume's loop device, binding one if the file

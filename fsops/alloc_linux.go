@@ -10,7 +10,6 @@ import (
 // blocks reserved with fallocate(2) so writes to the volume cannot fail
 // for lack of space later, and fsyncs it. A failure leaves no file behind.
 func CreateBackingFile(path string, size int64) (retErr error) {
-
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err

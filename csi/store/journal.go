@@ -54,9 +54,10 @@ type journal struct {
 	synced uint64 // entries known durable
 }
 
-// tableDir is what the journal knows of a table: where its files are and
-// which ids are records.
+// tableDir is what the journal knows of a table: its name in entries
+// (its directory's), where its files are and which ids are records.
 type tableDir struct {
+	name  string
 	dir   string
 	valid func(id string) bool
 }
@@ -70,6 +71,12 @@ const (
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// entrySum is an entry's checksum: of its epoch and length (head[4:16])
+// and its payload.
+func entrySum(head, payload []byte) uint32 {
+	return crc32.Update(crc32.Checksum(head[4:16], castagnoli), castagnoli, payload)
+}
 
 // entry is one change: a record's new JSON, or its removal.
 type entry struct {
@@ -164,8 +171,7 @@ func (j *journal) read() ([]entry, uint64, bool, error) {
 		if end > len(buf) {
 			break
 		}
-		sum := crc32.Update(crc32.Checksum(h[4:16], castagnoli), castagnoli, buf[off+entryHeadSize:end])
-		if sum != binary.LittleEndian.Uint32(h[16:20]) {
+		if entrySum(h, buf[off+entryHeadSize:end]) != binary.LittleEndian.Uint32(h[16:20]) {
 			break
 		}
 		var e entry
@@ -203,39 +209,44 @@ func (j *journal) commit(e entry, path string) error {
 	if err != nil {
 		return err
 	}
+	seq, err := j.append(payload, path)
+	if err != nil {
+		return err
+	}
+	return j.syncTo(seq)
+}
+
+// append writes an entry of payload after the last one (checkpointing
+// first if the journal is full) and returns its sequence number.
+func (j *journal) append(payload []byte, path string) (uint64, error) {
 	rec := make([]byte, entryHeadSize+len(payload))
 	j.mu.Lock()
+	defer j.mu.Unlock()
 	if j.failed != nil {
-		j.mu.Unlock()
-		return j.failed
+		return 0, j.failed
 	}
 	if j.off+int64(len(rec)) > journalSize {
 		if err := j.checkpointLocked(); err != nil {
-			j.mu.Unlock()
-			return err
+			return 0, err
 		}
 		if j.off+int64(len(rec)) > journalSize {
-			j.mu.Unlock()
-			return fmt.Errorf("journal %s: a record of %d bytes does not fit", j.path, len(payload))
+			return 0, fmt.Errorf("journal %s: a record of %d bytes does not fit", j.path, len(payload))
 		}
 	}
 	copy(rec, entryMagic)
 	binary.LittleEndian.PutUint64(rec[4:], j.epoch)
 	binary.LittleEndian.PutUint32(rec[12:], uint32(len(payload)))
 	copy(rec[entryHeadSize:], payload)
-	binary.LittleEndian.PutUint32(rec[16:], crc32.Update(crc32.Checksum(rec[4:16], castagnoli), castagnoli, payload))
+	binary.LittleEndian.PutUint32(rec[16:], entrySum(rec, payload))
 	// A failed write leaves at most a torn entry, which reading stops
 	// at, and the next commit overwrites it.
 	if err := j.writeAt(rec, j.off); err != nil {
-		j.mu.Unlock()
-		return err
+		return 0, err
 	}
 	j.off += int64(len(rec))
 	j.dirty[path] = struct{}{}
 	j.written++
-	seq := j.written
-	j.mu.Unlock()
-	return j.syncTo(seq)
+	return j.written, nil
 }
 
 // syncTo returns once entry seq is durable. One fdatasync covers every

@@ -34,9 +34,8 @@ func (e *NameError) Unwrap() error { return ErrNameTaken }
 // the index by id and by name. mu guards the index and is never held
 // across I/O.
 type Table[T Record[T]] struct {
-	kind    string
-	dir     string
-	valid   func(id string) bool
+	kind string
+	tableDir
 	journal *journal
 
 	mu     sync.RWMutex
@@ -54,7 +53,8 @@ func newTable[T Record[T]](kind, dir string, valid func(string) bool) (*Table[T]
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	return &Table[T]{kind: kind, dir: dir, valid: valid, byID: map[string]T{}, byName: map[string]string{}}, nil
+	return &Table[T]{kind: kind, tableDir: tableDir{name: filepath.Base(dir), dir: dir, valid: valid},
+		byID: map[string]T{}, byName: map[string]string{}}, nil
 }
 
 // load reads every record. A file that does not parse is reported, not
@@ -80,8 +80,9 @@ func (t *Table[T]) load() error {
 		}
 		if len(data) == 0 {
 			// Only a PutPending record can come back empty from a power
-			// loss (Put fsyncs before the rename): an unfinished create,
-			// whose data the driver's start removes as owned by no record.
+			// loss (what Put wrote is in the journal, redone before this,
+			// or was fsynced at a checkpoint): an unfinished create, whose
+			// data the driver's start removes as owned by no record.
 			if err := os.Remove(p); err != nil {
 				return err
 			}
@@ -193,7 +194,7 @@ func (t *Table[T]) put(r T, durable bool) error {
 		return err
 	}
 	if durable {
-		if err := t.journal.commit(entry{Table: filepath.Base(t.dir), ID: r.RecordID(), Record: data}, p); err != nil {
+		if err := t.journal.commit(entry{Table: t.name, ID: r.RecordID(), Record: data}, p); err != nil {
 			return err
 		}
 	}
@@ -211,7 +212,7 @@ func (t *Table[T]) Drop(id string) error {
 	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	if err := t.journal.commit(entry{Table: filepath.Base(t.dir), ID: id, Drop: true}, p); err != nil {
+	if err := t.journal.commit(entry{Table: t.name, ID: id, Drop: true}, p); err != nil {
 		return err
 	}
 	t.mu.Lock()
@@ -254,8 +255,8 @@ func Open(dir string, ids IDRules) (*Store, error) {
 		return nil, err
 	}
 	tables := map[string]*tableDir{}
-	for _, t := range []*tableDir{{s.Volumes.dir, s.Volumes.valid}, {s.Snapshots.dir, s.Snapshots.valid}, {s.Groups.dir, s.Groups.valid}} {
-		tables[filepath.Base(t.dir)] = t
+	for _, t := range []*tableDir{&s.Volumes.tableDir, &s.Snapshots.tableDir, &s.Groups.tableDir} {
+		tables[t.name] = t
 	}
 	if s.journal, err = openJournal(filepath.Join(dir, "journal"), tables); err != nil {
 		return nil, err
