@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/fsops"
@@ -157,21 +156,20 @@ func (d *Driver) markSettled(v *volumeRecord) error {
 // was written to it, so making it again loses nothing.
 func (d *Driver) repairFresh(v volumeRecord) error {
 	path := d.volumeDataPath(v)
-	var st unix.Stat_t
-	err := unix.Lstat(path, &st)
+	st, err := os.Lstat(path)
 	switch {
-	case errors.Is(err, unix.ENOENT):
+	case errors.Is(err, fs.ErrNotExist):
 		klog.InfoS("repair: making again the backing file of an empty block volume that a power loss took", "volume_id", v.ID, "name", v.Name, "path", path)
 		err = fsops.CreateBackingFile(path, v.CapacityBytes)
 	case err != nil:
-		return &os.PathError{Op: "lstat", Path: path, Err: err}
+		return err
 	default:
-		if st.Size < v.CapacityBytes {
-			klog.InfoS("repair: giving an empty block volume's backing file its size back after a power loss", "volume_id", v.ID, "name", v.Name, "path", path, "size", st.Size)
+		if st.Size() < v.CapacityBytes {
+			klog.InfoS("repair: giving an empty block volume's backing file its size back after a power loss", "volume_id", v.ID, "name", v.Name, "path", path, "size", st.Size())
 		}
 		// Never smaller: an expansion grows the file before its record,
 		// so a crash between them leaves the file the larger.
-		err = fsops.GrowFile(path, max(st.Size, v.CapacityBytes))
+		err = fsops.GrowFile(path, max(st.Size(), v.CapacityBytes))
 	}
 	if err != nil {
 		return err

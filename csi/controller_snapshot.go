@@ -376,6 +376,9 @@ func (d *Driver) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (
 	}
 	s, ok := d.st.Snapshots.Get(req.GetSnapshotId())
 	if !ok || s.Phase == phaseDeleting {
+		if err := d.damagedRecord("snapshot", req.GetSnapshotId()); err != nil {
+			return nil, err
+		}
 		return nil, status.Errorf(codes.NotFound, "snapshot %q does not exist", req.GetSnapshotId())
 	}
 	return &csi.GetSnapshotResponse{Snapshot: d.csiSnapshot(s)}, nil

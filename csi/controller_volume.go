@@ -138,10 +138,11 @@ func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord) (volumeR
 	if rec.Fresh {
 		return d.provisionFreshBlock(ctx, rec)
 	}
-	// Not durable: if a power loss takes this record, the next start
-	// removes the data it leaves as owned by no record (removeOrphans).
-	if err := d.st.Volumes.PutPending(rec); err != nil {
-		// The atomic write left no record; only the reservation is undone.
+	// Durable before any data exists: start removes the data of a
+	// create that a crash interrupted on the strength of this record, and
+	// keeps data that no record owns.
+	if err := d.st.Volumes.Put(rec); err != nil {
+		// Nothing was written; only the reservation is undone.
 		d.st.Volumes.Unreserve(rec.ID)
 		return volumeRecord{}, toStatus(err, "recording volume %s", rec.ID)
 	}
@@ -163,16 +164,18 @@ func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord) (volumeR
 // provisionFreshBlock makes an empty block volume. It needs no
 // "creating" record: whichever of the ready record and the backing file a
 // crash leaves, start repairs it (a fresh volume's missing file is made
-// again, a file without a record is removed with its loop device). So the
-// record's journal commit and the file's creation and loop attach run side
-// by side.
+// again; a file without a record that holds no written data, which is all
+// a file no pod ever had can hold, is removed with its loop device). So
+// the record's journal commit and the file's creation and loop attach run
+// side by side, and the record is shown only once both are done.
 func (d *Driver) provisionFreshBlock(ctx context.Context, rec volumeRecord) (volumeRecord, error) {
 	rec.Phase = phaseReady
 	recorded := make(chan error, 1)
-	go func() { recorded <- d.st.Volumes.Put(rec) }()
+	go func() { recorded <- d.st.Volumes.PutUnindexed(rec) }()
 	dataErr := d.createVolumeData(ctx, rec)
 	putErr := <-recorded
 	if dataErr == nil && putErr == nil {
+		d.st.Volumes.Index(rec)
 		return rec, nil
 	}
 	if rmErr := d.removeVolumeData(rec); rmErr != nil {
@@ -269,7 +272,7 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 	}
 	v, ok := d.st.Volumes.Get(req.GetVolumeId())
 	if !ok || v.Phase != phaseReady {
-		return nil, status.Errorf(codes.NotFound, "volume %q does not exist", req.GetVolumeId())
+		return nil, d.notFoundVolume(req.GetVolumeId())
 	}
 	if _, err := d.checkVolumeParameters(req.GetParameters()); err != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
@@ -344,7 +347,7 @@ func (d *Driver) ControllerGetVolume(ctx context.Context, req *csi.ControllerGet
 	}
 	v, ok := d.st.Volumes.Get(req.GetVolumeId())
 	if !ok || v.Phase != phaseReady {
-		return nil, status.Errorf(codes.NotFound, "volume %q does not exist", req.GetVolumeId())
+		return nil, d.notFoundVolume(req.GetVolumeId())
 	}
 	return &csi.ControllerGetVolumeResponse{
 		Volume: d.csiVolume(v),

@@ -101,6 +101,12 @@ type Driver struct {
 	tag   string // this node's id prefix
 	// reflink: files in the state dir can share blocks (FICLONE works).
 	reflink bool
+	// volumesMade: this start made the volumes directory, so it is the
+	// home of the volumes (not an empty mount point of a late disk).
+	volumesMade bool
+	// unowned counts the entries start found under a volume or snapshot
+	// id that no record owns, kept and reported by health.
+	unowned atomic.Int64
 	metrics *metrics
 	ops     inflight      // snapshots, restores and clones running now
 	heavy   chan struct{} // semaphore of MaxHeavyOps slots
@@ -199,6 +205,9 @@ func (d *Driver) prepareStateDir() error {
 	root := d.paths.root
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return fmt.Errorf("state dir %s cannot be created: %w", root, err)
+	}
+	if _, err := os.Lstat(d.paths.volumes()); os.IsNotExist(err) {
+		d.volumesMade = true
 	}
 	for _, dir := range []string{d.paths.volumes(), d.paths.snapshots(), d.paths.tmp(), d.paths.meta()} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {

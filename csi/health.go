@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"fmt"
 	"os"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -113,6 +114,15 @@ func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStora
 	bad := func(t csi.StorageHealthErrorType, reason, msg string) {
 		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{Status: t, Reason: reason, Message: msg})
 	}
+	if err := d.st.Err(); err != nil {
+		bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "StateJournalFailed", "the state store refuses changes until the driver restarts: "+err.Error())
+	}
+	if damaged := d.st.Damaged(); len(damaged) > 0 {
+		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "StateRecordsDamaged", fmt.Sprintf("%d state records are damaged (the first: %s, %s); their data is kept, see the driver's log for what to do", len(damaged), damaged[0].Path, damaged[0].Problem))
+	}
+	if n := d.unowned.Load(); n > 0 {
+		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "UnownedData", fmt.Sprintf("%d entries under %s or %s belong to no record; they are kept, see the driver's log", n, d.paths.volumes(), d.paths.snapshots()))
+	}
 	if err := d.probeWritable(".health-probe"); err != nil {
 		bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "StateDirNotWritable", d.paths.root+": "+err.Error())
 		return resp, nil
@@ -134,5 +144,20 @@ func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStora
 // notFoundVolume answers a lookup of a volume this node does not have.
 // (Ids of other nodes never get this far: checkIDHere.)
 func (d *Driver) notFoundVolume(id string) error {
+	if err := d.damagedRecord("volume", id); err != nil {
+		return err
+	}
 	return status.Errorf(codes.NotFound, "volume %q does not exist", id)
+}
+
+// damagedRecord answers a request for an id whose record start found
+// damaged: its data is kept, and nothing is done to it until a person has
+// looked.
+func (d *Driver) damagedRecord(kind, id string) error {
+	for _, bad := range d.st.Damaged() {
+		if bad.ID == id {
+			return status.Errorf(codes.FailedPrecondition, "the record of %s %s at %s is damaged (%s); its data is kept: restore the record from a backup and restart the driver, or move the record and the data away to give it up", kind, id, bad.Path, bad.Problem)
+		}
+	}
+	return nil
 }

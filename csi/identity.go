@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -31,7 +33,12 @@ func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabiliti
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
 }
 
-// Probe reports ready once the state is loaded and reconciled.
+// Probe reports ready once the state is loaded and reconciled, and fails
+// once the state store refuses every change (a failed sync): only a
+// restart, which the liveness probe then brings, clears that.
 func (d *Driver) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	if err := d.st.Err(); err != nil && d.ready.Load() {
+		return nil, status.Errorf(codes.FailedPrecondition, "the state store refuses changes until the driver restarts: %v", err)
+	}
 	return &csi.ProbeResponse{Ready: wrapperspb.Bool(d.ready.Load())}, nil
 }

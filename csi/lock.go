@@ -121,6 +121,11 @@ func lockForDelete[T store.Record[T]](d *Driver, kind, id string, valid func(str
 	r, ok := t.Get(id)
 	if !ok {
 		unlock()
+		// Deleting would succeed and leave the data unowned for ever:
+		// refuse, so the CO keeps the object and a person sees why.
+		if t.IsDamaged(id) {
+			return zero, nil, d.damagedRecord(kind, id)
+		}
 		return zero, nil, nil
 	}
 	return r, unlock, nil

@@ -43,6 +43,13 @@ func newMetrics(d *Driver) *metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		count("hostpath_volumes", "Volumes on this node.", func() float64 { return float64(len(d.st.Volumes.All())) }),
 		count("hostpath_snapshots", "Snapshots on this node.", func() float64 { return float64(len(d.st.Snapshots.All())) }),
+		count("hostpath_state_files_awaiting_checkpoint", "Record files changed since the state journal's last checkpoint, each held open (at most 1024) so the checkpoint's fsync sees their writeback errors.", func() float64 { return float64(d.st.AwaitingCheckpoint()) }),
+		count("hostpath_state_failed", "1 when the state store refuses every change until a restart (a failed sync), else 0.", func() float64 {
+			if d.st.Err() != nil {
+				return 1
+			}
+			return 0
+		}),
 		count("hostpath_available_capacity_bytes", "What GetCapacity would report with no parameters.", func() float64 {
 			r, err := d.GetCapacity(context.Background(), nil)
 			if err != nil {
@@ -73,6 +80,9 @@ func (d *Driver) interceptor(ctx context.Context, req any, info *grpc.UnaryServe
 func (d *Driver) Healthy() error {
 	if !d.ready.Load() {
 		return fmt.Errorf("state not loaded yet")
+	}
+	if err := d.st.Err(); err != nil {
+		return fmt.Errorf("the state store refuses changes until the driver restarts: %w", err)
 	}
 	d.mu.Lock()
 	sock := d.socket

@@ -362,7 +362,7 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	}
 	v, ok := d.st.Volumes.Get(req.GetVolumeId())
 	if !validVolumeID(req.GetVolumeId()) || !ok || v.Phase != phaseReady {
-		return nil, status.Errorf(codes.NotFound, "volume %q does not exist on this node", req.GetVolumeId())
+		return nil, d.notFoundVolume(req.GetVolumeId())
 	}
 	if ours, err := d.showsVolume(req.GetVolumePath(), v); err != nil || !ours {
 		if err != nil {

@@ -27,8 +27,9 @@ func (d *Driver) reconcile() error {
 	if err != nil {
 		return err
 	}
-	for _, id := range d.st.Volumes.Emptied() {
-		klog.InfoS("repair: removed the empty record of a create a power loss interrupted; its data goes with the orphans", "volume_id", id)
+	for _, bad := range d.st.Damaged() {
+		klog.ErrorS(nil, "a state record is damaged; its data is kept and its id refused until the record is repaired: restore the file from a backup (the data is at the path named), or move the file and the data away to give up the volume or snapshot",
+			"id", bad.ID, "record", bad.Path, "problem", bad.Problem, "data", d.dataOf(bad.ID))
 	}
 	for _, v := range d.st.Volumes.All() {
 		switch v.Phase {
@@ -106,10 +107,10 @@ func (d *Driver) reconcile() error {
 			return err
 		}
 	}
-	if err := d.removeOrphans(d.paths.volumes(), func(id string) bool { _, ok := d.st.Volumes.Get(id); return ok }, validVolumeID); err != nil {
+	if err := d.removeOrphans(d.paths.volumes(), func(id string) bool { _, ok := d.st.Volumes.Get(id); return ok }, validVolumeID, true); err != nil {
 		return err
 	}
-	if err := d.removeOrphans(d.paths.snapshots(), func(id string) bool { _, ok := d.st.Snapshots.Get(id); return ok }, validSnapshotID); err != nil {
+	if err := d.removeOrphans(d.paths.snapshots(), func(id string) bool { _, ok := d.st.Snapshots.Get(id); return ok }, validSnapshotID, false); err != nil {
 		return err
 	}
 	entries, err := os.ReadDir(d.paths.tmp())
@@ -126,10 +127,16 @@ func (d *Driver) reconcile() error {
 	return nil
 }
 
-// removeOrphans deletes entries named by a valid id (with any extension)
-// that have no record. Anything else in the directory is left alone and
-// reported: it was not made by the driver.
-func (d *Driver) removeOrphans(dir string, known func(string) bool, valid func(string) bool) error {
+// removeOrphans looks at the entries named by a valid id (with any
+// extension) that have no record. Every create and delete writes its
+// record durably before it touches data, so such data is not a crash's
+// leftover: it is kept and reported, never deleted on the strength of a
+// missing record. The one exception is a block volume's file that holds no
+// written data (an empty block volume's create writes its record beside
+// the file): deleting it loses nothing, and its loop device goes first.
+// Entries of a damaged record are left alone, and so is anything else in
+// the directory: the driver did not make it.
+func (d *Driver) removeOrphans(dir string, known func(string) bool, valid func(string) bool, emptyBlockFiles bool) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return err
@@ -144,13 +151,23 @@ func (d *Driver) removeOrphans(dir string, known func(string) bool, valid func(s
 			klog.InfoS("unexpected entry in state dir left alone", "path", p)
 			continue
 		}
-		if known(id) {
+		if known(id) || d.st.Volumes.IsDamaged(id) || d.st.Snapshots.IsDamaged(id) {
 			continue
 		}
-		klog.InfoS("repair: removing data that no record owns", "path", p)
-		// A block volume's file may still be bound to a loop device (a
-		// crash between the attach and the record): let it go first, or
-		// the device keeps the deleted file's blocks.
+		empty := false
+		if emptyBlockFiles && e.Type().IsRegular() && strings.HasSuffix(e.Name(), blockSuffix) {
+			if empty, err = fsops.HoldsNoData(p); err != nil {
+				return err
+			}
+		}
+		if !empty {
+			klog.ErrorS(nil, "data that no record owns is kept: no crash leaves it, so a record was lost or it was put here by hand; remove it once it is known not to be needed", "path", p)
+			d.unowned.Add(1)
+			continue
+		}
+		klog.InfoS("repair: removing the file of an empty block volume whose create did not finish", "path", p)
+		// A crash between the attach and the record may have left the
+		// file bound: let it go, or the device keeps its blocks.
 		if err := detachAll(p); err != nil {
 			return err
 		}
@@ -159,6 +176,19 @@ func (d *Driver) removeOrphans(dir string, known func(string) bool, valid func(s
 		}
 	}
 	return nil
+}
+
+// blockSuffix ends the name of a block volume's backing file.
+const blockSuffix = ".img"
+
+// dataOf lists what the volumes and snapshots directories hold under id.
+func (d *Driver) dataOf(id string) []string {
+	var out []string
+	for _, dir := range []string{d.paths.volumes(), d.paths.snapshots()} {
+		found, _ := filepath.Glob(filepath.Join(dir, id+"*"))
+		out = append(out, found...)
+	}
+	return out
 }
 
 // volumesMarker is a file in the volumes directory that says it is the
@@ -179,15 +209,29 @@ func (d *Driver) volumesDirIsHome() (bool, error) {
 	} else if !os.IsNotExist(err) {
 		return false, err
 	}
-	vols := d.st.Volumes.All()
-	home := len(vols) == 0
-	for _, v := range vols {
+	// Evident when this start made the directory, or it is a mount
+	// point (its disk is there). An existing empty directory on the
+	// state dir's file system may be a mount point whose disk is late.
+	home := d.volumesMade
+	if !home {
+		vdev, _, _, err := fsops.Identity(d.paths.volumes())
+		if err != nil {
+			return false, err
+		}
+		rdev, _, _, err := fsops.Identity(d.paths.root)
+		if err != nil {
+			return false, err
+		}
+		home = vdev != rdev
+	}
+	for _, v := range d.st.Volumes.All() {
 		if v.Phase == phaseReady && !v.Fresh && v.LocalPath == "" && d.dataPresent(v) == nil {
 			home = true
 			break
 		}
 	}
 	if !home {
+		klog.InfoS("the volumes directory is not known to be the volumes' home (it was there before, is no mount point and holds no volume's data): empty block volumes that a power loss took are not made again until it is", "path", d.paths.volumes())
 		return false, nil
 	}
 	return true, fsops.WriteFileAtomic(marker, []byte("the volumes of this hostpath driver's state dir\n"), 0o600)

@@ -62,18 +62,14 @@ func TestReconcile(t *testing.T) {
 	}
 	rec.Phase = phaseDeleting
 	writeJSON(t, filepath.Join(d.paths.meta(), "volumes", rec.ID+".json"), rec)
-	// Data without a record, a temp file, a snapshot that never finished.
+	// Data without a record (no crash leaves it: kept), a temp file, a
+	// snapshot that never finished.
 	orphan := d.newVolumeID()
 	os.MkdirAll(d.paths.volumeDir(orphan), 0o755)
 	os.WriteFile(filepath.Join(d.paths.tmp(), "snap-x.partial"), []byte("x"), 0o600)
 	os.WriteFile(filepath.Join(d.paths.meta(), "volumes", ".vol-x.json.tmp-1"), []byte("{"), 0o600)
 	stranger := filepath.Join(d.paths.volumes(), "not-ours")
 	os.WriteFile(stranger, nil, 0o600)
-	// A create whose pending record a power loss left empty (it is not
-	// fsynced), with its backing file on disk.
-	empty := d.newVolumeID()
-	os.WriteFile(filepath.Join(d.paths.meta(), "volumes", empty+".json"), nil, 0o600)
-	os.WriteFile(filepath.Join(d.paths.volumes(), empty+".img"), []byte("data"), 0o600)
 
 	d2 := newDriver(t, cfg)
 	// A ready volume whose data is missing keeps its record (see
@@ -86,24 +82,30 @@ func TestReconcile(t *testing.T) {
 	if len(got) != 2 || !got[keep.GetVolumeId()] || !got[lost.GetVolumeId()] {
 		t.Fatalf("after reconcile volumes are %v, want %v", got, want)
 	}
-	for _, p := range []string{d.paths.volumeDir(half.ID), d.paths.volumeDir(gone.GetVolumeId()), d.paths.volumeDir(orphan), filepath.Join(d.paths.tmp(), "snap-x.partial"),
-		filepath.Join(d.paths.meta(), "volumes", empty+".json"), filepath.Join(d.paths.volumes(), empty+".img")} {
+	for _, p := range []string{d.paths.volumeDir(half.ID), d.paths.volumeDir(gone.GetVolumeId()), filepath.Join(d.paths.tmp(), "snap-x.partial")} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s survived reconcile", p)
 		}
 	}
-	if _, err := os.Stat(stranger); err != nil {
-		t.Error("reconcile removed a file the driver did not make")
+	for _, p := range []string{stranger, d.paths.volumeDir(orphan)} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("reconcile removed %s, which no record owns: %v", p, err)
+		}
+	}
+	h, err := d2.NodeGetStorageHealth(ctx, &csi.NodeGetStorageHealthRequest{})
+	if err != nil || !strings.Contains(h.String(), "UnownedData") {
+		t.Errorf("health does not report the unowned data: %v %v", h, err)
 	}
 	if !d2.ready.Load() {
 		t.Fatal("not ready after reconcile")
 	}
 }
 
-// TestOrphanBlockFileDetached: an empty block volume's file attached
-// before its record was written (they are written side by side) and a
-// crash: start removes the file and lets its loop device go.
-func TestOrphanBlockFileDetached(t *testing.T) {
+// TestOrphanBlockFiles: an empty block volume's file made and attached
+// beside its record's commit, and a crash before the commit: start lets
+// its loop device go and removes it, since it holds no written data. A
+// block file without a record that holds data is kept and reported.
+func TestOrphanBlockFiles(t *testing.T) {
 	testutil.RequireRoot(t)
 	cfg := testConfig(t)
 	d := newDriver(t, cfg)
@@ -116,6 +118,13 @@ func TestOrphanBlockFileDetached(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { loop.Detach(dev) })
+	written := filepath.Join(d.paths.volumes(), d.newVolumeID()+".img")
+	if err := fsops.CreateBackingFile(written, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(written, make([]byte, 4096), 0o600); err != nil { // zeros, but written
+		t.Fatal(err)
+	}
 	newDriver(t, cfg)
 	if _, err := os.Stat(bound); !os.IsNotExist(err) {
 		t.Errorf("%s survived reconcile", bound)
@@ -123,18 +132,70 @@ func TestOrphanBlockFileDetached(t *testing.T) {
 	if _, err := os.Stat(filepath.Join("/sys/block", filepath.Base(dev.Path()), "loop", "backing_file")); !os.IsNotExist(err) {
 		t.Errorf("the orphan's loop device %s is still bound: %v", dev.Path(), err)
 	}
+	if _, err := os.Stat(written); err != nil {
+		t.Errorf("a block file holding written data was removed: %v", err)
+	}
 }
 
-func TestDamagedStateStopsStart(t *testing.T) {
+// TestDamagedRecordKeepsData is the data-loss defect seen through the
+// API: ready volumes with data (directory and block), a clean stop, their
+// record files emptied or mangled (what a disk can do; no crash of the
+// driver does), a start. The data stays, the driver serves the rest,
+// health says which records are damaged, and requests for those ids
+// (delete among them) are refused with what to do.
+func TestDamagedRecordKeepsData(t *testing.T) {
+	testutil.RequireRoot(t)
 	cfg := testConfig(t)
 	d := newDriver(t, cfg)
-	v := mustCreate(t, d, "pvc-x", 1<<20)
-	if err := d.Close(); err != nil { // else the journal repairs the record
+	dirVol := mustCreate(t, d, "pvc-dir", 1<<20)
+	dataFile := filepath.Join(d.paths.volumeDir(dirVol.GetVolumeId()), "f")
+	if err := os.WriteFile(dataFile, []byte("data"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	os.WriteFile(filepath.Join(d.paths.meta(), "volumes", v.GetVolumeId()+".json"), []byte("{garbage"), 0o600)
-	if _, err := New(cfg); err == nil {
-		t.Fatal("a damaged record must stop the start, not be skipped")
+	req := createReq("pvc-blk", 1<<20)
+	req.VolumeCapabilities = []*csi.VolumeCapability{blockCap()}
+	blk, err := d.CreateVolume(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { detachAll(filepath.Join(d.paths.volumes(), blk.GetVolume().GetVolumeId()+".img")) })
+	img := filepath.Join(d.paths.volumes(), blk.GetVolume().GetVolumeId()+".img")
+	if err := os.WriteFile(img, []byte("block data"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sound := mustCreate(t, d, "pvc-sound", 1<<20)
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rec := func(id string) string { return filepath.Join(d.paths.meta(), "volumes", id+".json") }
+	os.WriteFile(rec(dirVol.GetVolumeId()), nil, 0o600)
+	os.WriteFile(rec(blk.GetVolume().GetVolumeId()), []byte("{\x00\x00"), 0o600)
+
+	d2 := newDriver(t, cfg)
+	if b, err := os.ReadFile(dataFile); err != nil || string(b) != "data" {
+		t.Fatalf("the directory volume's data: %q %v", b, err)
+	}
+	if b, err := os.ReadFile(img); err != nil || !strings.HasPrefix(string(b), "block data") {
+		t.Fatalf("the block volume's data: %v", err)
+	}
+	if _, err := d2.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: sound.GetVolumeId()}); err != nil {
+		t.Fatalf("the sound volume: %v", err)
+	}
+	for _, id := range []string{dirVol.GetVolumeId(), blk.GetVolume().GetVolumeId()} {
+		_, err := d2.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
+		wantCode(t, err, codes.FailedPrecondition)
+		if !strings.Contains(err.Error(), "damaged") || !strings.Contains(err.Error(), "restore the record") {
+			t.Errorf("delete of a damaged volume says %v", err)
+		}
+		_, err = d2.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: id})
+		wantCode(t, err, codes.FailedPrecondition)
+	}
+	h, err := d2.NodeGetStorageHealth(ctx, &csi.NodeGetStorageHealthRequest{})
+	if err != nil || !strings.Contains(h.String(), "StateRecordsDamaged") {
+		t.Fatalf("health: %v %v", h, err)
+	}
+	if _, err := os.Stat(img); err != nil {
+		t.Fatalf("after the refused deletes: %v", err)
 	}
 }
 
@@ -348,4 +409,31 @@ func TestFreshBlockVolumeAfterPowerLoss(t *testing.T) {
 			t.Fatal("published, and still fresh")
 		}
 	})
+}
+
+// TestVolumesMarkerOnlyWhereEvident: the marker that lets start make a
+// fresh block volume's file again is written where the volumes directory
+// is evidently home (this start made it), and not into an existing empty
+// directory on the state dir's file system, which may be the mount point
+// of a disk that has not arrived.
+func TestVolumesMarkerOnlyWhereEvident(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		exists bool
+		want   bool
+	}{{"made by this start", false, true}, {"an empty directory that was there", true, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			if c.exists {
+				if err := os.MkdirAll(filepath.Join(cfg.StateDir, "volumes"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			d := newDriver(t, cfg)
+			_, err := os.Stat(filepath.Join(d.paths.volumes(), volumesMarker))
+			if got := err == nil; got != c.want {
+				t.Fatalf("marker written: %v, want %v", got, c.want)
+			}
+		})
+	}
 }

@@ -18,7 +18,7 @@ func (d *Driver) volumeDataPath(v volumeRecord) string {
 		return v.LocalPath
 	}
 	if v.AccessType == accessBlock {
-		return filepath.Join(d.paths.volumes(), v.ID+".img")
+		return filepath.Join(d.paths.volumes(), v.ID+blockSuffix)
 	}
 	return d.paths.volumeDir(v.ID)
 }
@@ -158,7 +158,7 @@ func (d *Driver) mountShows(mp *fsops.MountPoint, v volumeRecord) (bool, error) 
 func (d *Driver) snapshotDataPath(s snapshotRecord) string {
 	switch s.Format {
 	case formatImage:
-		return filepath.Join(d.paths.snapshots(), s.ID+".img")
+		return filepath.Join(d.paths.snapshots(), s.ID+blockSuffix)
 	case formatReflink:
 		return filepath.Join(d.paths.snapshots(), s.ID)
 	case formatTarZst:

@@ -12,43 +12,15 @@ import (
 // file: write a temporary file in the same directory, fsync it, rename it
 // over path, then fsync the directory so the rename itself is durable.
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	return replaceFile(path, data, perm, true)
-}
-
-// ReplaceFile replaces path with data atomically (a reader sees the old
-// content or the new, never a mix) but not durably: no fsync, so after a
-// power loss path may hold the old content or none. For records that the
-// next start treats as unfinished either way.
-func ReplaceFile(path string, data []byte, perm os.FileMode) error {
-	return replaceFile(path, data, perm, false)
-}
-
-func replaceFile(path string, data []byte, perm os.FileMode, durable bool) (retErr error) {
-	dir, base := filepath.Split(path)
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	s, err := StageFile(path, data, perm)
 	if err != nil {
 		return err
 	}
-	tmp := f.Name()
-	defer func() {
-		if retErr != nil {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
+	if err := publish(s.f, s.tmp, path); err != nil {
+		os.Remove(s.tmp)
 		return err
 	}
-	if err := f.Chmod(perm); err != nil {
-		return err
-	}
-	if durable {
-		return publish(f, tmp, path)
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return nil
 }
 
 // publish makes a fully written temporary file the file at path: fsync,
@@ -149,4 +121,67 @@ func FileSize(f *os.File) (size, allocated int64, err error) {
 		return 0, 0, &os.PathError{Op: "fstat", Path: f.Name(), Err: err}
 	}
 	return st.Size, st.Blocks * 512, nil
+}
+
+// Staged is a complete file written under a temporary name beside the
+// path it is meant for, not yet in place. A write-ahead log makes the
+// change durable between StageFile and Place: the content, which may
+// fail (a full disk), is written before the log entry, and the rename,
+// which makes the change visible, comes after it.
+type Staged struct {
+	f         *os.File
+	tmp, path string
+}
+
+// StageFile writes data to a new temporary file in path's directory, not
+// synced. The file is then held open read-only: a descriptor opened for
+// writing would make a remount of the file system read-only fail with
+// EBUSY, and one opened now, before any writeback, still sees a writeback
+// error when it is fsynced.
+func StageFile(path string, data []byte, perm os.FileMode) (_ *Staged, retErr error) {
+	dir, base := filepath.Split(path)
+	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	if err != nil {
+		return nil, err
+	}
+	tmp := f.Name()
+	defer func() {
+		if retErr != nil {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if _, err := f.Write(data); err != nil {
+		return nil, err
+	}
+	if err := f.Chmod(perm); err != nil {
+		return nil, err
+	}
+	ro, err := os.OpenFile(tmp, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Close(); err != nil {
+		ro.Close()
+		return nil, err
+	}
+	return &Staged{f: ro, tmp: tmp, path: path}, nil
+}
+
+// Place renames the staged file over its path, atomically but not
+// durably, and hands over the open file: its Sync, through the descriptor
+// that wrote it, reports a writeback error that a newly opened descriptor
+// would not see. On failure the staged file is removed.
+func (s *Staged) Place() (*os.File, error) {
+	if err := os.Rename(s.tmp, s.path); err != nil {
+		s.Abort()
+		return nil, err
+	}
+	return s.f, nil
+}
+
+// Abort removes the staged file.
+func (s *Staged) Abort() {
+	s.f.Close()
+	os.Remove(s.tmp)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -13,10 +14,25 @@ import (
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 )
 
-// TestWriteFileAtomic: the durable and the merely atomic replacement both
-// leave the last content, the mode asked for, and no temporary file.
+// TestWriteFileAtomic: the durable replacement and the staged one both
+// leave the last content, the mode asked for, and no temporary file; an
+// aborted stage leaves the old content.
 func TestWriteFileAtomic(t *testing.T) {
-	for name, write := range map[string]func(string, []byte, os.FileMode) error{"WriteFileAtomic": WriteFileAtomic, "ReplaceFile": ReplaceFile} {
+	staged := func(p string, data []byte, perm os.FileMode) error {
+		s, err := StageFile(p, data, perm)
+		if err != nil {
+			return err
+		}
+		f, err := s.Place()
+		if err != nil {
+			return err
+		}
+		if err := f.Sync(); err != nil {
+			return err
+		}
+		return f.Close()
+	}
+	for name, write := range map[string]func(string, []byte, os.FileMode) error{"WriteFileAtomic": WriteFileAtomic, "StageFile": staged} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
 			p := filepath.Join(dir, "state.json")
@@ -24,16 +40,69 @@ func TestWriteFileAtomic(t *testing.T) {
 				if err := write(p, []byte(content), 0o600); err != nil {
 					t.Fatal(err)
 				}
-				if b, _ := os.ReadFile(p); string(b) != content {
-					t.Fatalf("got %q want %q", b, content)
+				got, err := os.ReadFile(p)
+				if err != nil || string(got) != content {
+					t.Fatalf("got %q, %v; want %q", got, err, content)
 				}
+			}
+			s, err := StageFile(p, []byte("never"), 0o600)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Abort()
+			if got, _ := os.ReadFile(p); string(got) != "3" {
+				t.Fatalf("an aborted stage changed the file: %q", got)
+			}
+			st, err := os.Stat(p)
+			if err != nil || st.Mode().Perm() != 0o600 {
+				t.Fatalf("mode %v, %v", st.Mode(), err)
 			}
 			entries, _ := os.ReadDir(dir)
 			if len(entries) != 1 {
 				t.Fatalf("temporary files left: %v", entries)
 			}
-			if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
-				t.Fatalf("mode %v", fi.Mode())
+		})
+	}
+}
+
+// TestHoldsNoData: a file whose extents are all holes or fallocated and
+// unwritten holds no data; one written to, even with zeros, does.
+func TestHoldsNoData(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct {
+		name string
+		make func(p string) error
+		want bool
+	}{
+		{"empty", func(p string) error { return os.WriteFile(p, nil, 0o600) }, true},
+		{"sparse", func(p string) error { return os.Truncate(p, 1<<20) }, true},
+		{"allocated", func(p string) error { return CreateBackingFile(p, 1<<20) }, true},
+		{"written zeros", func(p string) error { return os.WriteFile(p, make([]byte, 8192), 0o600) }, false},
+		{"allocated, one block written", func(p string) error {
+			if err := CreateBackingFile(p, 1<<20); err != nil {
+				return err
+			}
+			f, err := os.OpenFile(p, os.O_WRONLY, 0)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = f.WriteAt([]byte("x"), 512<<10)
+			return err
+		}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-"))
+			if c.name == "sparse" {
+				os.WriteFile(p, nil, 0o600)
+			}
+			if err := c.make(p); err != nil {
+				t.Fatal(err)
+			}
+			got, err := HoldsNoData(p)
+			if err != nil || got != c.want {
+				t.Fatalf("HoldsNoData = %v, %v; want %v", got, err, c.want)
 			}
 		})
 	}

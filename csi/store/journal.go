@@ -22,21 +22,40 @@ import (
 // the file system (strace -T of block creates on the bench's journaled
 // ext4 image: fdatasync 0.38-0.69 ms, each of those fsyncs 0.87-0.94 ms).
 //
-// A change is written to its record file first, atomically but not
-// durably, then appended to the journal and synced; Put returns after the
-// sync. The journal file is written full of zeros once, so an append
-// changes no metadata and fdatasync only flushes the data. Concurrent
-// commits share one fdatasync (group commit). When the journal is full,
-// and at every start, a checkpoint fsyncs the record files written since
-// the last one and the table directories, then starts a new epoch: the
-// header's epoch is raised and the entries of older epochs stop counting.
-// At start, before the tables are read, the entries of the current epoch
-// are applied again to the record files in order, so a power loss that
-// took a record file's unsynced write (or its rename) loses nothing that
-// a Put or Drop had returned for.
+// Write-ahead order: a change's new record file is written under a
+// temporary name first (where a full disk fails it, before anything
+// changed), then its entry is appended to the journal and synced, and only
+// then is the file renamed into place (or removed, for a drop). So the
+// record files never show a change the journal could lose: XFS, and ext4
+// mounted noauto_da_alloc, may put a rename on disk before the renamed
+// file's content, and a record emptied that way is redone from its entry.
+// A commit that fails leaves the record files as they were.
+//
+// The journal file is written full of zeros once, so an append changes no
+// metadata and fdatasync only flushes the data. Concurrent commits share
+// one fdatasync (group commit). An append after a sync starts on a new
+// 4 KiB block, so no write ever rewrites a block holding entries already
+// acknowledged: a write torn by a power loss tears only entries nobody
+// was told were durable.
+//
+// When the journal is full, when many record files are pending, and at
+// every start, a checkpoint fsyncs the record files written since the last
+// one (through the descriptors that wrote them, so a writeback error
+// reported since is seen) and the table directories, then starts a new
+// epoch: the header's epoch is raised and the entries of older epochs stop
+// counting. Commits hold the gate shared from append to rename, a
+// checkpoint holds it exclusively: no epoch is raised past an entry whose
+// file is not in place yet. At start, before the tables are read, the
+// entries of the current epoch are applied again to the record files in
+// order.
 type journal struct {
 	path   string
 	tables map[string]*tableDir
+	dirs   []*os.File // the tables' directories, fsynced by checkpoints
+
+	// gate is held shared by a commit from its append until its record
+	// file is in place, and exclusively by a checkpoint.
+	gate sync.RWMutex
 
 	mu sync.Mutex // guards everything below but synced
 	// f is open read-only, for reading and fdatasync: a file open for
@@ -46,9 +65,12 @@ type journal struct {
 	epoch   uint64
 	off     int64
 	written uint64 // entries written, ever
-	dirty   map[string]struct{}
-	failed  error // a sync failed: what is on disk is unknown until a restart
-	closed  bool
+	seq     uint64 // entries written in this epoch
+	// dirty are the record files written since the last checkpoint, by
+	// path, open (nil for a removal: the directory's fsync covers it).
+	dirty  map[string]*os.File
+	failed error // what is on disk is unknown until a restart
+	closed bool
 
 	syncMu sync.Mutex
 	synced uint64 // entries known durable
@@ -65,12 +87,20 @@ type tableDir struct {
 const (
 	journalSize   = 4 << 20
 	journalStart  = 4096 // entries start after the header's block
+	journalBlock  = 4096 // appends after a sync start on a block of their own
 	journalMagic  = "HPJ1"
 	entryMagic    = "HPE1"
 	entryHeadSize = 4 + 8 + 4 + 4 // magic, epoch, payload length, crc
+	// maxDirty bounds the record files a checkpoint fsyncs, and the
+	// descriptors kept open for it.
+	maxDirty = 1024
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// errCheckpointDue is append's answer when the journal must be
+// checkpointed first.
+var errCheckpointDue = errors.New("checkpoint due")
 
 // entrySum is an entry's checksum: of its epoch and length (head[4:16])
 // and its payload.
@@ -78,18 +108,34 @@ func entrySum(head, payload []byte) uint32 {
 	return crc32.Update(crc32.Checksum(head[4:16], castagnoli), castagnoli, payload)
 }
 
-// entry is one change: a record's new JSON, or its removal.
+// entry is one change: a record's new JSON, or its removal. Seq counts the
+// epoch's entries from 1; entries written before it existed have none.
 type entry struct {
 	Table  string          `json:"t"`
 	ID     string          `json:"id"`
+	Seq    uint64          `json:"n,omitempty"`
 	Record json.RawMessage `json:"r,omitempty"`
 	Drop   bool            `json:"d,omitempty"`
 }
 
+func (e entry) path(t *tableDir) string { return filepath.Join(t.dir, e.ID+".json") }
+
 // openJournal opens (or makes) the journal at path, applies the current
 // epoch's entries to the tables' files and checkpoints.
-func openJournal(path string, tables map[string]*tableDir) (*journal, error) {
-	j := &journal{path: path, tables: tables, dirty: map[string]struct{}{}}
+func openJournal(path string, tables map[string]*tableDir) (_ *journal, retErr error) {
+	j := &journal{path: path, tables: tables, dirty: map[string]*os.File{}}
+	defer func() {
+		if retErr != nil {
+			j.release()
+		}
+	}()
+	for _, t := range tables {
+		d, err := os.Open(t.dir)
+		if err != nil {
+			return nil, err
+		}
+		j.dirs = append(j.dirs, d)
+	}
 	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, err
@@ -97,19 +143,16 @@ func openJournal(path string, tables map[string]*tableDir) (*journal, error) {
 	j.f = f
 	entries, epoch, ok, err := j.read()
 	if err != nil {
-		f.Close()
 		return nil, err
 	}
 	j.epoch = epoch
 	for _, e := range entries {
-		if err := j.apply(e); err != nil {
-			f.Close()
+		if err := j.redo(e); err != nil {
 			return nil, err
 		}
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		f.Close()
 		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
 	}
 	// A journal without a valid header starts at epoch 1 again: entries
@@ -123,15 +166,12 @@ func openJournal(path string, tables map[string]*tableDir) (*journal, error) {
 		// changes no metadata, so fdatasync does not commit the file
 		// system's journal.
 		if err := j.writeAt(make([]byte, journalSize-from), from); err != nil {
-			f.Close()
 			return nil, err
 		}
 		if err := f.Sync(); err != nil {
-			f.Close()
-			return nil, err
+			return nil, &os.PathError{Op: "fsync", Path: path, Err: err}
 		}
 		if err := fsops.SyncDir(filepath.Dir(path)); err != nil {
-			f.Close()
 			return nil, err
 		}
 	}
@@ -139,17 +179,33 @@ func openJournal(path string, tables map[string]*tableDir) (*journal, error) {
 	err = j.checkpointLocked()
 	j.mu.Unlock()
 	if err != nil {
-		f.Close()
 		return nil, err
 	}
 	return j, nil
 }
 
-// read returns the entries of the current epoch, in order, up to the
-// first that is torn or of another epoch, and whether the header is
-// valid. A missing or damaged header means there is nothing to apply: the
-// header is written only after a checkpoint made every earlier entry
-// durable in the record files.
+// release closes every descriptor the journal holds.
+func (j *journal) release() {
+	for _, d := range j.dirs {
+		d.Close()
+	}
+	for _, f := range j.dirty {
+		if f != nil {
+			f.Close()
+		}
+	}
+	clear(j.dirty)
+	if j.f != nil {
+		j.f.Close()
+	}
+}
+
+// read returns the entries of the current epoch, in order, and whether
+// the header is valid. Entries run on while they check; where one does
+// not, the next may start on the next block (an append after a sync), and
+// is taken only if it is the next in sequence. A missing or damaged header
+// means there is nothing to apply: the header is written only after a
+// checkpoint made every earlier entry durable in the record files.
 func (j *journal) read() ([]entry, uint64, bool, error) {
 	buf, err := io.ReadAll(io.NewSectionReader(j.f, 0, journalSize))
 	if err != nil {
@@ -161,77 +217,147 @@ func (j *journal) read() ([]entry, uint64, bool, error) {
 	}
 	epoch := binary.LittleEndian.Uint64(buf[4:12])
 	var out []entry
-	for off := journalStart; off+entryHeadSize <= len(buf); {
-		h := buf[off : off+entryHeadSize]
-		if string(h[:4]) != entryMagic || binary.LittleEndian.Uint64(h[4:12]) != epoch {
-			break
+	var last uint64
+	for off := journalStart; ; {
+		e, end, ok := parseEntry(buf, off, epoch)
+		if !ok && off%journalBlock != 0 {
+			// The rest of this block may be the padding after a sync.
+			off = alignUp(off)
+			if e, end, ok = parseEntry(buf, off, epoch); ok && (e.Seq == 0 || e.Seq != last+1) {
+				ok = false
+			}
 		}
-		n := int(binary.LittleEndian.Uint32(h[12:16]))
-		end := off + entryHeadSize + n
-		if end > len(buf) {
-			break
-		}
-		if entrySum(h, buf[off+entryHeadSize:end]) != binary.LittleEndian.Uint32(h[16:20]) {
-			break
-		}
-		var e entry
-		if err := json.Unmarshal(buf[off+entryHeadSize:end], &e); err != nil {
+		if !ok {
 			break
 		}
 		out = append(out, e)
-		off = end
+		last, off = e.Seq, end
 	}
 	return out, epoch, true, nil
 }
 
-// apply redoes one entry on the record files, not durably: the checkpoint
-// that follows makes them durable.
-func (j *journal) apply(e entry) error {
+// parseEntry reads the entry of epoch at off, if one is there whole.
+func parseEntry(buf []byte, off int, epoch uint64) (entry, int, bool) {
+	var e entry
+	if off+entryHeadSize > len(buf) {
+		return e, 0, false
+	}
+	h := buf[off : off+entryHeadSize]
+	if string(h[:4]) != entryMagic || binary.LittleEndian.Uint64(h[4:12]) != epoch {
+		return e, 0, false
+	}
+	end := off + entryHeadSize + int(binary.LittleEndian.Uint32(h[12:16]))
+	if end > len(buf) || entrySum(h, buf[off+entryHeadSize:end]) != binary.LittleEndian.Uint32(h[16:20]) {
+		return e, 0, false
+	}
+	if err := json.Unmarshal(buf[off+entryHeadSize:end], &e); err != nil {
+		return e, 0, false
+	}
+	return e, end, true
+}
+
+func alignUp(off int) int { return (off + journalBlock - 1) / journalBlock * journalBlock }
+
+// redo applies one entry to the record files again, not durably: the
+// checkpoint that follows makes them durable.
+func (j *journal) redo(e entry) error {
 	t, ok := j.tables[e.Table]
 	if !ok || !t.valid(e.ID) {
 		return fmt.Errorf("journal %s: entry for %s/%q, which is not a record", j.path, e.Table, e.ID)
 	}
-	p := filepath.Join(t.dir, e.ID+".json")
-	j.dirty[p] = struct{}{}
+	f, err := placeEntry(e, t)
+	if err != nil {
+		return err
+	}
+	j.setDirty(e.path(t), f)
+	return nil
+}
+
+// placeEntry makes the record file say what e says: the new record put in
+// place, or the file removed. It returns the open record file.
+func placeEntry(e entry, t *tableDir) (*os.File, error) {
+	p := e.path(t)
 	if e.Drop {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		return nil, nil
+	}
+	s, err := fsops.StageFile(p, e.Record, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	return s.Place()
+}
+
+// setDirty remembers the record file at path for the next checkpoint.
+// j.mu is held, or the journal is not shared yet.
+func (j *journal) setDirty(path string, f *os.File) {
+	if old := j.dirty[path]; old != nil {
+		// The file it wrote is replaced or removed: its content no
+		// longer matters.
+		old.Close()
+	}
+	j.dirty[path] = f
+}
+
+// commit makes e durable and then, still before any checkpoint can start,
+// runs place, which puts the change in the record files. If the commit
+// fails place does not run, and nothing changed. If place fails after it,
+// the change stands (the next start redoes it from the journal) and the
+// journal refuses further changes until then.
+func (j *journal) commit(e entry, path string, place func() (*os.File, error)) error {
+	j.gate.RLock()
+	seq, err := j.append(&e)
+	for errors.Is(err, errCheckpointDue) {
+		j.gate.RUnlock()
+		if err := j.checkpoint(); err != nil {
 			return err
 		}
-		return nil
+		j.gate.RLock()
+		seq, err = j.append(&e)
 	}
-	return fsops.ReplaceFile(p, e.Record, 0o600)
-}
-
-// commit appends e, whose record file path was just written, and returns
-// once it is durable.
-func (j *journal) commit(e entry, path string) error {
-	payload, err := json.Marshal(e)
+	defer j.gate.RUnlock()
 	if err != nil {
 		return err
 	}
-	seq, err := j.append(payload, path)
-	if err != nil {
+	if err := j.syncTo(seq); err != nil {
 		return err
 	}
-	return j.syncTo(seq)
+	f, err := place()
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err != nil {
+		err = fmt.Errorf("record %s: committed to the journal, but putting it in place failed (a restart redoes it): %w", path, err)
+		if j.failed == nil {
+			j.failed = err
+		}
+		return err
+	}
+	j.setDirty(path, f)
+	return nil
 }
 
-// append writes an entry of payload after the last one (checkpointing
-// first if the journal is full) and returns its sequence number.
-func (j *journal) append(payload []byte, path string) (uint64, error) {
-	rec := make([]byte, entryHeadSize+len(payload))
+// append writes e after the last entry and returns its sequence number,
+// or errCheckpointDue when the journal has no room for it or enough
+// record files wait for a checkpoint.
+func (j *journal) append(e *entry) (uint64, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.failed != nil {
 		return 0, j.failed
 	}
-	if j.off+int64(len(rec)) > journalSize {
-		if err := j.checkpointLocked(); err != nil {
-			return 0, err
-		}
-		if j.off+int64(len(rec)) > journalSize {
+	e.Seq = j.seq + 1
+	payload, err := json.Marshal(e)
+	if err != nil {
+		return 0, err
+	}
+	rec := make([]byte, entryHeadSize+len(payload))
+	if j.off+int64(len(rec)) > journalSize || len(j.dirty) >= maxDirty {
+		if j.off == journalStart && len(j.dirty) == 0 {
 			return 0, fmt.Errorf("journal %s: a record of %d bytes does not fit", j.path, len(payload))
 		}
+		return 0, errCheckpointDue
 	}
 	copy(rec, entryMagic)
 	binary.LittleEndian.PutUint64(rec[4:], j.epoch)
@@ -244,7 +370,7 @@ func (j *journal) append(payload []byte, path string) (uint64, error) {
 		return 0, err
 	}
 	j.off += int64(len(rec))
-	j.dirty[path] = struct{}{}
+	j.seq++
 	j.written++
 	return j.written, nil
 }
@@ -260,6 +386,10 @@ func (j *journal) syncTo(seq uint64) error {
 	}
 	j.mu.Lock()
 	target, failed := j.written, j.failed
+	// What is appended from now on may not be in this sync: it starts
+	// on a block of its own, so a torn write of it cannot reach back
+	// into entries this sync acknowledges.
+	j.off = int64(alignUp(int(j.off)))
 	j.mu.Unlock()
 	if failed != nil {
 		return failed
@@ -292,26 +422,41 @@ func (j *journal) writeAt(p []byte, off int64) error {
 	return err
 }
 
+// checkpoint runs a checkpoint once no commit is between its append and
+// its rename.
+func (j *journal) checkpoint() error {
+	j.gate.Lock()
+	defer j.gate.Unlock()
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.failed != nil {
+		return j.failed
+	}
+	return j.checkpointLocked()
+}
+
 // checkpointLocked makes every change since the last checkpoint durable in
-// the record files, then starts a new epoch. A file that cannot be opened
-// (the file system turned read-only) fails it and leaves the journal as it
-// was; a failed fsync poisons it.
+// the record files, then starts a new epoch. A failed fsync poisons the
+// journal: the kernel may have dropped what it could not write, and only
+// the journal still holds those changes. Any other failure (the header
+// cannot be written on a file system turned read-only) leaves the journal
+// as it was.
 func (j *journal) checkpointLocked() error {
 	poison := func(err error) error {
-		var pe *os.PathError
-		if errors.As(err, &pe) && pe.Op == "fsync" {
-			j.failed = fmt.Errorf("checkpoint: %w", err)
-		}
-		return err
+		j.failed = fmt.Errorf("checkpoint: %w", err)
+		return j.failed
 	}
-	for p := range j.dirty {
-		if err := fsops.SyncFile(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return poison(err)
+	for p, f := range j.dirty {
+		if f == nil {
+			continue
+		}
+		if err := f.Sync(); err != nil {
+			return poison(&os.PathError{Op: "fsync", Path: p, Err: err})
 		}
 	}
-	for _, t := range j.tables {
-		if err := fsops.SyncDir(t.dir); err != nil {
-			return poison(err)
+	for _, d := range j.dirs {
+		if err := d.Sync(); err != nil {
+			return poison(&os.PathError{Op: "fsync", Path: d.Name(), Err: err})
 		}
 	}
 	var h [16]byte
@@ -322,18 +467,32 @@ func (j *journal) checkpointLocked() error {
 		return err
 	}
 	if err := unix.Fdatasync(int(j.f.Fd())); err != nil {
-		j.failed = fmt.Errorf("journal %s: fdatasync: %w", j.path, err)
-		return j.failed
+		return poison(fmt.Errorf("journal %s: fdatasync: %w", j.path, err))
 	}
 	j.epoch++
 	j.off = journalStart
-	clear(j.dirty)
+	j.seq = 0
+	for p, f := range j.dirty {
+		if f != nil {
+			f.Close()
+		}
+		delete(j.dirty, p)
+	}
 	return nil
+}
+
+// err says why the journal refuses changes, or nil.
+func (j *journal) err() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.failed
 }
 
 // close checkpoints and closes the journal; writes fail after it. A second
 // close does nothing.
 func (j *journal) close() error {
+	j.gate.Lock()
+	defer j.gate.Unlock()
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
@@ -343,9 +502,10 @@ func (j *journal) close() error {
 	if err == nil {
 		err = j.checkpointLocked()
 	}
-	if cerr := j.f.Close(); err == nil {
-		err = cerr
-	}
-	j.closed, j.failed = true, errors.New("the state store is closed")
+	j.release()
+	j.closed, j.failed = true, errClosed
 	return err
 }
+
+// errClosed is what a closed store answers.
+var errClosed = errors.New("the state store is closed")

@@ -30,6 +30,10 @@ func (e *NameError) Error() string {
 // Unwrap makes errors.Is(err, ErrNameTaken) true.
 func (e *NameError) Unwrap() error { return ErrNameTaken }
 
+// testHookPlaced, when set by a test, runs the moment a record file has
+// been renamed into place: where a power loss would find it there.
+var testHookPlaced func(path string)
+
 // Table is one kind of record: a directory of JSON files named by id, and
 // the index by id and by name. mu guards the index and is never held
 // across I/O.
@@ -42,12 +46,30 @@ type Table[T Record[T]] struct {
 	byID   map[string]T
 	byName map[string]string
 
-	emptied []string // ids of empty records Open removed
+	damaged []Damaged // found by load
 }
 
-// Emptied lists the ids of empty records that Open removed: creates that a
-// power loss interrupted before their pending record reached the disk.
-func (t *Table[T]) Emptied() []string { return t.emptied }
+// Damaged is a record file that does not hold a record: empty, or not
+// JSON. Since every change is in the journal before the file is replaced,
+// no crash leaves one; a disk that lost or mangled a written block, or a
+// hand, did. Its data is kept: nothing is deleted on the strength of a
+// record that cannot be read.
+type Damaged struct {
+	ID, Path, Problem string
+}
+
+// Damaged lists the records load found damaged.
+func (t *Table[T]) Damaged() []Damaged { return t.damaged }
+
+// IsDamaged says whether the record with this id is damaged.
+func (t *Table[T]) IsDamaged(id string) bool {
+	for _, d := range t.damaged {
+		if d.ID == id {
+			return true
+		}
+	}
+	return false
+}
 
 func newTable[T Record[T]](kind, dir string, valid func(string) bool) (*Table[T], error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -57,9 +79,9 @@ func newTable[T Record[T]](kind, dir string, valid func(string) bool) (*Table[T]
 		byID: map[string]T{}, byName: map[string]string{}}, nil
 }
 
-// load reads every record. A file that does not parse is reported, not
-// skipped: losing track of a volume silently is worse than not starting.
-// Temporary files of an interrupted write are removed.
+// load reads every record. A file that does not hold one is listed as
+// damaged and left where it is. Temporary files of an interrupted write
+// are removed.
 func (t *Table[T]) load() error {
 	entries, err := os.ReadDir(t.dir)
 	if err != nil {
@@ -78,20 +100,17 @@ func (t *Table[T]) load() error {
 		if err != nil {
 			return err
 		}
-		if len(data) == 0 {
-			// Only a PutPending record can come back empty from a power
-			// loss (what Put wrote is in the journal, redone before this,
-			// or was fsynced at a checkpoint): an unfinished create, whose
-			// data the driver's start removes as owned by no record.
-			if err := os.Remove(p); err != nil {
-				return err
-			}
-			t.emptied = append(t.emptied, id)
-			continue
-		}
 		var r T
-		if err := json.Unmarshal(data, &r); err != nil {
-			return fmt.Errorf("state file %s is damaged: %w", p, err)
+		switch err := json.Unmarshal(data, &r); {
+		case len(data) == 0:
+			t.damaged = append(t.damaged, Damaged{ID: id, Path: p, Problem: "the file is empty"})
+			continue
+		case err != nil:
+			t.damaged = append(t.damaged, Damaged{ID: id, Path: p, Problem: "the file is not a record: " + err.Error()})
+			continue
+		case r.RecordID() != id:
+			t.damaged = append(t.damaged, Damaged{ID: id, Path: p, Problem: fmt.Sprintf("the file holds the record of %q", r.RecordID())})
+			continue
 		}
 		t.byID[r.RecordID()] = r
 		t.byName[r.RecordName()] = r.RecordID()
@@ -174,51 +193,81 @@ func (t *Table[T]) Check(f func(all map[string]T) error) error {
 	return f(t.byID)
 }
 
-// Put writes the record durably, then updates the index: the record file
-// atomically, then the change into the journal, synced.
-func (t *Table[T]) Put(r T) error { return t.put(r, true) }
-
-// PutPending writes a record that is not final yet (a volume being
-// created) atomically but not durably: a power loss may lose it, which
-// leaves what a crash before it would, data that no record owns, and the
-// next start removes that.
-func (t *Table[T]) PutPending(r T) error { return t.put(r, false) }
-
-func (t *Table[T]) put(r T, durable bool) error {
-	data, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
+// Put writes the record durably, then updates the index: the new file
+// staged, the change committed to the journal, the file renamed into
+// place. If it fails before the commit nothing changed; if the rename
+// fails after it, the index shows the change anyway, since the next start
+// redoes it.
+func (t *Table[T]) Put(r T) error {
+	committed, err := t.write(r)
+	if committed {
+		t.Index(r)
 	}
-	p := filepath.Join(t.dir, r.RecordID()+".json")
-	if err := fsops.ReplaceFile(p, data, 0o600); err != nil {
-		return err
-	}
-	if durable {
-		if err := t.journal.commit(entry{Table: t.name, ID: r.RecordID(), Record: data}, p); err != nil {
-			return err
-		}
-	}
-	t.mu.Lock()
-	t.byID[r.RecordID()] = r.Clone()
-	t.byName[r.RecordName()] = r.RecordID()
-	t.mu.Unlock()
-	return nil
+	return err
 }
 
-// Drop removes the record from disk, durably (through the journal), and
-// then from the index.
+// PutUnindexed writes the record durably as Put does but leaves the index
+// as it was, for a record that must not be seen before what it describes
+// exists: the caller shows it with Index then.
+func (t *Table[T]) PutUnindexed(r T) error {
+	_, err := t.write(r)
+	return err
+}
+
+// Index shows r in the index.
+func (t *Table[T]) Index(r T) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.byID[r.RecordID()]; ok && old.RecordName() != r.RecordName() && t.byName[old.RecordName()] == r.RecordID() {
+		delete(t.byName, old.RecordName())
+	}
+	t.byID[r.RecordID()] = r.Clone()
+	t.byName[r.RecordName()] = r.RecordID()
+}
+
+// write commits r and puts its file in place, and says whether the commit
+// happened.
+func (t *Table[T]) write(r T) (bool, error) {
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return false, err
+	}
+	p := filepath.Join(t.dir, r.RecordID()+".json")
+	staged, err := fsops.StageFile(p, data, 0o600)
+	if err != nil {
+		return false, err
+	}
+	committed := false
+	err = t.journal.commit(entry{Table: t.name, ID: r.RecordID(), Record: data}, p, func() (*os.File, error) {
+		committed = true
+		f, err := staged.Place()
+		if err == nil && testHookPlaced != nil {
+			testHookPlaced(p)
+		}
+		return f, err
+	})
+	if !committed {
+		staged.Abort()
+	}
+	return committed, err
+}
+
+// Drop removes the record durably: its removal committed to the journal,
+// then its file removed and the index entry. If it fails before the
+// commit nothing changed.
 func (t *Table[T]) Drop(id string) error {
 	p := filepath.Join(t.dir, id+".json")
-	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
+	placed := false
+	err := t.journal.commit(entry{Table: t.name, ID: id, Drop: true}, p, func() (*os.File, error) {
+		placed = true
+		return placeEntry(entry{ID: id, Drop: true}, &t.tableDir)
+	})
+	if placed {
+		t.mu.Lock()
+		t.forget(id)
+		t.mu.Unlock()
 	}
-	if err := t.journal.commit(entry{Table: t.name, ID: id, Drop: true}, p); err != nil {
-		return err
-	}
-	t.mu.Lock()
-	t.forget(id)
-	t.mu.Unlock()
-	return nil
+	return err
 }
 
 // Store is every table of the driver.
@@ -232,6 +281,24 @@ type Store struct {
 // Close checkpoints the journal and closes it; the store refuses writes
 // after it.
 func (s *Store) Close() error { return s.journal.close() }
+
+// Err says why the store refuses every change (a failed sync, a record
+// that could not be put in place after its commit, Close), or nil: a
+// health check and Probe report it, since only a restart clears it.
+func (s *Store) Err() error { return s.journal.err() }
+
+// AwaitingCheckpoint counts the record files changed since the last
+// checkpoint; the journal holds each open until then.
+func (s *Store) AwaitingCheckpoint() int {
+	s.journal.mu.Lock()
+	defer s.journal.mu.Unlock()
+	return len(s.journal.dirty)
+}
+
+// Damaged lists every damaged record file, of every table.
+func (s *Store) Damaged() []Damaged {
+	return slices.Concat(s.Volumes.Damaged(), s.Snapshots.Damaged(), s.Groups.Damaged())
+}
 
 // IDRules says which file names in each table are records; anything else
 // is left alone (and dot-files, interrupted writes, are removed).
@@ -254,6 +321,13 @@ func Open(dir string, ids IDRules) (*Store, error) {
 	if s.Groups, err = newTable[Group]("group snapshot", filepath.Join(dir, "groups"), ids.Group); err != nil {
 		return nil, err
 	}
+	// The directories just made, and their names in the state root,
+	// are durable before any record is written into them.
+	for _, d := range []string{dir, filepath.Dir(dir)} {
+		if err := fsops.SyncDir(d); err != nil {
+			return nil, err
+		}
+	}
 	tables := map[string]*tableDir{}
 	for _, t := range []*tableDir{&s.Volumes.tableDir, &s.Snapshots.tableDir, &s.Groups.tableDir} {
 		tables[t.name] = t
@@ -264,6 +338,7 @@ func Open(dir string, ids IDRules) (*Store, error) {
 	s.Volumes.journal, s.Snapshots.journal, s.Groups.journal = s.journal, s.journal, s.journal
 	for _, load := range []func() error{s.Volumes.load, s.Snapshots.load, s.Groups.load} {
 		if err := load(); err != nil {
+			s.journal.close()
 			return nil, err
 		}
 	}

@@ -224,10 +224,16 @@ func TestConcurrentClients(t *testing.T) {
 		}
 	}
 	time.Sleep(300 * time.Millisecond) // let finished streams close
+	// The state journal holds the record files changed since its last
+	// checkpoint open (at most 1024), by design: those are not a leak.
+	held := metric(t, addr, "hostpath_state_files_awaiting_checkpoint")
 	goroutines1, fds1 := metric(t, addr, "go_goroutines"), fds(cmd.Process.Pid)
-	t.Logf("%d calls by %d clients in %v; goroutines %v -> %v, fds %d -> %d; %d disallowed errors",
-		calls.Load(), clients, duration, goroutines0, goroutines1, fds0, fds1, bad.Load())
-	if goroutines1 > goroutines0+5 || fds1 > fds0+5 {
+	t.Logf("%d calls by %d clients in %v; goroutines %v -> %v, fds %d -> %d, of them %v record files awaiting the journal's checkpoint; %d disallowed errors",
+		calls.Load(), clients, duration, goroutines0, goroutines1, fds0, fds1, held, bad.Load())
+	if held < 0 || held > 1024 {
+		t.Errorf("the journal holds %v record files open", held)
+	}
+	if goroutines1 > goroutines0+5 || float64(fds1)-held > float64(fds0)+5 {
 		t.Errorf("growth: goroutines %v -> %v, fds %d -> %d", goroutines0, goroutines1, fds0, fds1)
 	}
 	if calls.Load() < clients {
