@@ -185,9 +185,11 @@ func New(cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("state dir %s: %w", root, err)
 	}
 	if err := d.reconcile(); err != nil {
+		d.st.Close()
 		return nil, fmt.Errorf("reconciling state with %s: %w", root, err)
 	}
 	if err := d.reattachBlockVolumes(); err != nil {
+		d.st.Close()
 		return nil, fmt.Errorf("re-attaching block volumes: %w", err)
 	}
 	d.ready.Store(true)
