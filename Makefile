@@ -10,7 +10,7 @@ NODE_ID   ?= $(shell hostname)
 
 export CGO_ENABLED = 0
 
-.PHONY: test-kernel kernel-deps e2e-suite test-unprivileged cluster-deps cluster-build cluster-up cluster-down e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
+.PHONY: test-kernel kernel-deps e2e-suite test-unprivileged cluster-deps cluster-build cluster-up cluster-down cluster-deploy image-previous e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
 
 all: build
 
@@ -113,6 +113,23 @@ image:
 	  -label org.opencontainers.image.source=https://github.com/hostpath-csi/hostpath && \
 	echo "$(IMAGE_DIR)/hostpathplugin.tar: $(IMAGE):$$v sha256:$$(sha256sum < $(IMAGE_DIR)/hostpathplugin.tar | cut -d' ' -f1)"
 
+# The previous release's image (its commit named in PREVIOUS_RELEASE),
+# built from a git worktree in $(CACHE), as hostpathplugin-previous.tar
+# beside the current one: the start of the rolling upgrade in make e2e.
+PREVIOUS := $(shell sed -n 's/^commit //p' PREVIOUS_RELEASE)
+image-previous:
+	@test -f $(IMAGE_DIR)/hostpathplugin-previous-$(PREVIOUS).tar || { \
+	  set -e; rm -rf $(CACHE)/previous; git worktree prune; mkdir -p $(IMAGE_DIR); \
+	  git worktree add --detach $(CACHE)/previous $(PREVIOUS) >/dev/null; \
+	  (cd $(CACHE)/previous && $(GO) build -trimpath -o $(CACHE)/previous.bin ./cmd/hostpathplugin); \
+	  git worktree remove --force $(CACHE)/previous; \
+	  $(GO) -C test/cluster run ./cmd/ociimage -o $(IMAGE_DIR)/hostpathplugin-previous-$(PREVIOUS).tar \
+	    -ref $(IMAGE):previous-$(shell echo $(PREVIOUS) | cut -c1-12) -file $(CACHE)/previous.bin:/hostpathplugin:0755 \
+	    -entrypoint /hostpathplugin -label org.opencontainers.image.revision=$(PREVIOUS); \
+	  rm -f $(CACHE)/previous.bin; }
+	@for f in $(IMAGE_DIR)/hostpathplugin-previous-*.tar; do \
+	  [ "$$f" = $(IMAGE_DIR)/hostpathplugin-previous-$(PREVIOUS).tar ] || rm -f "$$f"; done
+
 BENCH_OUT    ?= bench/results
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 120m ./bench/ -args -bench.size=$(BENCH_SIZE) -bench.rounds=$(BENCH_ROUNDS) | tee /tmp/hostpath-bench.txt; test $${PIPESTATUS[0]} -eq 0
@@ -126,14 +143,24 @@ CLUSTER = $(MAKE) --no-print-directory -C test/cluster CACHE=$(CACHE)
 cluster-deps:
 	command -v runc >/dev/null && test -x /usr/lib/cni/bridge && test -x /bin/busybox && command -v iptables >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runc containernetworking-plugins busybox-static iptables conntrack iproute2 >/dev/null)
-cluster-build: cluster-deps image
+cluster-build: cluster-deps image image-previous
 	$(CLUSTER) binaries images
 # The harness is a Go test (test/cluster/localcluster): only tests start programs.
+# NODES=N (1 to 9) makes every node a set of namespaces of its own, with
+# its own containerd, kubelet, kube-proxy and disk (NODES=1: the host is the
+# one node, as before).
+NODES ?= 1
+export NODES
 LOCALCLUSTER = cd test/cluster && CACHE=$(CACHE) HOSTPATH_CLUSTER=$(subst cluster-,,$@) $(GO) test -count=1 -v -timeout 15m ./localcluster/
 cluster-up: cluster-build
 	$(LOCALCLUSTER) -run '^TestUp$$' | grep -v '^=== RUN\|^--- SKIP'; test $${PIPESTATUS[0]} -eq 0
 cluster-down:
 	$(LOCALCLUSTER) -run '^TestDown$$' | grep -v '^=== RUN\|^--- SKIP'; test $${PIPESTATUS[0]} -eq 0
+# The snapshot CRDs and controller and deploy/ applied to the running
+# cluster as a user would, waiting for the driver on every node.
+cluster-deploy:
+	cd test/cluster && HOSTPATH_E2E=1 HOSTPATH_E2E_DEPLOY_ONLY=1 CACHE=$(CACHE) $(GO) test -count=1 -v -run TestKubernetes ./e2e/ 2>&1 | grep -E '^(e2e |--- |ok|FAIL)|_test.go:'; test $${PIPESTATUS[0]} -eq 0
+	@echo "try it: KUBECONFIG=$(CACHE)/cluster/admin.kubeconfig $(CACHE)/bin/kubectl get nodes,csinodes,csistoragecapacities -A"
 # KEEP_CLUSTER=1 leaves the cluster up after the test, to look around.
 e2e: cluster-up
 	cd test/cluster && HOSTPATH_E2E=1 CACHE=$(CACHE) $(GO) test -count=1 -v -timeout 40m ./e2e/ 2>&1 | tee /tmp/hostpath-e2e.log | grep -E '^(e2e |--- |ok|FAIL|PASS)|_test.go:'; rc=$${PIPESTATUS[0]}; \

@@ -60,15 +60,22 @@ func TestKubernetes(t *testing.T) {
 			t.Fatalf("%v\n%s\n%s", err, k.describe(driverNS, "pods"), k.events(driverNS))
 		}
 	})
-	node := strings.TrimSpace(k.must("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"))
-	step(t, "driver registered with kubelet (CSINode)", func() {
-		k.waitFor("CSINode driver", 60*time.Second, func() (bool, string) {
-			d := k.jsonpath("", "csinode/"+node, "{.spec.drivers[*].name}")
-			return strings.Contains(d, "hostpath.csi.k8s.io"), d
-		})
+	nodes := strings.Fields(k.must("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"))
+	step(t, fmt.Sprintf("driver registered with kubelet (CSINode) on %d nodes", len(nodes)), func() {
+		for _, n := range nodes {
+			k.waitFor("CSINode driver on "+n, 60*time.Second, func() (bool, string) {
+				d := k.jsonpath("", "csinode/"+n, "{.spec.drivers[*].name}")
+				return strings.Contains(d, "hostpath.csi.k8s.io"), d
+			})
+		}
 	})
 	if os.Getenv("HOSTPATH_E2E_DEPLOY_ONLY") != "" {
-		return // the driver is deployed for the Kubernetes e2e suite (make e2e-suite)
+		return // the driver is deployed (make cluster-deploy, make e2e-suite)
+	}
+	if len(nodes) > 1 {
+		manyNodes(t, k, nodes)
+		fmt.Printf("e2e total %.1fs\n", time.Since(total).Seconds())
+		return
 	}
 	var capacity0 int64
 	step(t, "CSIStorageCapacity published", func() {

@@ -21,6 +21,9 @@ import (
 // and fails if a process, mount, loop device, network namespace, cgroup
 // or iptables rule of the cluster is still there.
 func (c *cluster) down() error {
+	// The nodes of a multi-node cluster: each node's everything goes
+	// with its init.
+	c.stopNodes()
 	// kubelet first, so nothing restarts the containers killed next.
 	c.stop("kubelet")
 	c.killCgroupProcs()
@@ -118,10 +121,12 @@ func pidsWhere(keep func(int) bool) []int {
 	return out
 }
 
-// cgroupDirs lists the kubepods cgroup trees of every v1 hierarchy.
+// cgroupDirs lists the kubepods cgroup trees of every v1 hierarchy, and
+// the cgroup roots of the nodes of a multi-node cluster.
 func cgroupDirs() []string {
 	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
-	return roots
+	nodes, _ := filepath.Glob("/sys/fs/cgroup/*/hostpath-node-*")
+	return append(roots, nodes...)
 }
 
 // killCgroupProcs kills the pods' processes (containers and sandboxes),
@@ -156,19 +161,7 @@ func (c *cluster) killCgroupProcs() {
 // removeCgroups removes the kubepods trees, deepest first.
 func removeCgroups() {
 	for _, root := range cgroupDirs() {
-		var dirs []string
-		filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
-		for _, d := range dirs {
-			for i := 0; i < 20 && unix.Rmdir(d) == unix.EBUSY; i++ {
-				time.Sleep(100 * time.Millisecond)
-			}
-		}
+		removeTree(root)
 	}
 }
 
@@ -274,6 +267,12 @@ func (c *cluster) leftovers() []string {
 	var left []string
 	names := []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2"}
 	for _, pid := range pidsWhere(func(pid int) bool {
+		env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		return alive(pid) && bytes.Contains(env, []byte(nodeInitEnv+"="))
+	}) {
+		left = append(left, fmt.Sprintf("node init %d", pid))
+	}
+	for _, pid := range pidsWhere(func(pid int) bool {
 		for _, n := range names {
 			if sameExe(pid, filepath.Join(c.bin, n)) {
 				return true
@@ -296,8 +295,13 @@ func (c *cluster) leftovers() []string {
 	if ns, _ := filepath.Glob(filepath.Join(netnsDir, "cni-*")); len(ns) > 0 {
 		left = append(left, "network namespaces "+strings.Join(ns, ", "))
 	}
-	if _, err := os.Stat("/sys/class/net/" + bridgeDevice); err == nil {
-		left = append(left, "bridge "+bridgeDevice)
+	for _, b := range []string{bridgeDevice, nodesBridge} {
+		if _, err := os.Stat("/sys/class/net/" + b); err == nil {
+			left = append(left, "bridge "+b)
+		}
+	}
+	if veths, _ := filepath.Glob("/sys/class/net/hp-node-*"); len(veths) > 0 {
+		left = append(left, "veths "+strings.Join(veths, ", "))
 	}
 	if out, err := exec.Command("iptables-save").Output(); err == nil && (bytes.Contains(out, []byte("KUBE-")) || bytes.Contains(out, []byte("CNI-")) || bytes.Contains(out, []byte(fenceChain))) {
 		left = append(left, "iptables rules of kube-proxy or CNI")

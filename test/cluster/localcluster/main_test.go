@@ -18,6 +18,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -59,8 +60,26 @@ func (c *cluster) kubeconfig() string { return c.path("admin.kubeconfig") }
 // Both do nothing unless HOSTPATH_CLUSTER names them, so go test ./...
 // never starts or stops a cluster by accident. CACHE moves the binaries,
 // images and state from ~/.cache/hostpath-csi.
-func TestUp(t *testing.T)   { run(t, "up") }
+func TestUp(t *testing.T) { run(t, "up") }
+
+// TestMain runs a node's init instead of the tests when up started this
+// binary as one (see nodeInit).
+func TestMain(m *testing.M) {
+	if cfg := os.Getenv(nodeInitEnv); cfg != "" {
+		if err := nodeInit(cfg); err != nil {
+			fmt.Fprintln(os.Stderr, "node init:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
 func TestDown(t *testing.T) { run(t, "down") }
+
+// TestNodeStop and TestNodeStart stop and start again the node NODE of a
+// multi-node cluster (HOSTPATH_CLUSTER=node-stop, node-start).
+func TestNodeStop(t *testing.T)  { run(t, "node-stop") }
+func TestNodeStart(t *testing.T) { run(t, "node-start") }
 
 func run(t *testing.T, cmd string) {
 	if os.Getenv("HOSTPATH_CLUSTER") != cmd {
@@ -78,10 +97,13 @@ func run(t *testing.T, cmd string) {
 		fmt.Printf("[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
 	var err error
-	if cmd == "up" {
+	switch cmd {
+	case "up":
 		err = c.up()
-	} else {
+	case "down":
 		err = c.down()
+	default:
+		err = c.nodeCommand(cmd)
 	}
 	if err != nil {
 		t.Fatalf("localcluster %s: %v", cmd, err)
@@ -97,7 +119,7 @@ func hostAddress() (net.IP, error) {
 		return nil, err
 	}
 	for _, i := range ifs {
-		if i.Flags&net.FlagUp == 0 || i.Flags&net.FlagLoopback != 0 || i.Name == bridgeDevice {
+		if i.Flags&net.FlagUp == 0 || i.Flags&net.FlagLoopback != 0 || i.Name == bridgeDevice || i.Name == nodesBridge || strings.HasPrefix(i.Name, "hp-node-") {
 			continue
 		}
 		addrs, _ := i.Addrs()

@@ -175,3 +175,23 @@ current-context: local
 `, server, ca, client, crt, key, client)
 	return os.WriteFile(path, []byte(cfg), 0o600)
 }
+
+// issueNode gives a node of a multi-node cluster its own kubelet serving
+// certificate (its name and address) and client identity
+// (system:node:NAME), with the kubeconfig, in the node's pki directory.
+func (p *pki) issueNode(n *node, server string) error {
+	np := &pki{dir: filepath.Join(n.Dir, "pki"), caCert: p.caCert, caKey: p.caKey}
+	if err := os.MkdirAll(np.dir, 0o700); err != nil {
+		return err
+	}
+	if err := writePEM(np.path("ca.crt"), "CERTIFICATE", p.caCert.Raw); err != nil {
+		return err
+	}
+	if err := np.issue("kubelet", n.Name, nil, []net.IP{net.ParseIP(n.IP)}, []string{n.Name}, true); err != nil {
+		return err
+	}
+	if err := np.issue("kubelet-client", "system:node:"+n.Name, []string{"system:nodes"}, nil, nil, false); err != nil {
+		return err
+	}
+	return np.kubeconfig(np.path("kubelet-client.kubeconfig"), server, "kubelet-client")
+}

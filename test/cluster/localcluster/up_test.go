@@ -36,6 +36,10 @@ func (c *cluster) up() error {
 			return err
 		}
 	}
+	count, err := nodeCount()
+	if err != nil {
+		return err
+	}
 	ip, err := hostAddress()
 	if err != nil {
 		return err
@@ -61,8 +65,16 @@ func (c *cluster) up() error {
 		os.WriteFile("/proc/sys/"+s, []byte("1"), 0o644) // best effort: absent without br_netfilter
 	}
 	// Pods talk to this machine only: anything from the pod network that
-	// would be forwarded out of another interface is dropped.
-	if err := fence(); err != nil {
+	// would be forwarded out of another interface is dropped (with several
+	// nodes, the host forwards between them over their bridge).
+	out := bridgeDevice
+	if count > 1 {
+		out = nodesBridge
+		if err := bridgeUp(); err != nil {
+			return err
+		}
+	}
+	if err := fence(out); err != nil {
 		return err
 	}
 	p, err := newPKI(c.path("pki"), ip, c.node)
@@ -95,7 +107,9 @@ func (c *cluster) up() error {
 		"--kubelet-client-key="+pk("apiserver-kubelet.key"), "--kubelet-certificate-authority="+pk("ca.crt"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local", "--service-account-key-file="+pk("sa.pub"),
 		"--service-account-signing-key-file="+pk("sa.key"), "--service-cluster-ip-range="+serviceCIDR,
-		"--authorization-mode=Node,RBAC", "--allow-privileged=true", "--profiling=false", "--v=1"); err != nil {
+		"--authorization-mode=Node,RBAC", "--allow-privileged=true", "--profiling=false",
+		// Kubelets by address: node names are not in any name server.
+		"--kubelet-preferred-address-types=InternalIP,Hostname", "--v=1"); err != nil {
 		return err
 	}
 	api := newAPI(server, p)
@@ -117,6 +131,9 @@ func (c *cluster) up() error {
 		"--authorization-kubeconfig="+c.path("kube-scheduler.kubeconfig"),
 		"--leader-elect=false", "--bind-address=127.0.0.1", "--v=1"); err != nil {
 		return err
+	}
+	if count > 1 {
+		return c.upNodes(p, server, count)
 	}
 	if err := c.startContainerd(); err != nil {
 		return err
@@ -177,7 +194,11 @@ func waitTCP(addr string, timeout time.Duration) error {
 
 func (c *cluster) containerdSocket() string { return c.path("containerd", "containerd.sock") }
 
-func (c *cluster) startContainerd() error {
+func (c *cluster) startContainerd() error { return c.startContainerdWith(podCIDR) }
+
+// startContainerdWith starts containerd with its state under c.state and
+// pods addressed from subnet.
+func (c *cluster) startContainerdWith(subnet string) error {
 	cfg := fmt.Sprintf(`version = 3
 root = %q
 state = %q
@@ -220,7 +241,7 @@ state = %q
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
-`, bridgeDevice, podCIDR, c.path("cni", "ipam"))
+`, bridgeDevice, subnet, c.path("cni", "ipam"))
 	if err := os.WriteFile(c.path("cni", "net.d", "10-bridge.conflist"), []byte(cni), 0o644); err != nil {
 		return err
 	}
@@ -270,6 +291,14 @@ func (c *cluster) importImages() error {
 }
 
 func (c *cluster) startKubelet(p *pki) error {
+	return c.startKubeletWith(p.dir, c.path("kubelet-client.kubeconfig"), "")
+}
+
+// startKubeletWith starts kubelet with the serving certificate in pkiDir,
+// the client identity of kubeconfig, and its pods under cgroupRoot (""
+// for the cgroup hierarchies' roots).
+func (c *cluster) startKubeletWith(pkiDir, kubeconfig, cgroupRoot string) error {
+	pk := func(name string) string { return filepath.Join(pkiDir, name) }
 	cfg := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # cgroup v1 without systemd.
@@ -293,22 +322,26 @@ protectKernelDefaults: false
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%%", imagefs.available: "1%%", nodefs.inodesFree: "1%%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-`, c.containerdSocket(), p.path("ca.crt"), p.path("kubelet.crt"), p.path("kubelet.key"))
+`, c.containerdSocket(), pk("ca.crt"), pk("kubelet.crt"), pk("kubelet.key"))
+	if cgroupRoot != "" {
+		cfg += "cgroupRoot: " + cgroupRoot + "\n"
+	}
 	if err := os.WriteFile(c.path("kubelet.yaml"), []byte(cfg), 0o644); err != nil {
 		return err
 	}
 	return c.start("kubelet", []string{"PATH=" + c.bin + ":/usr/sbin:/usr/bin:/sbin:/bin"},
-		"--config="+c.path("kubelet.yaml"), "--kubeconfig="+c.path("kubelet-client.kubeconfig"),
+		"--config="+c.path("kubelet.yaml"), "--kubeconfig="+kubeconfig,
 		"--hostname-override="+c.node, "--node-ip="+c.hostIP.String(), "--root-dir="+kubeletDir, "--v=2")
 }
 
 // fenceChain holds the rule that keeps pod traffic on this machine.
 const fenceChain = "HOSTPATH-TEST-FENCE"
 
-func fence() error {
+func fence(out string) error {
 	for _, args := range [][]string{
 		{"-N", fenceChain},
-		{"-A", fenceChain, "-s", podCIDR, "!", "-o", bridgeDevice, "-j", "DROP"},
+		{"-A", fenceChain, "-s", podCIDR, "!", "-o", out, "-j", "DROP"},
+		{"-A", fenceChain, "-s", nodesNet + ".0/24", "!", "-o", nodesBridge, "-j", "DROP"},
 		{"-I", "FORWARD", "-j", fenceChain},
 	} {
 		if out, err := exec.Command("iptables", args...).CombinedOutput(); err != nil {

@@ -1,0 +1,424 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The multi-node flow (make e2e NODES=3): the driver on every node of a
+// cluster whose nodes are namespaces of their own (test/cluster/localcluster
+// nodes_test.go), each with a disk of its own size, driven through
+// Kubernetes objects only.
+
+const topologyKey = "topology.hostpath.csi/node"
+
+// nodeRoot is a node's file system as its processes see it.
+func nodeRoot(t *testing.T, node string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(cacheDir(), "cluster", "nodes", node, "pids", "init"))
+	if err != nil {
+		t.Fatalf("node %s: %v", node, err)
+	}
+	return fmt.Sprintf("/proc/%s/root", strings.TrimSpace(string(b)))
+}
+
+// nodeFree is what the driver's state dir on that node has free.
+func nodeFree(t *testing.T, node string) int64 {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(nodeRoot(t, node)+stateDir, &st); err != nil {
+		t.Fatalf("statfs of node %s's state dir: %v", node, err)
+	}
+	return int64(st.Bavail) * st.Bsize
+}
+
+// nodeCapacity is the capacity the CSIStorageCapacity object of the
+// hostpath class for node reports, -1 if there is none.
+func nodeCapacity(k *kube, node string) int64 {
+	for _, c := range k.items("csistoragecapacities", "-A") {
+		if c["storageClassName"] != "hostpath" {
+			continue
+		}
+		top, _ := c["nodeTopology"].(map[string]any)
+		labels, _ := top["matchLabels"].(map[string]any)
+		if labels[topologyKey] != node {
+			continue
+		}
+		if q, ok := c["capacity"].(string); ok {
+			return parseQuantity(q)
+		}
+		return 0
+	}
+	return -1
+}
+
+// localcluster stops or starts one node of the running cluster.
+func localcluster(t *testing.T, cmd, node string) {
+	t.Helper()
+	c := exec.Command("go", "test", "-count=1", "-run", map[string]string{"node-stop": "^TestNodeStop$", "node-start": "^TestNodeStart$"}[cmd], "./localcluster/")
+	c.Dir = ".."
+	c.Env = append(os.Environ(), "HOSTPATH_CLUSTER="+cmd, "NODE="+node, "CACHE="+cacheDir())
+	if out, err := c.CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v\n%s", cmd, node, err, out)
+	}
+}
+
+func near(a, b, slack int64) bool { return a-b <= slack && b-a <= slack }
+
+func manyNodes(t *testing.T, k *kube, nodes []string) {
+	slices.Sort(nodes)
+	k.must("create", "namespace", ns)
+	t.Cleanup(func() {
+		if t.Failed() {
+			fmt.Println(k.events(ns))
+			fmt.Println(k.events(driverNS))
+		}
+	})
+	step(t, fmt.Sprintf("CSIStorageCapacity on each of %d nodes is its own disk's free space", len(nodes)), func() {
+		for _, n := range nodes {
+			k.waitFor("capacity of "+n, 120*time.Second, func() (bool, string) {
+				c, free := nodeCapacity(k, n), nodeFree(t, n)
+				// The driver subtracts nothing yet; its own files use a
+				// little between the two readings.
+				return c > 0 && near(c, free, 8<<20), fmt.Sprintf("%d published, %d free", c, free)
+			})
+		}
+		for i := 1; i < len(nodes); i++ {
+			if a, b := nodeCapacity(k, nodes[i-1]), nodeCapacity(k, nodes[i]); a >= b {
+				t.Fatalf("%s has %d, %s %d: the disks are made larger node by node", nodes[i-1], a, nodes[i], b)
+			}
+		}
+	})
+	first := nodes[0]
+	step(t, "capacity shrinks on the node that got a volume, only there", func() {
+		before := map[string]int64{}
+		for _, n := range nodes {
+			before[n] = nodeCapacity(k, n)
+		}
+		k.apply(pvc("pinned", "256Mi", "Filesystem", ""))
+		k.apply(onNode(pod("pinned", "pinned", "", "echo pinned > /data/f"), first))
+		k.waitPod(ns, "pinned", "Running", 180*time.Second)
+		k.waitFor("smaller capacity on "+first, 150*time.Second, func() (bool, string) {
+			c := nodeCapacity(k, first)
+			return c > 0 && c <= before[first]-200<<20, fmt.Sprintf("%d (was %d)", c, before[first])
+		})
+		for _, n := range nodes[1:] {
+			if c := nodeCapacity(k, n); !near(c, before[n], 8<<20) {
+				t.Fatalf("%s's capacity moved from %d to %d", n, before[n], c)
+			}
+		}
+	})
+	largest := nodes[len(nodes)-1]
+	step(t, "a PVC that fits only on the largest node lands there", func() {
+		// More than any other node has, less than the largest.
+		var others int64
+		for _, n := range nodes[:len(nodes)-1] {
+			others = max(others, nodeCapacity(k, n))
+		}
+		size := (others + nodeCapacity(k, largest)) / 2
+		k.apply(pvc("big", strconv.FormatInt(size>>20, 10)+"Mi", "Filesystem", ""))
+		k.apply(pod("big", "big", "", "true"))
+		k.waitPod(ns, "big", "Running", 180*time.Second)
+		if got := k.jsonpath(ns, "pod/big", "{.spec.nodeName}"); got != largest {
+			t.Fatalf("a %d MiB volume's pod runs on %s, want %s (other nodes have at most %d bytes)", size>>20, got, largest, others)
+		}
+		pv := k.jsonpath(ns, "pvc/big", "{.spec.volumeName}")
+		if got := k.jsonpath("", "pv/"+pv, "{.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}"); got != largest {
+			t.Fatalf("its PV is bound to node %q, want %s", got, largest)
+		}
+		k.must("delete", "pod", "big", "-n", ns, "--grace-period=1")
+		k.must("delete", "pvc", "big", "-n", ns)
+	})
+	step(t, "a PVC that fits nowhere stays Pending, and the event says why", func() {
+		k.apply(pvc("huge", "64Gi", "Filesystem", ""))
+		k.apply(pod("huge", "huge", "", "true"))
+		k.waitFor("FailedScheduling about storage", 90*time.Second, func() (bool, string) {
+			ev := k.must("get", "events", "-n", ns, "--field-selector", "involvedObject.name=huge,reason=FailedScheduling", "-o", "jsonpath={.items[*].message}")
+			return strings.Contains(ev, "storage"), ev
+		})
+		if p := k.jsonpath(ns, "pod/huge", "{.status.phase}"); p != "Pending" {
+			t.Fatalf("the pod of a volume that fits nowhere is %s", p)
+		}
+		k.must("delete", "pod", "huge", "-n", ns, "--grace-period=0", "--force")
+		k.must("delete", "pvc", "huge", "-n", ns)
+	})
+	placed := map[string]string{} // replica -> node
+	step(t, "StatefulSet replicas with anti-affinity each get a volume on their own node", func() {
+		k.apply(statefulSet(len(nodes)))
+		for i := range nodes {
+			name := fmt.Sprintf("web-%d", i)
+			k.waitPod(ns, name, "Running", 240*time.Second)
+			node := k.jsonpath(ns, "pod/"+name, "{.spec.nodeName}")
+			pv := k.jsonpath(ns, "pvc/data-"+name, "{.spec.volumeName}")
+			if got := k.jsonpath("", "pv/"+pv, "{.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}"); got != node {
+				t.Fatalf("%s runs on %s and its PV is bound to %q", name, node, got)
+			}
+			placed[name] = node
+		}
+		seen := map[string]bool{}
+		for _, n := range placed {
+			if seen[n] {
+				t.Fatalf("two replicas on one node: %v", placed)
+			}
+			seen[n] = true
+		}
+	})
+	lost := placed["web-1"]
+	step(t, "node "+lost+" lost: its CSINode and capacity go, its PV stays, its pod waits for it", func() {
+		pv := k.jsonpath(ns, "pvc/data-web-1", "{.spec.volumeName}")
+		localcluster(t, "node-stop", lost)
+		k.must("delete", "node", lost, "--wait=true", "--timeout=120s")
+		k.waitFor("CSINode and CSIStorageCapacity of "+lost+" gone", 180*time.Second, func() (bool, string) {
+			_, err := k.run("", "get", "csinode", lost)
+			c := nodeCapacity(k, lost)
+			return err != nil && c < 0, fmt.Sprintf("csinode err %v, capacity %d", err, c)
+		})
+		if got := k.jsonpath("", "pv/"+pv, "{.status.phase}"); got != "Bound" {
+			t.Fatalf("the lost node's PV is %q", got)
+		}
+		k.waitFor("web-1 back and Pending", 180*time.Second, func() (bool, string) {
+			p := k.jsonpath(ns, "pod/web-1", "{.status.phase}")
+			ev, _ := k.run("", "get", "events", "-n", ns, "--field-selector", "involvedObject.name=web-1,reason=FailedScheduling", "-o", "jsonpath={.items[*].message}")
+			// The scheduler's words ("didn't match PersistentVolume's node
+			// affinity") do not name the node; the PV's affinity does.
+			return p == "Pending" && strings.Contains(ev, "node affinity"), p + " " + ev
+		})
+		fmt.Printf("e2e      web-1 waits for its volume on %s (PV %s)\n", lost, pv)
+	})
+	step(t, "node "+lost+" back on its disk: its volume is served again with its data", func() {
+		localcluster(t, "node-start", lost)
+		k.waitFor("CSINode of "+lost, 240*time.Second, func() (bool, string) {
+			d, _ := k.run("", "get", "csinode", lost, "-o", "jsonpath={.spec.drivers[*].name}")
+			return strings.Contains(d, "hostpath.csi.k8s.io"), d
+		})
+		k.waitPod(ns, "web-1", "Running", 240*time.Second)
+		if got := strings.TrimSpace(k.exec(ns, "web-1", "cat", "/data/who")); got != lost {
+			t.Fatalf("web-1's volume reads %q, want what it wrote on %s", got, lost)
+		}
+	})
+	rollingUpgrade(t, k, nodes)
+	step(t, "everything deleted: nothing left on any node", func() {
+		k.must("delete", "namespace", ns, "--timeout=300s")
+		k.waitFor("PVs deleted", 180*time.Second, func() (bool, string) {
+			pvs := k.items("pv")
+			return len(pvs) == 0, fmt.Sprintf("%d PVs", len(pvs))
+		})
+		k.waitFor("nodes clean", 60*time.Second, func() (bool, string) {
+			var left []string
+			for _, n := range nodes {
+				for _, l := range leftoversIn(nodeRoot(t, n)) {
+					left = append(left, n+": "+l)
+				}
+			}
+			return len(left) == 0, strings.Join(left, "; ")
+		})
+	})
+}
+
+// onNode keeps a pod to one node through the scheduler (nodeName would
+// skip it, and with it the binding of a WaitForFirstConsumer claim).
+func onNode(manifest, node string) string {
+	return strings.Replace(manifest, "spec:\n", "spec:\n  nodeSelector: {kubernetes.io/hostname: "+node+"}\n", 1)
+}
+
+// statefulSet has one replica per node, kept apart by pod anti-affinity,
+// each writing its node's name into its volume.
+func statefulSet(replicas int) string {
+	return fmt.Sprintf(`apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: web, namespace: %s}
+spec:
+  serviceName: web
+  replicas: %d
+  podManagementPolicy: Parallel
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+          - labelSelector: {matchLabels: {app: web}}
+            topologyKey: kubernetes.io/hostname
+      containers:
+      - name: c
+        image: %s
+        imagePullPolicy: Never
+        env: [{name: NODE, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}]
+        command: ["sh", "-c", "test -f /data/who || echo $NODE > /data/who; sync; sleep 3600"]
+        volumeMounts: [{name: data, mountPath: /data}]
+  volumeClaimTemplates:
+  - metadata: {name: data}
+    spec:
+      storageClassName: hostpath
+      accessModes: [ReadWriteOnce]
+      resources: {requests: {storage: 16Mi}}
+`, ns, replicas, busybox)
+}
+
+// leftoversIn lists what the driver left on the node whose file system is
+// at root: CSI mounts of pods, volume and snapshot data; and loop devices
+// of block volumes anywhere.
+func leftoversIn(root string) []string {
+	var left []string
+	if f, err := os.Open(filepath.Join(filepath.Dir(root), "mountinfo")); err == nil {
+		s := bufio.NewScanner(f)
+		for s.Scan() {
+			fs := strings.Fields(s.Text())
+			if len(fs) > 4 && (strings.Contains(fs[4], "kubernetes.io~csi") || strings.HasPrefix(fs[4], stateDir+"/")) {
+				left = append(left, "mount "+fs[4])
+			}
+		}
+		f.Close()
+	}
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, bf := range files {
+		if b, _ := os.ReadFile(bf); strings.HasPrefix(string(b), "/volumes/vol-") {
+			left = append(left, "loop device for "+strings.TrimSpace(string(b)))
+		}
+	}
+	for _, d := range []string{"volumes", "snapshots"} {
+		entries, _ := os.ReadDir(filepath.Join(root, stateDir, d))
+		for _, e := range entries {
+			if e.Name() == ".hostpath-volumes" { // the driver's marker stays
+				continue
+			}
+			left = append(left, filepath.Join(stateDir, d, e.Name()))
+		}
+	}
+	return left
+}
+
+// deployImage applies deploy/ with the driver's image set to ref and waits
+// for the DaemonSet to run it on every node.
+func deployImage(t *testing.T, k *kube, ref string) {
+	t.Helper()
+	repo, _ := filepath.Abs("../../..")
+	i := strings.LastIndex(ref, ":")
+	applyOverlay(t, k, filepath.Join(repo, "deploy"), ref[:i], ref[i+1:], "")
+	if _, err := k.run("", "rollout", "status", "-n", driverNS, "daemonset/hostpath-csi-node", "--timeout=300s"); err != nil {
+		t.Fatalf("%v\n%s\n%s", err, k.describe(driverNS, "pods"), k.events(driverNS))
+	}
+	k.waitFor("every driver pod on "+ref, 60*time.Second, func() (bool, string) {
+		images := strings.Fields(k.jsonpath(driverNS, "pods", "{.items[*].spec.containers[0].image}"))
+		for _, i := range images {
+			if i != ref {
+				return false, strings.Join(images, " ")
+			}
+		}
+		return len(images) > 0, ""
+	})
+}
+
+// writerScript writes a random file once, then appends a counter with a
+// sync every 200 ms; a failed write ends the container (and so counts as
+// a restart).
+const writerScript = `test -f /data/static || { head -c 1048576 /dev/urandom > /data/static; sync; }; ` +
+	`i=$(wc -l < /data/log 2>/dev/null || echo 0); while echo $i >> /data/log && sync; do i=$((i+1)); sleep 0.2; done; echo WRITE FAILED; exit 1`
+
+// rollingUpgrade moves the DaemonSet from the previous release's image
+// (make image-previous) to the one built here while a pod on every node
+// writes to its volume, and checks that no write failed and that every
+// volume, snapshot and publication the previous driver made is served by
+// the new one with the same bytes.
+func rollingUpgrade(t *testing.T, k *kube, nodes []string) {
+	prev, _ := filepath.Glob(filepath.Join(cacheDir(), "images", "hostpathplugin-previous-*.tar"))
+	if len(prev) != 1 {
+		t.Fatalf("the previous release's image: %v (make image-previous builds it)", prev)
+	}
+	prevRef := imageRef(t, prev[0])
+	curRef := imageRef(t, filepath.Join(cacheDir(), "images", "hostpathplugin.tar"))
+	sums := map[string]string{}
+	step(t, "previous release ("+prevRef[strings.LastIndex(prevRef, ":")+1:]+") on every node, a writer on each", func() {
+		deployImage(t, k, prevRef)
+		for i, n := range nodes {
+			name := fmt.Sprintf("up-%d", i)
+			k.apply(pvc(name, "32Mi", "Filesystem", ""))
+			k.apply(onNode(pod(name, name, "", writerScript), n))
+		}
+		for i := range nodes {
+			name := fmt.Sprintf("up-%d", i)
+			k.waitPod(ns, name, "Running", 180*time.Second)
+			k.waitFor("static file of "+name, 60*time.Second, func() (bool, string) {
+				out, err := k.run("", "exec", "-n", ns, name, "--", "sha256sum", "/data/static")
+				if err != nil || len(strings.Fields(out)) == 0 {
+					return false, out
+				}
+				sums[name] = strings.Fields(out)[0]
+				return true, ""
+			})
+		}
+		k.apply(fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: up-snap, namespace: %s}
+spec:
+  volumeSnapshotClassName: hostpath
+  source: {persistentVolumeClaimName: up-0}
+`, ns))
+		k.waitFor("snapshot by the previous release", 120*time.Second, func() (bool, string) {
+			r := k.jsonpath(ns, "volumesnapshot/up-snap", "{.status.readyToUse}")
+			return r == "true", r
+		})
+	})
+	lines := map[string]int{}
+	step(t, "DaemonSet rolled to the current image while the pods write", func() {
+		for i := range nodes {
+			name := fmt.Sprintf("up-%d", i)
+			lines[name] = logLines(t, k, name)
+		}
+		deployImage(t, k, curRef)
+		time.Sleep(3 * time.Second)
+		for i := range nodes {
+			name := fmt.Sprintf("up-%d", i)
+			if r := k.jsonpath(ns, "pod/"+name, "{.status.containerStatuses[0].restartCount}"); r != "0" {
+				t.Fatalf("%s's writer restarted %s times: a write failed during the upgrade\n%s", name, r, k.must("logs", "-n", ns, name, "--previous"))
+			}
+			if n := logLines(t, k, name); n <= lines[name] {
+				t.Fatalf("%s stopped writing: %d lines before the upgrade, %d after", name, lines[name], n)
+			}
+			// Every line written, in order: no write lost or doubled.
+			if out, err := k.run("", "exec", "-n", ns, name, "--", "awk", "NR-1 != $1 {print NR; exit 1}", "/data/log"); err != nil {
+				t.Fatalf("%s's log is not the lines it wrote (at line %s): %v", name, out, err)
+			}
+		}
+	})
+	step(t, "the previous release's volumes, snapshot and publications served by the current one", func() {
+		for i, n := range nodes {
+			name := fmt.Sprintf("up-%d", i)
+			// A second publication of the same volume, by the new driver.
+			k.apply(onNode(pod(name+"-again", name, "", "true"), n))
+			k.waitPod(ns, name+"-again", "Running", 180*time.Second)
+			if got := strings.Fields(k.exec(ns, name+"-again", "sha256sum", "/data/static"))[0]; got != sums[name] {
+				t.Fatalf("%s reads %s after the upgrade, %s before", name, got, sums[name])
+			}
+		}
+		// The restore runs where the snapshot is.
+		k.apply(pvc("up-restored", "32Mi", "Filesystem", "{kind: VolumeSnapshot, name: up-snap, apiGroup: snapshot.storage.k8s.io}"))
+		k.apply(onNode(pod("up-restored", "up-restored", "", "true"), nodes[0]))
+		k.waitPod(ns, "up-restored", "Running", 180*time.Second)
+		if got := strings.Fields(k.exec(ns, "up-restored", "sha256sum", "/data/static"))[0]; got != sums["up-0"] {
+			t.Fatalf("the previous release's snapshot restores to %s, want %s", got, sums["up-0"])
+		}
+	})
+}
+
+func logLines(t *testing.T, k *kube, pod string) int {
+	t.Helper()
+	out := k.exec(ns, pod, "sh", "-c", "wc -l < /data/log")
+	n, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("lines of %s's log: %q", pod, out)
+	}
+	return n
+}
