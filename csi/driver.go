@@ -192,6 +192,10 @@ func New(cfg Config) (*Driver, error) {
 		d.st.Close()
 		return nil, fmt.Errorf("re-attaching block volumes: %w", err)
 	}
+	if err := d.recordStateFormat(); err != nil {
+		d.st.Close()
+		return nil, fmt.Errorf("state dir %s: recording its format: %w", root, err)
+	}
 	d.ready.Store(true)
 	return d, nil
 }
@@ -207,6 +211,9 @@ func (d *Driver) prepareStateDir() error {
 	root := d.paths.root
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return fmt.Errorf("state dir %s cannot be created: %w", root, err)
+	}
+	if err := d.checkStateFormat(); err != nil {
+		return err
 	}
 	if _, err := os.Lstat(d.paths.volumes()); os.IsNotExist(err) {
 		d.volumesMade = true

@@ -437,3 +437,41 @@ func TestVolumesMarkerOnlyWhereEvident(t *testing.T) {
 		})
 	}
 }
+
+// TestStateFormat: a new state dir records the format it is written in; a
+// driver refuses, with one line and without writing anything, a state dir
+// of a newer format or one whose format file says none.
+func TestStateFormat(t *testing.T) {
+	cfg := testConfig(t)
+	d := newDriver(t, cfg)
+	if b, err := os.ReadFile(d.paths.formatFile()); err != nil || string(b) != "hostpath-csi state format 2\n" {
+		t.Fatalf("format recorded: %q %v", b, err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ content, want string }{
+		{"hostpath-csi state format 3\n", "written by a newer driver (state format 3; this one reads formats up to 2)"},
+		{"something else\n", "does not say a format"},
+	} {
+		cfg := testConfig(t)
+		meta := filepath.Join(cfg.StateDir, "meta")
+		if err := os.MkdirAll(meta, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(meta, "format"), []byte(c.content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := New(cfg)
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("start on a state dir whose format file says %q: %v", c.content, err)
+		}
+		entries, _ := os.ReadDir(cfg.StateDir)
+		if len(entries) != 1 {
+			t.Fatalf("the refused state dir was written to: %v", entries)
+		}
+		if b, _ := os.ReadFile(filepath.Join(meta, "format")); string(b) != c.content {
+			t.Fatalf("the format file was rewritten: %q", b)
+		}
+	}
+}

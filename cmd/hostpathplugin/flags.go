@@ -18,7 +18,7 @@ import (
 
 // baseVersion is the release this tree is heading for; a build from a
 // module version (go install ...@vX) reports that version instead.
-const baseVersion = "v0.1.0"
+const baseVersion = "v0.2.0"
 
 // version comes from the build info, so a plain go build gives a working
 // GetPluginInfo with no ldflags.

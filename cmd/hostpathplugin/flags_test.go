@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -78,5 +79,17 @@ func TestParseFlags(t *testing.T) {
 				t.Fatalf("unexpected options %+v", o.cfg)
 			}
 		})
+	}
+}
+
+// TestVersionFile: the VERSION file and the version the binary reports
+// name the same release.
+func TestVersionFile(t *testing.T) {
+	b, err := os.ReadFile("../../VERSION")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(b)); got != baseVersion {
+		t.Fatalf("VERSION says %s, the code %s", got, baseVersion)
 	}
 }
