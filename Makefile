@@ -38,7 +38,7 @@ demo: build
 test: test-unit test-unprivileged test-sanity test-distroless fuzz bench-smoke targets-smoke
 
 test-unit:
-	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./csi/... ./cmd/... ./registrar/... ./internal/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
+	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./csi/... ./cmd/... ./registrar/... ./snapimport/... ./internal/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
 	$(GO) -C test/cluster test -count=1 ./cmd/...
 
 test-sanity:
@@ -48,7 +48,7 @@ test-sanity:
 # The tests as a user who is not root, with HOSTPATH_SKIP_PRIVILEGED=1:
 # every test that needs root must skip, none may fail. Test binaries are
 # built as root and run as nobody in their package directory.
-UNPRIV_PKGS := ./loop ./fsops ./archive ./csi ./csi/store ./cmd/hostpathplugin ./registrar ./test/e2e ./test/crash ./test/stress ./test/sanity
+UNPRIV_PKGS := ./loop ./fsops ./archive ./csi ./csi/store ./cmd/hostpathplugin ./registrar ./snapimport ./test/e2e ./test/crash ./test/stress ./test/sanity
 test-unprivileged:
 	rm -rf /tmp/hostpath-unpriv && mkdir -p /tmp/hostpath-unpriv && chmod 777 /tmp/hostpath-unpriv
 	set -e; for p in $(UNPRIV_PKGS); do \

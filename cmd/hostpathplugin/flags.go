@@ -45,6 +45,9 @@ type options struct {
 	showVersion bool
 	// httpEndpoint serves /healthz and /metrics.
 	httpEndpoint string
+	// labelImported runs snapimport's Labeler when the driver runs in a
+	// cluster.
+	labelImported bool
 	// pluginRegistrationPath and kubeletRegistrationPath switch on
 	// in-process kubelet registration (the names the registrar sidecar
 	// uses): kubelet's plugins_registry directory as this process sees it,
@@ -133,6 +136,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.httpEndpoint, "http-endpoint", "", "address for /healthz and /metrics, e.g. :8080 (off when empty)")
 	fs.StringVar(&o.pluginRegistrationPath, "plugin-registration-path", "", "kubelet's plugins_registry dir as mounted here; with --kubelet-registration-path, register with kubelet in-process")
 	fs.StringVar(&o.kubeletRegistrationPath, "kubelet-registration-path", "", "the CSI socket path as kubelet sees it on the host")
+	fs.BoolVar(&o.labelImported, "label-imported-snapshots", true, "in a cluster, give imported VolumeSnapshotContents of this driver whose snapshot is on this node the managed-by label naming it, so the node's csi-snapshotter handles them")
 	fs.IntVar(&o.cfg.MaxHeavyOps, "max-heavy-operations", 4, "clones, snapshots and restores that may run at once")
 	fs.DurationVar(&o.cfg.ProgressInterval, "progress-interval", 10*time.Second, "how often a snapshot, restore or clone in flight logs its bytes and files done, rate and time left")
 	fs.DurationVar(&o.cfg.ShutdownGrace, "shutdown-grace", 25*time.Second, "how long calls in flight may finish after SIGTERM")

@@ -15,8 +15,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/klog/v2"
 
+	"github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
+	"k8s.io/client-go/rest"
+
 	"github.com/hostpath-csi/hostpath/csi"
 	"github.com/hostpath-csi/hostpath/registrar"
+	"github.com/hostpath-csi/hostpath/snapimport"
 )
 
 func main() {
@@ -84,6 +88,9 @@ func run(o options) int {
 			}
 		}()
 	}
+	if o.labelImported {
+		go labelImported(ctx, d, o)
+	}
 	if o.httpEndpoint != "" {
 		srv := &http.Server{Addr: o.httpEndpoint, Handler: httpHandler(d, reg), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
@@ -126,4 +133,31 @@ func httpHandler(d *csi.Driver, reg *registrar.Registrar) http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	return mux
+}
+
+// labelImported runs the labeler of imported snapshots (see snapimport)
+// when the driver runs in a cluster: it needs the service account's
+// credentials, which a driver run by hand or by csi-sanity does not have.
+func labelImported(ctx context.Context, d *csi.Driver, o options) {
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		klog.V(2).InfoS("not in a cluster: imported snapshots are not labelled for this node's snapshotter", "reason", err)
+		return
+	}
+	client, err := versioned.NewForConfig(cfg)
+	if err != nil {
+		klog.ErrorS(err, "imported snapshots are not labelled for this node's snapshotter")
+		return
+	}
+	l := &snapimport.Labeler{Client: client, Driver: o.cfg.DriverName, Node: o.cfg.NodeID, Holds: d.HoldsSnapshot, Resync: 10 * time.Minute,
+		Labelled: func(content string, err error) {
+			if err != nil {
+				klog.ErrorS(err, "labelling an imported snapshot for this node", "content", content)
+				return
+			}
+			klog.InfoS("imported snapshot labelled for this node's snapshotter", "content", content, "node", o.cfg.NodeID)
+		}}
+	if err := l.Run(ctx); err != nil {
+		klog.ErrorS(err, "imported snapshots were not labelled")
+	}
 }

@@ -6,7 +6,6 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -334,34 +333,4 @@ func parseQuantity(q string) int64 {
 
 // nodeLeftovers lists what the driver left on this node: CSI mounts of
 // pods, loop devices of its block volumes, volume and snapshot data.
-func nodeLeftovers() []string {
-	var left []string
-	if f, err := os.Open("/proc/self/mountinfo"); err == nil {
-		s := bufio.NewScanner(f)
-		for s.Scan() {
-			fs := strings.Fields(s.Text())
-			if len(fs) > 4 && (strings.Contains(fs[4], "kubernetes.io~csi") || strings.HasPrefix(fs[4], stateDir+"/")) {
-				left = append(left, "mount "+fs[4])
-			}
-		}
-		f.Close()
-	}
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, bf := range files {
-		// Attached in the driver's container, a device shows its file
-		// relative to that container's mount of the state dir.
-		if b, _ := os.ReadFile(bf); strings.HasPrefix(string(b), stateDir) || strings.HasPrefix(string(b), "/volumes/vol-") {
-			left = append(left, "loop device for "+strings.TrimSpace(string(b)))
-		}
-	}
-	for _, d := range []string{"volumes", "snapshots"} {
-		entries, _ := os.ReadDir(filepath.Join(stateDir, d))
-		for _, e := range entries {
-			if e.Name() == ".hostpath-volumes" { // the driver's marker stays
-				continue
-			}
-			left = append(left, filepath.Join(stateDir, d, e.Name()))
-		}
-	}
-	return left
-}
+func nodeLeftovers() []string { return leftoversIn("/", "/proc/self/mountinfo") }

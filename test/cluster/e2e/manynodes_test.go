@@ -118,6 +118,9 @@ func manyNodes(t *testing.T, k *kube, nodes []string) {
 			}
 		}
 	})
+	step(t, "an imported snapshot (a content written with its handle, no label) is ready and restores on its node", func() {
+		importedSnapshot(t, k, first)
+	})
 	largest := nodes[len(nodes)-1]
 	step(t, "a PVC that fits only on the largest node lands there", func() {
 		// More than any other node has, less than the largest.
@@ -216,7 +219,8 @@ func manyNodes(t *testing.T, k *kube, nodes []string) {
 		k.waitFor("nodes clean", 60*time.Second, func() (bool, string) {
 			var left []string
 			for _, n := range nodes {
-				for _, l := range leftoversIn(nodeRoot(t, n)) {
+				root := nodeRoot(t, n)
+				for _, l := range leftoversIn(root, filepath.Join(filepath.Dir(root), "mountinfo")) {
 					left = append(left, n+": "+l)
 				}
 			}
@@ -268,11 +272,11 @@ spec:
 }
 
 // leftoversIn lists what the driver left on the node whose file system is
-// at root: CSI mounts of pods, volume and snapshot data; and loop devices
-// of block volumes anywhere.
-func leftoversIn(root string) []string {
+// at root and whose mounts mountinfo lists: CSI mounts of pods, volume and
+// snapshot data; and loop devices of block volumes anywhere.
+func leftoversIn(root, mountinfo string) []string {
 	var left []string
-	if f, err := os.Open(filepath.Join(filepath.Dir(root), "mountinfo")); err == nil {
+	if f, err := os.Open(mountinfo); err == nil {
 		s := bufio.NewScanner(f)
 		for s.Scan() {
 			fs := strings.Fields(s.Text())
@@ -284,7 +288,9 @@ func leftoversIn(root string) []string {
 	}
 	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	for _, bf := range files {
-		if b, _ := os.ReadFile(bf); strings.HasPrefix(string(b), "/volumes/vol-") {
+		// Attached in the driver's container, a device shows its file
+		// relative to that container's mount of the state dir.
+		if b, _ := os.ReadFile(bf); strings.HasPrefix(string(b), stateDir) || strings.HasPrefix(string(b), "/volumes/vol-") {
 			left = append(left, "loop device for "+strings.TrimSpace(string(b)))
 		}
 	}
@@ -421,4 +427,61 @@ func logLines(t *testing.T, k *kube, pod string) int {
 		t.Fatalf("lines of %s's log: %q", pod, out)
 	}
 	return n
+}
+
+// importedSnapshot takes a snapshot of the PVC "pinned" (on node), then
+// imports it again as a user does: a VolumeSnapshotContent with its
+// snapshotHandle and no managed-by label, and a VolumeSnapshot naming it.
+// The node's driver labels the content, its snapshotter makes it ready,
+// and a PVC restored from it on that node has the same bytes. (The
+// scheduler does not know where a snapshot is: the restore's pod is kept
+// to the node, as a restore from another node is not served yet.)
+func importedSnapshot(t *testing.T, k *kube, node string) {
+	k.apply(fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: orig, namespace: %s}
+spec:
+  volumeSnapshotClassName: hostpath
+  source: {persistentVolumeClaimName: pinned}
+`, ns))
+	k.waitFor("snapshot orig", 120*time.Second, func() (bool, string) {
+		r := k.jsonpath(ns, "volumesnapshot/orig", "{.status.readyToUse}")
+		return r == "true", r
+	})
+	content := k.jsonpath(ns, "volumesnapshot/orig", "{.status.boundVolumeSnapshotContentName}")
+	handle := k.jsonpath("", "volumesnapshotcontent/"+content, "{.status.snapshotHandle}")
+	k.apply(fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotContent
+metadata: {name: imported-%s}
+spec:
+  deletionPolicy: Retain
+  driver: hostpath.csi.k8s.io
+  volumeSnapshotClassName: hostpath
+  source: {snapshotHandle: %s}
+  volumeSnapshotRef: {name: imported, namespace: %s}
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: imported, namespace: %s}
+spec:
+  source: {volumeSnapshotContentName: imported-%s}
+`, ns, handle, ns, ns, ns))
+	t.Cleanup(func() { k.run("", "delete", "volumesnapshotcontent", "imported-"+ns, "--ignore-not-found") })
+	k.waitFor("imported snapshot ready", 120*time.Second, func() (bool, string) {
+		r := k.jsonpath(ns, "volumesnapshot/imported", "{.status.readyToUse}")
+		return r == "true", r + " " + k.jsonpath(ns, "volumesnapshot/imported", "{.status.error.message}")
+	})
+	if got := k.jsonpath("", "volumesnapshotcontent/imported-"+ns, `{.metadata.labels.snapshot\.storage\.kubernetes\.io/managed-by}`); got != node {
+		t.Fatalf("the imported content is labelled for %q, want %s", got, node)
+	}
+	k.apply(pvc("from-imported", "256Mi", "Filesystem", "{kind: VolumeSnapshot, name: imported, apiGroup: snapshot.storage.k8s.io}"))
+	k.apply(onNode(pod("from-imported", "from-imported", "", "true"), node))
+	k.waitPod(ns, "from-imported", "Running", 180*time.Second)
+	if got := strings.TrimSpace(k.exec(ns, "from-imported", "cat", "/data/f")); got != "pinned" {
+		t.Fatalf("restored from the imported snapshot: %q", got)
+	}
+	k.must("delete", "pod", "from-imported", "-n", ns, "--grace-period=1")
+	k.must("delete", "pvc", "from-imported", "-n", ns)
+	k.must("delete", "volumesnapshot", "imported", "-n", ns)
+	k.must("delete", "volumesnapshotcontent", "imported-"+ns)
 }
