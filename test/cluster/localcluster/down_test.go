@@ -43,6 +43,9 @@ func (c *cluster) down() error {
 	}
 	exec.Command("ip", "link", "delete", bridgeDevice).Run()
 	detachLoops(driverData)
+	// The nodes' disks are loop-mounted with autoclear and go with their
+	// mount namespaces; any still bound is let go here.
+	detachLoops(c.path("nodes"))
 	removeCgroups()
 	if _, err := os.Stat(c.path("root-was-private")); err == nil {
 		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
@@ -289,7 +292,7 @@ func (c *cluster) leftovers() []string {
 	for _, m := range mountsUnder(kubeletDir, c.state, netnsDir, driverData) {
 		left = append(left, "mount "+m)
 	}
-	for _, l := range loopsUnder(driverData) {
+	for _, l := range append(loopsUnder(driverData), loopsUnder(c.path("nodes"))...) {
 		left = append(left, "loop device "+l)
 	}
 	if ns, _ := filepath.Glob(filepath.Join(netnsDir, "cni-*")); len(ns) > 0 {
