@@ -49,8 +49,9 @@ type Table[T Record[T]] struct {
 	damaged []Damaged // found by load
 }
 
-// Damaged is a record file that does not hold a record: empty, or not
-// JSON. Since every change is in the journal before the file is replaced,
+// Damaged is a record file that does not hold its record: empty, not
+// JSON, or another id's. Since every change is in the journal before the
+// file is replaced,
 // no crash leaves one; a disk that lost or mangled a written block, or a
 // hand, did. Its data is kept: nothing is deleted on the strength of a
 // record that cannot be read.
