@@ -388,9 +388,6 @@ func (d *Driver) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (
 // node: what an imported VolumeSnapshotContent's handle must name for this
 // node's snapshotter to take it.
 func (d *Driver) HoldsSnapshot(id string) bool {
-	if !validSnapshotID(id) {
-		return false
-	}
 	s, ok := d.st.Snapshots.Get(id)
 	return ok && s.Phase == phaseReady
 }

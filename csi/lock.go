@@ -121,12 +121,10 @@ func lockForDelete[T store.Record[T]](d *Driver, kind, id string, valid func(str
 	r, ok := t.Get(id)
 	if !ok {
 		unlock()
-		// Deleting would succeed and leave the data unowned for ever:
-		// refuse, so the CO keeps the object and a person sees why.
-		if t.IsDamaged(id) {
-			return zero, nil, d.damagedRecord(kind, id)
-		}
-		return zero, nil, nil
+		// Nothing by that id, unless its record is damaged: deleting
+		// would succeed and leave the data unowned for ever, so that is
+		// refused and the CO keeps the object where a person sees why.
+		return zero, nil, d.damagedRecord(kind, id)
 	}
 	return r, unlock, nil
 }

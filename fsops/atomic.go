@@ -17,7 +17,7 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 		return err
 	}
 	if err := publish(s.f, s.tmp, path); err != nil {
-		os.Remove(s.tmp)
+		s.Abort() // a failed fsync leaves the file open
 		return err
 	}
 	return nil

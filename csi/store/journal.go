@@ -189,15 +189,21 @@ func (j *journal) release() {
 	for _, d := range j.dirs {
 		d.Close()
 	}
+	j.forgetDirty()
+	if j.f != nil {
+		j.f.Close()
+	}
+}
+
+// forgetDirty closes the record files held for a checkpoint and forgets
+// them.
+func (j *journal) forgetDirty() {
 	for _, f := range j.dirty {
 		if f != nil {
 			f.Close()
 		}
 	}
 	clear(j.dirty)
-	if j.f != nil {
-		j.f.Close()
-	}
 }
 
 // read returns the entries of the current epoch, in order, and whether
@@ -223,7 +229,7 @@ func (j *journal) read() ([]entry, uint64, bool, error) {
 		if !ok && off%journalBlock != 0 {
 			// The rest of this block may be the padding after a sync.
 			off = alignUp(off)
-			if e, end, ok = parseEntry(buf, off, epoch); ok && (e.Seq == 0 || e.Seq != last+1) {
+			if e, end, ok = parseEntry(buf, off, epoch); ok && e.Seq != last+1 {
 				ok = false
 			}
 		}
@@ -306,7 +312,8 @@ func (j *journal) setDirty(path string, f *os.File) {
 // fails place does not run, and nothing changed. If place fails after it,
 // the change stands (the next start redoes it from the journal) and the
 // journal refuses further changes until then.
-func (j *journal) commit(e entry, path string, place func() (*os.File, error)) error {
+func (j *journal) commit(e entry, place func() (*os.File, error)) error {
+	path := e.path(j.tables[e.Table])
 	j.gate.RLock()
 	seq, err := j.append(&e)
 	for errors.Is(err, errCheckpointDue) {
@@ -472,12 +479,7 @@ func (j *journal) checkpointLocked() error {
 	j.epoch++
 	j.off = journalStart
 	j.seq = 0
-	for p, f := range j.dirty {
-		if f != nil {
-			f.Close()
-		}
-		delete(j.dirty, p)
-	}
+	j.forgetDirty()
 	return nil
 }
 

@@ -233,13 +233,14 @@ func (t *Table[T]) write(r T) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	p := filepath.Join(t.dir, r.RecordID()+".json")
+	e := entry{Table: t.name, ID: r.RecordID(), Record: data}
+	p := e.path(&t.tableDir)
 	staged, err := fsops.StageFile(p, data, 0o600)
 	if err != nil {
 		return false, err
 	}
 	committed := false
-	err = t.journal.commit(entry{Table: t.name, ID: r.RecordID(), Record: data}, p, func() (*os.File, error) {
+	err = t.journal.commit(e, func() (*os.File, error) {
 		committed = true
 		f, err := staged.Place()
 		if err == nil && testHookPlaced != nil {
@@ -257,11 +258,11 @@ func (t *Table[T]) write(r T) (bool, error) {
 // then its file removed and the index entry. If it fails before the
 // commit nothing changed.
 func (t *Table[T]) Drop(id string) error {
-	p := filepath.Join(t.dir, id+".json")
+	e := entry{Table: t.name, ID: id, Drop: true}
 	placed := false
-	err := t.journal.commit(entry{Table: t.name, ID: id, Drop: true}, p, func() (*os.File, error) {
+	err := t.journal.commit(e, func() (*os.File, error) {
 		placed = true
-		return placeEntry(entry{ID: id, Drop: true}, &t.tableDir)
+		return placeEntry(e, &t.tableDir)
 	})
 	if placed {
 		t.mu.Lock()

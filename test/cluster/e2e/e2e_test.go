@@ -30,7 +30,6 @@ func TestKubernetes(t *testing.T) {
 	}
 	cache := cacheDir()
 	k := &kube{t: t, bin: filepath.Join(cache, "bin", "kubectl"), cfg: filepath.Join(cache, "cluster", "admin.kubeconfig")}
-	repo, _ := filepath.Abs("../../..")
 	total := time.Now()
 
 	step(t, "snapshot CRDs and snapshot-controller (external-snapshotter v8.7.0)", func() {
@@ -51,13 +50,8 @@ func TestKubernetes(t *testing.T) {
 		k.must("rollout", "status", "-n", "kube-system", "deployment/snapshot-controller", "--timeout=180s")
 	})
 	step(t, "deploy/ applied with kubectl apply -k, DaemonSet ready", func() {
-		ref := imageRef(t, filepath.Join(cache, "images", "hostpathplugin.tar"))
-		i := strings.LastIndex(ref, ":")
 		// Only the image reference changes: the driver built here.
-		applyOverlay(t, k, filepath.Join(repo, "deploy"), ref[:i], ref[i+1:], "")
-		if _, err := k.run("", "rollout", "status", "-n", driverNS, "daemonset/hostpath-csi-node", "--timeout=180s"); err != nil {
-			t.Fatalf("%v\n%s\n%s", err, k.describe(driverNS, "pods"), k.events(driverNS))
-		}
+		deployImage(t, k, imageRef(t, filepath.Join(cache, "images", "hostpathplugin.tar")))
 	})
 	nodes := strings.Fields(k.must("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"))
 	step(t, fmt.Sprintf("driver registered with kubelet (CSINode) on %d nodes", len(nodes)), func() {
@@ -115,17 +109,7 @@ func TestKubernetes(t *testing.T) {
 		})
 	})
 	step(t, "VolumeSnapshot, and a PVC restored from it has the same bytes", func() {
-		k.apply(fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: snap, namespace: %s}
-spec:
-  volumeSnapshotClassName: hostpath
-  source: {persistentVolumeClaimName: data}
-`, ns))
-		k.waitFor("snapshot ready", 120*time.Second, func() (bool, string) {
-			r := k.jsonpath(ns, "volumesnapshot/snap", "{.status.readyToUse}")
-			return r == "true", r + " " + k.jsonpath(ns, "volumesnapshot/snap", "{.status.error.message}")
-		})
+		takeSnapshot(k, "snap", "data")
 		sameBytes(k, "restored", "{kind: VolumeSnapshot, name: snap, apiGroup: snapshot.storage.k8s.io}", sum)
 	})
 	step(t, "PVC cloned from a PVC has the same bytes", func() {
@@ -232,6 +216,41 @@ spec:
 		})
 	})
 	fmt.Printf("e2e total %.1fs\n", time.Since(total).Seconds())
+}
+
+// takeSnapshot makes a VolumeSnapshot of the claim and waits until it is
+// ready to use.
+func takeSnapshot(k *kube, name, claim string) {
+	k.t.Helper()
+	k.apply(fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: %s, namespace: %s}
+spec:
+  volumeSnapshotClassName: hostpath
+  source: {persistentVolumeClaimName: %s}
+`, name, ns, claim))
+	waitSnapshot(k, name)
+}
+
+// waitSnapshot waits until a VolumeSnapshot is ready to use.
+func waitSnapshot(k *kube, name string) {
+	k.t.Helper()
+	k.waitFor("snapshot "+name+" ready", 120*time.Second, func() (bool, string) {
+		r := k.jsonpath(ns, "volumesnapshot/"+name, "{.status.readyToUse}")
+		return r == "true", r + " " + k.jsonpath(ns, "volumesnapshot/"+name, "{.status.error.message}")
+	})
+}
+
+// deployImage applies deploy/ with the driver's image set to ref and waits
+// for the DaemonSet to roll it out on every node.
+func deployImage(t *testing.T, k *kube, ref string) {
+	t.Helper()
+	repo, _ := filepath.Abs("../../..")
+	i := strings.LastIndex(ref, ":")
+	applyOverlay(t, k, filepath.Join(repo, "deploy"), ref[:i], ref[i+1:], "")
+	if _, err := k.run("", "rollout", "status", "-n", driverNS, "daemonset/hostpath-csi-node", "--timeout=300s"); err != nil {
+		t.Fatalf("%v\n%s\n%s", err, k.describe(driverNS, "pods"), k.events(driverNS))
+	}
 }
 
 // sameBytes makes a PVC from source, reads it in a pod and compares the

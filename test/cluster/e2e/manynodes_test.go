@@ -306,16 +306,9 @@ func leftoversIn(root, mountinfo string) []string {
 	return left
 }
 
-// deployImage applies deploy/ with the driver's image set to ref and waits
-// for the DaemonSet to run it on every node.
-func deployImage(t *testing.T, k *kube, ref string) {
+// runsImage waits until every driver pod runs ref.
+func runsImage(t *testing.T, k *kube, ref string) {
 	t.Helper()
-	repo, _ := filepath.Abs("../../..")
-	i := strings.LastIndex(ref, ":")
-	applyOverlay(t, k, filepath.Join(repo, "deploy"), ref[:i], ref[i+1:], "")
-	if _, err := k.run("", "rollout", "status", "-n", driverNS, "daemonset/hostpath-csi-node", "--timeout=300s"); err != nil {
-		t.Fatalf("%v\n%s\n%s", err, k.describe(driverNS, "pods"), k.events(driverNS))
-	}
 	k.waitFor("every driver pod on "+ref, 60*time.Second, func() (bool, string) {
 		images := strings.Fields(k.jsonpath(driverNS, "pods", "{.items[*].spec.containers[0].image}"))
 		for _, i := range images {
@@ -348,6 +341,7 @@ func rollingUpgrade(t *testing.T, k *kube, nodes []string) {
 	sums := map[string]string{}
 	step(t, "previous release ("+prevRef[strings.LastIndex(prevRef, ":")+1:]+") on every node, a writer on each", func() {
 		deployImage(t, k, prevRef)
+		runsImage(t, k, prevRef)
 		for i, n := range nodes {
 			name := fmt.Sprintf("up-%d", i)
 			k.apply(pvc(name, "32Mi", "Filesystem", ""))
@@ -365,17 +359,7 @@ func rollingUpgrade(t *testing.T, k *kube, nodes []string) {
 				return true, ""
 			})
 		}
-		k.apply(fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: up-snap, namespace: %s}
-spec:
-  volumeSnapshotClassName: hostpath
-  source: {persistentVolumeClaimName: up-0}
-`, ns))
-		k.waitFor("snapshot by the previous release", 120*time.Second, func() (bool, string) {
-			r := k.jsonpath(ns, "volumesnapshot/up-snap", "{.status.readyToUse}")
-			return r == "true", r
-		})
+		takeSnapshot(k, "up-snap", "up-0")
 	})
 	lines := map[string]int{}
 	step(t, "DaemonSet rolled to the current image while the pods write", func() {
@@ -384,6 +368,7 @@ spec:
 			lines[name] = logLines(t, k, name)
 		}
 		deployImage(t, k, curRef)
+		runsImage(t, k, curRef)
 		time.Sleep(3 * time.Second)
 		for i := range nodes {
 			name := fmt.Sprintf("up-%d", i)
@@ -437,17 +422,7 @@ func logLines(t *testing.T, k *kube, pod string) int {
 // scheduler does not know where a snapshot is: the restore's pod is kept
 // to the node, as a restore from another node is not served yet.)
 func importedSnapshot(t *testing.T, k *kube, node string) {
-	k.apply(fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: orig, namespace: %s}
-spec:
-  volumeSnapshotClassName: hostpath
-  source: {persistentVolumeClaimName: pinned}
-`, ns))
-	k.waitFor("snapshot orig", 120*time.Second, func() (bool, string) {
-		r := k.jsonpath(ns, "volumesnapshot/orig", "{.status.readyToUse}")
-		return r == "true", r
-	})
+	takeSnapshot(k, "orig", "pinned")
 	content := k.jsonpath(ns, "volumesnapshot/orig", "{.status.boundVolumeSnapshotContentName}")
 	handle := k.jsonpath("", "volumesnapshotcontent/"+content, "{.status.snapshotHandle}")
 	k.apply(fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
@@ -467,10 +442,7 @@ spec:
   source: {volumeSnapshotContentName: imported-%s}
 `, ns, handle, ns, ns, ns))
 	t.Cleanup(func() { k.run("", "delete", "volumesnapshotcontent", "imported-"+ns, "--ignore-not-found") })
-	k.waitFor("imported snapshot ready", 120*time.Second, func() (bool, string) {
-		r := k.jsonpath(ns, "volumesnapshot/imported", "{.status.readyToUse}")
-		return r == "true", r + " " + k.jsonpath(ns, "volumesnapshot/imported", "{.status.error.message}")
-	})
+	waitSnapshot(k, "imported")
 	if got := k.jsonpath("", "volumesnapshotcontent/imported-"+ns, `{.metadata.labels.snapshot\.storage\.kubernetes\.io/managed-by}`); got != node {
 		t.Fatalf("the imported content is labelled for %q, want %s", got, node)
 	}

@@ -72,18 +72,27 @@ func (c *cluster) stop(name string) {
 	}
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 	if pid > 0 && sameExe(pid, filepath.Join(c.bin, name)) {
-		unix.Kill(pid, unix.SIGTERM)
-		for i := 0; i < 100 && alive(pid); i++ {
-			time.Sleep(100 * time.Millisecond)
-		}
-		if alive(pid) {
-			unix.Kill(pid, unix.SIGKILL)
-			for i := 0; i < 50 && alive(pid); i++ {
-				time.Sleep(100 * time.Millisecond)
-			}
-		}
+		terminate(pid, 10*time.Second)
 	}
 	os.Remove(c.path("pids", name))
+}
+
+// terminate sends pid SIGTERM, and SIGKILL if it is still there after
+// grace; it returns once the process is gone (or 5 s after the SIGKILL).
+func terminate(pid int, grace time.Duration) {
+	if !alive(pid) {
+		return
+	}
+	unix.Kill(pid, unix.SIGTERM)
+	for deadline := time.Now().Add(grace); alive(pid) && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if alive(pid) {
+		unix.Kill(pid, unix.SIGKILL)
+		for i := 0; i < 50 && alive(pid); i++ {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
 }
 
 func alive(pid int) bool {

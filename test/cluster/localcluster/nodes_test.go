@@ -335,25 +335,14 @@ func (c *cluster) stopNodes() {
 // kernel kills a PID namespace's processes when its init ends) and its
 // mounts; its disk and directories stay.
 func stopNode(n *node) {
-	{
-		b, err := os.ReadFile(n.path("pids", "init"))
-		if err == nil {
-			pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-			if pid > 0 && alive(pid) {
-				unix.Kill(pid, unix.SIGTERM)
-				for i := 0; i < 150 && alive(pid); i++ {
-					time.Sleep(100 * time.Millisecond)
-				}
-				unix.Kill(pid, unix.SIGKILL)
-				for i := 0; i < 50 && alive(pid); i++ {
-					time.Sleep(100 * time.Millisecond)
-				}
-			}
+	if b, err := os.ReadFile(n.path("pids", "init")); err == nil {
+		if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 {
+			terminate(pid, 15*time.Second)
 		}
-		exec.Command("ip", "link", "delete", "hp-"+n.Name).Run()
-		for _, h := range cgroupHierarchies() {
-			removeTree(filepath.Join(h, n.cgroupRoot()))
-		}
+	}
+	exec.Command("ip", "link", "delete", "hp-"+n.Name).Run()
+	for _, h := range cgroupHierarchies() {
+		removeTree(filepath.Join(h, n.cgroupRoot()))
 	}
 }
 
