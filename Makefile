@@ -10,7 +10,7 @@ NODE_ID   ?= $(shell hostname)
 
 export CGO_ENABLED = 0
 
-.PHONY: test-kernel kernel-deps e2e-suite test-unprivileged cluster-deps cluster-build cluster-up cluster-down cluster-deploy image-previous e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
+.PHONY: test-upgrade test-kernel kernel-deps e2e-suite test-unprivileged cluster-deps cluster-build cluster-up cluster-down cluster-deploy image-previous e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
 
 all: build
 
@@ -35,11 +35,16 @@ demo: build
 
 # Every test: unit tests with the race detector, then csi-sanity against
 # the real binary for mount and block volumes.
-test: test-unit test-unprivileged test-sanity test-distroless fuzz bench-smoke targets-smoke
+test: test-unit test-upgrade test-unprivileged test-sanity test-distroless fuzz bench-smoke targets-smoke
 
 test-unit:
-	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./csi/... ./cmd/... ./registrar/... ./snapimport/... ./internal/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
+	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./csi/... ./cmd/... ./registrar/... ./snapimport/... ./transfer/... ./kubepeers/... ./internal/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
 	$(GO) -C test/cluster test -count=1 ./cmd/...
+
+# The previous release (PREVIOUS_RELEASE, built through a git worktree) and
+# this build on one state dir: upgrade, then rollback.
+test-upgrade:
+	$(GO) test -count=1 -v ./test/upgrade/ | grep -E '^(---|ok|FAIL|PASS)|upgrade_test.go'; test $${PIPESTATUS[0]} -eq 0
 
 test-sanity:
 	$(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-mount.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -296,6 +297,31 @@ func TestSparseIsRecorded(t *testing.T) {
 	}
 }
 
+// TestLanesBoundMemory: what a stream keeps in flight is bounded by
+// unitBudget whatever GOMAXPROCS is, and on few cores is what it was (two
+// jobs per core, one coder per core).
+func TestLanesBoundMemory(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for _, procs := range []int{1, 2, 4, 16, 64, 256} {
+		runtime.GOMAXPROCS(procs)
+		for _, block := range []int{gzBlock, zstdBlock} {
+			jobs, coders := lanes(block)
+			if coders > maxCoders {
+				t.Errorf("GOMAXPROCS %d: %d coders", procs, coders)
+			}
+			if inFlight := (jobs + 1) * 2 * block; jobs > 2 && inFlight > unitBudget+2*2*block {
+				t.Errorf("GOMAXPROCS %d, %d-byte blocks: %d jobs keep %d MiB in flight", procs, block, jobs, inFlight>>20)
+			}
+			if procs <= 2 && (jobs != 2*procs && jobs != 2 || coders != procs) {
+				t.Errorf("GOMAXPROCS %d: %d jobs, %d coders; want the pipeline of before", procs, jobs, coders)
+			}
+			if coders < 1 || coders > jobs {
+				t.Errorf("GOMAXPROCS %d: %d coders for %d jobs", procs, coders, jobs)
+			}
+		}
+	}
+}
+
 // TestIndexedStreams: whatever the sizes of the writes and of the input
 // around block boundaries, the stream is one unit per block, standard
 // readers (Go's gzip, klauspost's streaming zstd) read it as one stream,
@@ -353,8 +379,12 @@ func TestIndexedStreams(t *testing.T) {
 					t.Fatal(err)
 				}
 				br := bufio.NewReader(bytes.NewReader(stream))
+				start, end := rf.marks()
+				if !skipMark(br, start) {
+					t.Fatal("the stream does not open with the start mark")
+				}
 				units := 0
-				for {
+				for !skipMark(br, end) {
 					_, err := rf.next(br, nil)
 					if err == io.EOF {
 						break
@@ -367,7 +397,7 @@ func TestIndexedStreams(t *testing.T) {
 				if want := max(1, (size+ft.block-1)/ft.block); units != want {
 					t.Fatalf("%d units, want %d", units, want)
 				}
-				pr := newParallelReader(bufio.NewReader(bytes.NewReader(stream)), rf)
+				pr := newParallelReader(bufio.NewReader(bytes.NewReader(stream)), rf, ft.block)
 				out, err := io.ReadAll(pr)
 				pr.Close()
 				if err != nil || !bytes.Equal(out, in) {
@@ -375,6 +405,83 @@ func TestIndexedStreams(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestEndUnit: a stream cut at any unit boundary, or at the start mark,
+// is ErrFormat, and so is one that goes on after its end; a stream of an
+// earlier version (units with neither mark) still reads whole; gzip and
+// zstd read the marks as empty members and skippable frames.
+func TestEndUnit(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "a"), bytes.Repeat([]byte("0123456789abcdef"), 700000), 0o644)
+	os.WriteFile(filepath.Join(dir, "b"), []byte("small"), 0o644)
+	for _, zst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("zstd=%v", zst), func(t *testing.T) {
+			var buf bytes.Buffer
+			if _, err := Write(ctx, dir, &buf, Options{Zstd: zst}); err != nil {
+				t.Fatal(err)
+			}
+			stream := buf.Bytes()
+			var f blockFormat = &gzipMembers{}
+			if zst {
+				z, err := newZstdDecoder()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer z.Close()
+				f = z
+			}
+			start, end := f.marks()
+			if !bytes.HasPrefix(stream, start) || !bytes.HasSuffix(stream, end) {
+				t.Fatal("the stream lacks its marks")
+			}
+			// Every unit boundary, found by walking the units.
+			br := bufio.NewReader(bytes.NewReader(stream))
+			skipMark(br, start)
+			cuts := []int{len(start)}
+			off := len(start)
+			for !skipMark(br, end) {
+				u, err := f.next(br, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				off += len(u)
+				cuts = append(cuts, off)
+			}
+			if len(cuts) < 3 {
+				t.Fatalf("only %d boundaries", len(cuts))
+			}
+			for _, c := range cuts {
+				if _, err := Extract(ctx, bytes.NewReader(stream[:c]), t.TempDir()); !errors.Is(err, ErrFormat) {
+					t.Fatalf("cut at %d of %d: %v, want ErrFormat", c, len(stream), err)
+				}
+			}
+			if _, err := Extract(ctx, bytes.NewReader(append(bytes.Clone(stream), stream[len(start):cuts[1]]...)), t.TempDir()); !errors.Is(err, ErrFormat) {
+				t.Fatalf("a unit after the end: %v, want ErrFormat", err)
+			}
+			// An earlier version's stream: the same units, no marks.
+			old := stream[len(start) : len(stream)-len(end)]
+			out := t.TempDir()
+			if _, err := Extract(ctx, bytes.NewReader(old), out); err != nil {
+				t.Fatalf("an unmarked stream: %v", err)
+			}
+			if got, _ := os.ReadFile(filepath.Join(out, "b")); string(got) != "small" {
+				t.Fatalf("unmarked stream restored %q", got)
+			}
+			// The command-line tools read the marked stream.
+			tool := "gzip"
+			if zst {
+				tool = "zstd"
+			}
+			if _, err := exec.LookPath(tool); err == nil {
+				cmd := exec.Command(tool, "-t")
+				cmd.Stdin = bytes.NewReader(stream)
+				if out, err := cmd.CombinedOutput(); err != nil {
+					t.Fatalf("%s -t: %v %s", tool, err, out)
+				}
+			}
+		})
 	}
 }
 

@@ -31,6 +31,15 @@ type blockFormat interface {
 	next(r *bufio.Reader, buf []byte) ([]byte, error)
 	// decode returns the block a unit holds, appended to dst.
 	decode(dst, unit []byte) ([]byte, error)
+	// marks are the exact bytes of the unit that opens a stream and of
+	// the one that ends it: each a valid empty unit of the compression
+	// format (an empty gzip member, a skippable zstd frame), so other
+	// readers pass over them. A stream that opens with the start mark
+	// must end with the end mark: without it, a cut at a unit boundary
+	// that is also a tar header boundary would read as a shorter, valid
+	// archive. Streams of earlier versions have neither and are read as
+	// they are.
+	marks() (start, end []byte)
 }
 
 // firstErr keeps the first error of a pipeline whose goroutines may
@@ -93,7 +102,8 @@ type blockJob struct {
 
 // parallelWriter cuts its input into blocks of a fixed size, encodes
 // them on every core and writes the units in input order. Memory is
-// bounded: at most two blocks per core are in flight.
+// bounded by lanes: at most two blocks per core, and unitBudget, are in
+// flight.
 type parallelWriter struct {
 	w     io.Writer
 	f     blockFormat
@@ -108,11 +118,39 @@ type parallelWriter struct {
 	firstErr
 }
 
+// unitBudget bounds the bytes one stream keeps in flight, whatever the
+// number of cores: each job queued or being coded holds a block and a unit
+// of about its size. Before, a stream kept up to three jobs per core, so a
+// zstd restore (8 MiB blocks) took about 48 MiB per core: 1.5 GiB on 32
+// cores, times the restores that run at once.
+const unitBudget = 64 << 20
+
+// maxCoders bounds the units one stream codes at once: with the restores
+// and snapshots that run side by side (--max-heavy-operations) that is
+// enough to keep a large node's cores busy, and each coder holds its own
+// state (a zstd decoder's window, a deflate writer's tables).
+const maxCoders = 8
+
+// lanes sizes the pipeline of a stream of block-sized units: how many code
+// at once (one per core, up to maxCoders) and how many jobs may be in
+// flight (two per coder, as unitBudget allows, at least two). On two cores
+// it is the pipeline of before; from eight (four for zstd's 8 MiB blocks)
+// it no longer grows.
+func lanes(block int) (jobs, coders int) {
+	coders = min(max(runtime.GOMAXPROCS(0), 1), maxCoders)
+	jobs = min(2*coders, max(2, unitBudget/(2*block)))
+	return jobs, min(coders, jobs)
+}
+
 func newParallelWriter(w io.Writer, f blockFormat, block int) *parallelWriter {
-	n := max(runtime.GOMAXPROCS(0), 1)
+	jobs, coders := lanes(block)
 	z := &parallelWriter{w: w, f: f, block: block, buf: make([]byte, 0, block),
-		queue: make(chan *blockJob, 2*n), sem: make(chan struct{}, n), done: make(chan struct{}),
-		ins: newBuffers(3 * n), outs: newBuffers(3 * n)}
+		queue: make(chan *blockJob, jobs), sem: make(chan struct{}, coders), done: make(chan struct{}),
+		ins: newBuffers(jobs + 1), outs: newBuffers(jobs + 1)}
+	start, _ := f.marks()
+	if _, err := w.Write(start); err != nil {
+		z.setErr(err)
+	}
 	go z.writer()
 	return z
 }
@@ -173,7 +211,12 @@ func (z *parallelWriter) Close() error {
 	}
 	close(z.queue)
 	<-z.done
-	return z.getErr()
+	if err := z.getErr(); err != nil {
+		return err
+	}
+	_, end := z.f.marks()
+	_, err := z.w.Write(end)
+	return err
 }
 
 // parallelReader reads units in order on one goroutine (the underlying
@@ -235,24 +278,52 @@ func unexpected(err error) error {
 	return err
 }
 
-func newParallelReader(r *bufio.Reader, f blockFormat) *parallelReader {
-	n := max(runtime.GOMAXPROCS(0), 1)
-	z := &parallelReader{f: f, queue: make(chan *blockJob, 2*n), sem: make(chan struct{}, n),
-		stop: make(chan struct{}), ended: make(chan struct{}), free: newBuffers(3 * n), units: newBuffers(3 * n)}
+func newParallelReader(r *bufio.Reader, f blockFormat, block int) *parallelReader {
+	jobs, coders := lanes(block)
+	z := &parallelReader{f: f, queue: make(chan *blockJob, jobs), sem: make(chan struct{}, coders),
+		stop: make(chan struct{}), ended: make(chan struct{}), free: newBuffers(jobs + 1), units: newBuffers(jobs + 1)}
 	go z.reader(r)
 	return z
+}
+
+// errNoEnd: a stream that opened with the start mark ended without the
+// end mark, or went on after it.
+var errNoEnd = errors.New("the stream was cut: its end unit is missing or not last")
+
+// skipMark consumes mark if the stream goes on with it.
+func skipMark(r *bufio.Reader, mark []byte) bool {
+	head, _ := r.Peek(len(mark))
+	if !bytes.Equal(head, mark) {
+		return false
+	}
+	r.Discard(len(mark))
+	return true
 }
 
 func (z *parallelReader) reader(r *bufio.Reader) {
 	defer close(z.ended)
 	defer close(z.queue)
+	start, end := z.f.marks()
+	marked := skipMark(r, start)
 	for units := 0; ; units++ {
 		select {
 		case <-z.stop:
 			return
 		default:
 		}
-		unit, err := z.f.next(r, z.units.get(0))
+		var unit []byte
+		var err error
+		if marked && skipMark(r, end) {
+			err = io.EOF
+			if _, perr := r.Peek(1); perr != io.EOF {
+				err = errNoEnd
+			}
+		} else {
+			unit, err = z.f.next(r, z.units.get(0))
+			if err == io.EOF && marked {
+				err = errNoEnd
+			}
+		}
 		if err == io.EOF && units == 0 {
 			err = io.ErrUnexpectedEOF
 		}

@@ -83,13 +83,13 @@ func decompressor(r io.Reader) (io.ReadCloser, error) {
 	var err error
 	switch {
 	case isGzipMember(head):
-		return newParallelReader(br, &gzipMembers{}), nil
+		return newParallelReader(br, &gzipMembers{}, gzBlock), nil
 	case isZstdUnit(head):
 		z, err := newZstdDecoder()
 		if err != nil {
 			return nil, err
 		}
-		return newParallelReader(br, z), nil
+		return newParallelReader(br, z, zstdBlock), nil
 	case bytes.HasPrefix(head, zstdMagic):
 		rc, err = archives.Zstd{DecoderOptions: []zstd.DOption{
 			zstd.WithDecoderConcurrency(0), // GOMAXPROCS

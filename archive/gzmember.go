@@ -96,9 +96,21 @@ func (g *gzipMembers) encode(dst, in []byte) ([]byte, error) {
 	return out, nil
 }
 
-// isGzipMember tells whether a stream starts like an indexed member.
+// gzipMark is an empty member whose extra subfield, 'H' and id, says it
+// opens ('S') or ends ('E') a stream: header, XLEN, the subfield with
+// four zero bytes, an empty final deflate block, CRC and size 0.
+func gzipMark(id byte) []byte {
+	return []byte{0x1f, 0x8b, 8, 4, 0, 0, 0, 0, 0, 3, 8, 0, 'H', id, 4, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+}
+
+var gzipStart, gzipEnd = gzipMark('S'), gzipMark('E')
+
+func (g *gzipMembers) marks() ([]byte, []byte) { return gzipStart, gzipEnd }
+
+// isGzipMember tells whether a stream starts like an indexed member, or
+// with the start mark.
 func isGzipMember(head []byte) bool {
-	return bytes.HasPrefix(head, gzipMemberHeader)
+	return bytes.HasPrefix(head, gzipMemberHeader) || len(head) >= 16 && bytes.Equal(head[:16], gzipStart[:16])
 }
 
 func (g *gzipMembers) next(r *bufio.Reader, buf []byte) ([]byte, error) {

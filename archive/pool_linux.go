@@ -83,7 +83,7 @@ func (p *filePool) releaseFile(f *bigFile) {
 // queue: at most 2 buffers of smallFile per worker wait or are written.
 type filePool struct {
 	jobs    chan fileJob
-	bufs    sync.Pool
+	bufs    chan *[]byte   // free buffers: a channel, not a sync.Pool, whose per-core caches grow with the cores
 	running sync.WaitGroup // workers
 	pending sync.WaitGroup // submitted, not finished
 	once    sync.Once
@@ -91,10 +91,14 @@ type filePool struct {
 	owner   unix.Stat_t // what a file we create has before ApplyMetaFD
 }
 
+// maxFileWorkers bounds the small files in flight (each up to smallFile
+// bytes: one per worker, one per queued job, one being read, and as many
+// kept free) whatever the core count: at most 34 MiB.
+const maxFileWorkers = 8
+
 func newFilePool() *filePool {
-	n := max(2, runtime.GOMAXPROCS(0))
-	p := &filePool{jobs: make(chan fileJob, n)}
-	p.bufs.New = func() any { b := make([]byte, smallFile); return &b }
+	n := min(maxFileWorkers, max(2, runtime.GOMAXPROCS(0)))
+	p := &filePool{jobs: make(chan fileJob, n), bufs: make(chan *[]byte, 2*n+1)}
 	p.owner.Uid, p.owner.Gid = uint32(os.Geteuid()), uint32(os.Getegid())
 	for i := 0; i < n; i++ {
 		p.running.Add(1)
@@ -103,8 +107,22 @@ func newFilePool() *filePool {
 	return p
 }
 
-func (p *filePool) buffer() *[]byte { return p.bufs.Get().(*[]byte) }
-func (p *filePool) put(b *[]byte)   { p.bufs.Put(b) }
+func (p *filePool) buffer() *[]byte {
+	select {
+	case b := <-p.bufs:
+		return b
+	default:
+		b := make([]byte, smallFile)
+		return &b
+	}
+}
+
+func (p *filePool) put(b *[]byte) {
+	select {
+	case p.bufs <- b:
+	default:
+	}
+}
 
 func (p *filePool) submit(j fileJob) {
 	p.pending.Add(1)

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"runtime"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/mholt/archives"
@@ -59,7 +58,8 @@ var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
 var zstdSkipHeader = []byte{0x50, 0x2a, 0x4d, 0x18, 4, 0, 0, 0}
 
 func newZstdFrames(level zstd.EncoderLevel) (*zstdFrames, error) {
-	n := max(runtime.GOMAXPROCS(0), 1)
+	// An encoder per frame coded at once (each holds a window of history).
+	_, n := lanes(zstdBlock)
 	wc, err := archives.Zstd{EncoderOptions: []zstd.EOption{
 		zstd.WithEncoderLevel(level), zstd.WithEncoderConcurrency(n),
 		zstd.WithWindowSize(zstdBlock), zstd.WithEncoderCRC(true),
@@ -75,8 +75,9 @@ func newZstdFrames(level zstd.EncoderLevel) (*zstdFrames, error) {
 }
 
 func newZstdDecoder() (*zstdFrames, error) {
+	_, n := lanes(zstdBlock)
 	rc, err := archives.Zstd{DecoderOptions: []zstd.DOption{
-		zstd.WithDecoderConcurrency(runtime.GOMAXPROCS(0)),
+		zstd.WithDecoderConcurrency(n),
 		zstd.WithDecoderMaxMemory(zstdBlock),
 	}}.OpenReader(nil)
 	if err != nil {
@@ -103,9 +104,20 @@ func (z *zstdFrames) encode(dst, in []byte) ([]byte, error) {
 	return out, nil
 }
 
-// isZstdUnit tells whether a stream starts like an indexed frame.
+// zstdMark is a skippable frame of another magic than pzstd's (RFC 8878
+// allows sixteen) holding eight bytes that say it opens or ends a stream.
+func zstdMark(what string) []byte {
+	return append([]byte{0x5e, 0x2a, 0x4d, 0x18, 8, 0, 0, 0}, what...)
+}
+
+var zstdStart, zstdEnd = zstdMark("HPCSI-S1"), zstdMark("HPCSI-E1")
+
+func (z *zstdFrames) marks() ([]byte, []byte) { return zstdStart, zstdEnd }
+
+// isZstdUnit tells whether a stream starts like an indexed frame, or with
+// the start mark.
 func isZstdUnit(head []byte) bool {
-	return bytes.HasPrefix(head, zstdSkipHeader)
+	return bytes.HasPrefix(head, zstdSkipHeader) || bytes.HasPrefix(head, zstdStart)
 }
 
 func (z *zstdFrames) next(r *bufio.Reader, buf []byte) ([]byte, error) {

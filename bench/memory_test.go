@@ -4,9 +4,11 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"testing"
 
 	"github.com/hostpath-csi/hostpath/archive"
@@ -114,5 +116,91 @@ func BenchmarkManyFiles(b *testing.B) {
 		}
 		b.ReportMetric(peakRSSMiB(), "restore-peakRSS-MiB")
 		out.Close()
+	}
+}
+
+// BenchmarkHeavyMemory runs as many zstd and gzip restores at once as the
+// driver allows (--max-heavy-operations, 4 by default) of one large-file
+// volume and reports the peak resident memory they add: what the
+// DaemonSet's memory limit is made from. Run it with -cpu 2,8,32 to see
+// that it no longer grows with the core count.
+func BenchmarkHeavyMemory(b *testing.B) {
+	testutil.RequireRoot(b)
+	const heavy = 4
+	dir := b.TempDir()
+	src := filepath.Join(dir, "vol")
+	os.Mkdir(src, 0o755)
+	chunk := make([]byte, 4<<20)
+	fillText(rand.New(rand.NewPCG(7, 7)), chunk)
+	f, err := os.Create(filepath.Join(src, "big"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for off := 0; off < 256<<20; off += len(chunk) {
+		chunk[0] = byte(off >> 20)
+		f.Write(chunk)
+	}
+	f.Close()
+	for _, zst := range []bool{true, false} {
+		snap := filepath.Join(dir, fmt.Sprintf("snap-%v", zst))
+		out, err := os.Create(snap)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := archive.Write(context.Background(), src, out, archive.Options{Zstd: zst}); err != nil {
+			b.Fatal(err)
+		}
+		out.Close()
+		name := "gzip"
+		if zst {
+			name = "zstd"
+		}
+		b.Run(name+"-snapshots", func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				debug.FreeOSMemory()
+				resetPeakRSS()
+				errs := make(chan error, heavy)
+				for j := 0; j < heavy; j++ {
+					go func() {
+						_, err := archive.Write(context.Background(), src, io.Discard, archive.Options{Zstd: zst})
+						errs <- err
+					}()
+				}
+				for j := 0; j < heavy; j++ {
+					if err := <-errs; err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(peakRSSMiB(), "peakRSS-MiB")
+			}
+		})
+		b.Run(name+"-restores", func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				debug.FreeOSMemory() // what earlier runs left is not counted
+				resetPeakRSS()
+				errs := make(chan error, heavy)
+				for j := 0; j < heavy; j++ {
+					go func() {
+						in, err := os.Open(snap)
+						if err != nil {
+							errs <- err
+							return
+						}
+						defer in.Close()
+						dst := filepath.Join(dir, fmt.Sprintf("r-%s-%d-%d", name, i, j))
+						os.Mkdir(dst, 0o755)
+						defer os.RemoveAll(dst)
+						_, err = archive.Extract(context.Background(), in, dst)
+						errs <- err
+					}()
+				}
+				for j := 0; j < heavy; j++ {
+					if err := <-errs; err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(peakRSSMiB(), "peakRSS-MiB")
+			}
+		})
 	}
 }

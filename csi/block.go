@@ -267,12 +267,7 @@ func (d *Driver) writeBlockSnapshot(ctx context.Context, v volumeRecord, s snaps
 		return 0, "", err
 	}
 	// The device's page cache may hold writes the file has not seen.
-	if dev, ok, err := loop.Find(d.volumeDataPath(v)); err == nil && ok {
-		if f, err := os.Open(dev.Path()); err == nil {
-			_ = f.Sync()
-			f.Close()
-		}
-	}
+	flushLoop(d.volumeDataPath(v))
 	var allocated int64
 	err = fsops.CreateDurable(d.snapshotDataPath(s), d.snapshotTempPath(s), 0o600, func(out *os.File) error {
 		if _, err := fsops.CopyFileData(int(out.Fd()), int(src.Fd()), size, nil, fsops.ProgressFrom(ctx)); err != nil {

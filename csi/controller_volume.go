@@ -42,13 +42,22 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if req.GetVolumeContentSource() != nil && srcSnap == nil && srcVol == nil {
 		return nil, invalid("volume_content_source names neither a snapshot nor a volume")
 	}
+	// A source on another node is pulled from there when peers can be
+	// reached (remote names it); otherwise it must be on this node.
+	var remote struct{ tag, kind, id string }
 	if srcSnap != nil {
-		if err := d.checkIDHere("volume_content_source.snapshot.snapshot_id", srcSnap.GetSnapshotId()); err != nil {
+		id := srcSnap.GetSnapshotId()
+		if tag, ok := d.remoteSource(id); ok {
+			remote.tag, remote.kind, remote.id = tag, sourceSnapshot, id
+		} else if err := d.checkIDHere("volume_content_source.snapshot.snapshot_id", id); err != nil {
 			return nil, err
 		}
 	}
 	if srcVol != nil {
-		if err := d.checkIDHere("volume_content_source.volume.volume_id", srcVol.GetVolumeId()); err != nil {
+		id := srcVol.GetVolumeId()
+		if tag, ok := d.remoteSource(id); ok {
+			remote.tag, remote.kind, remote.id = tag, sourceVolume, id
+		} else if err := d.checkIDHere("volume_content_source.volume.volume_id", id); err != nil {
 			return nil, err
 		}
 	}
@@ -61,14 +70,14 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	// The source may not be deleted or changed while it is copied; it may
 	// be published, read or copied by others meanwhile.
 	var src volumeRecord // the pinned source volume: ready, its data present
-	if srcVol != nil {
+	if srcVol != nil && remote.tag == "" {
 		var unpin func()
 		if src, unpin, err = d.pinVolume(srcVol.GetVolumeId()); err != nil {
 			return nil, err
 		}
 		defer unpin()
 	}
-	if srcSnap != nil {
+	if srcSnap != nil && remote.tag == "" {
 		unpin, err := d.pinSnapshot(srcSnap.GetSnapshotId())
 		if err != nil {
 			return nil, err
@@ -80,6 +89,20 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	var floor int64
 	rec := volumeRecord{Name: name, AccessType: access, Kind: kind, Parameters: req.GetParameters()}
 	switch {
+	case remote.tag != "":
+		// The source's node pins it while it is sent; here it is only
+		// asked what it is, and not at all when the volume exists.
+		if remote.kind == sourceSnapshot {
+			rec.SourceSnapshot = remote.id
+		} else {
+			rec.SourceVolume = remote.id
+		}
+		if old, ok := d.st.Volumes.ByName(name); ok {
+			return d.existingVolume(old, rec, req.GetCapacityRange())
+		}
+		if floor, err = d.statRemote(ctx, remote.tag, remote.kind, remote.id, access); err != nil {
+			return nil, err
+		}
 	case srcSnap != nil:
 		s, ok := d.st.Snapshots.Get(srcSnap.GetSnapshotId())
 		if !validSnapshotID(srcSnap.GetSnapshotId()) || !ok || s.Phase != phaseReady {

@@ -110,6 +110,9 @@ type Driver struct {
 	metrics *metrics
 	ops     inflight      // snapshots, restores and clones running now
 	heavy   chan struct{} // semaphore of MaxHeavyOps slots
+	// peers reaches the other nodes' drivers for sources they hold
+	// (SetPeers); nil when there are none to reach.
+	peers atomic.Pointer[Peers]
 
 	// attachMu makes counting a node's attachments and adding one a
 	// single step, so two publishes of different volumes (each under its

@@ -218,7 +218,15 @@ func TestListSnapshots(t *testing.T) {
 
 // isPzstd tells whether b starts as pzstd's format does: a skippable frame
 // of four bytes (the next frame's length), then a zstd frame.
+// isPzstd: the archive opens with the start unit (a skippable frame of
+// magic 0x184D2A5E), then pzstd's skippable frame with a length and a zstd
+// frame, and ends with the end unit.
 func isPzstd(b []byte) bool {
+	start, end := append([]byte{0x5e, 0x2a, 0x4d, 0x18, 8, 0, 0, 0}, "HPCSI-S1"...), append([]byte{0x5e, 0x2a, 0x4d, 0x18, 8, 0, 0, 0}, "HPCSI-E1"...)
+	if !bytes.HasPrefix(b, start) || !bytes.HasSuffix(b, end) {
+		return false
+	}
+	b = b[len(start):]
 	return len(b) > 16 && bytes.HasPrefix(b, []byte{0x50, 0x2a, 0x4d, 0x18, 4, 0, 0, 0}) &&
 		bytes.HasPrefix(b[12:], []byte{0x28, 0xb5, 0x2f, 0xfd})
 }

@@ -25,6 +25,9 @@ func (d *Driver) volumeDataPath(v volumeRecord) string {
 
 // createVolumeData makes the volume's data, empty or from its source.
 func (d *Driver) createVolumeData(ctx context.Context, v volumeRecord) error {
+	if tag, ok := d.remoteSource(v.SourceSnapshot + v.SourceVolume); ok {
+		return d.pullVolumeData(ctx, v, tag)
+	}
 	if v.SourceSnapshot != "" || v.SourceVolume != "" {
 		release, err := d.heavySlot(ctx)
 		if err != nil {

@@ -48,6 +48,12 @@ type options struct {
 	// labelImported runs snapimport's Labeler when the driver runs in a
 	// cluster.
 	labelImported bool
+	// transferEndpoint serves this node's snapshots and volumes to the
+	// other nodes' drivers (package transfer) and lets restores and clones
+	// pull from them, when the driver runs in a cluster; transferSecret
+	// names the Secret of the driver's namespace that holds their
+	// authority.
+	transferEndpoint, transferSecret string
 	// pluginRegistrationPath and kubeletRegistrationPath switch on
 	// in-process kubelet registration (the names the registrar sidecar
 	// uses): kubelet's plugins_registry directory as this process sees it,
@@ -137,6 +143,8 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.pluginRegistrationPath, "plugin-registration-path", "", "kubelet's plugins_registry dir as mounted here; with --kubelet-registration-path, register with kubelet in-process")
 	fs.StringVar(&o.kubeletRegistrationPath, "kubelet-registration-path", "", "the CSI socket path as kubelet sees it on the host")
 	fs.BoolVar(&o.labelImported, "label-imported-snapshots", true, "in a cluster, give imported VolumeSnapshotContents of this driver whose snapshot is on this node the managed-by label naming it, so the node's csi-snapshotter handles them")
+	fs.StringVar(&o.transferEndpoint, "transfer-endpoint", ":9470", "in a cluster, the address that serves this node's snapshots and volumes to the other nodes' drivers (mutual TLS), so a restore or clone on any node can pull its source; the port must be reachable at each node's internal IP (a hostPort); off when empty")
+	fs.StringVar(&o.transferSecret, "transfer-secret", "hostpath-csi-transfer-authority", "the Secret, in the driver's namespace, where the drivers keep the authority they authenticate each other with (made and rotated by them)")
 	fs.IntVar(&o.cfg.MaxHeavyOps, "max-heavy-operations", 4, "clones, snapshots and restores that may run at once")
 	fs.DurationVar(&o.cfg.ProgressInterval, "progress-interval", 10*time.Second, "how often a snapshot, restore or clone in flight logs its bytes and files done, rate and time left")
 	fs.DurationVar(&o.cfg.ShutdownGrace, "shutdown-grace", 25*time.Second, "how long calls in flight may finish after SIGTERM")

@@ -91,6 +91,9 @@ func run(o options) int {
 	if o.labelImported {
 		go labelImported(ctx, d, o)
 	}
+	if o.transferEndpoint != "" {
+		go servePeers(ctx, d, o)
+	}
 	if o.httpEndpoint != "" {
 		srv := &http.Server{Addr: o.httpEndpoint, Handler: httpHandler(d, reg), ReadHeaderTimeout: 5 * time.Second}
 		go func() {

@@ -176,6 +176,7 @@ func manyNodes(t *testing.T, k *kube, nodes []string) {
 			seen[n] = true
 		}
 	})
+	crossNode(t, k, first, placed["web-0"])
 	lost := placed["web-1"]
 	step(t, "node "+lost+" lost: its CSINode and capacity go, its PV stays, its pod waits for it", func() {
 		pv := k.jsonpath(ns, "pvc/data-web-1", "{.spec.volumeName}")
@@ -227,6 +228,111 @@ func manyNodes(t *testing.T, k *kube, nodes []string) {
 			return len(left) == 0, strings.Join(left, "; ")
 		})
 	})
+}
+
+// crossNode restores a snapshot, clones a volume and restores a block
+// snapshot into pods kept off the node that holds the source (node), and
+// restores a replica of another StatefulSet from a snapshot of web-0 (on
+// web0Node) away from it: each volume is built on its pod's node from the
+// source pulled from the other node, with the same bytes.
+func crossNode(t *testing.T, k *kube, node, web0Node string) {
+	var fileSum, blockSum string
+	step(t, "sources on "+node+": a file in pinned, a block volume, their snapshots", func() {
+		fileSum = strings.Fields(k.exec(ns, "pinned", "sh", "-c", "head -c 8388608 /dev/urandom > /data/random && sync && sha256sum /data/random"))[0]
+		takeSnapshot(k, "xsnap", "pinned")
+		k.apply(pvc("xblk", "32Mi", "Block", ""))
+		k.apply(onNode(pod("xblk", "xblk", "block", "head -c 4194304 /dev/urandom > /tmp/r && dd if=/tmp/r of=/dev/xvda bs=1M conv=fsync 2>/dev/null && sha256sum /tmp/r > /tmp/sum"), node))
+		k.waitPod(ns, "xblk", "Running", 180*time.Second)
+		k.waitFor("xblk written", 60*time.Second, func() (bool, string) {
+			out, err := k.run("", "exec", "-n", ns, "xblk", "--", "cat", "/tmp/sum")
+			if err != nil || len(strings.Fields(out)) == 0 {
+				return false, out
+			}
+			blockSum = strings.Fields(out)[0]
+			return true, ""
+		})
+		takeSnapshot(k, "xblksnap", "xblk")
+	})
+	cases := []struct{ name, mode, source, read, want string }{
+		{"x-restore", "Filesystem", "{kind: VolumeSnapshot, name: xsnap, apiGroup: snapshot.storage.k8s.io}", "sha256sum /data/random", fileSum},
+		{"x-clone", "Filesystem", "{kind: PersistentVolumeClaim, name: pinned}", "sha256sum /data/random", fileSum},
+		{"x-blk-restore", "Block", "{kind: VolumeSnapshot, name: xblksnap, apiGroup: snapshot.storage.k8s.io}", "head -c 4194304 /dev/xvda | sha256sum", blockSum},
+	}
+	step(t, "restored, cloned and block-restored on nodes other than "+node+": the same bytes", func() {
+		for _, c := range cases {
+			block := ""
+			if c.mode == "Block" {
+				block = "block"
+			}
+			k.apply(pvc(c.name, "256Mi", c.mode, c.source))
+			k.apply(awayFrom(pod(c.name, c.name, block, "true"), node))
+		}
+		for _, c := range cases {
+			k.waitPod(ns, c.name, "Running", 240*time.Second)
+			on := k.jsonpath(ns, "pod/"+c.name, "{.spec.nodeName}")
+			if on == node {
+				t.Fatalf("%s runs on %s, the source's node", c.name, on)
+			}
+			if got := strings.Fields(k.exec(ns, c.name, "sh", "-c", c.read))[0]; got != c.want {
+				t.Fatalf("%s on %s reads sha256 %s, the source %s", c.name, on, got, c.want)
+			}
+			fmt.Printf("e2e      %s built on %s from %s's source\n", c.name, on, node)
+		}
+		for _, c := range cases {
+			k.must("delete", "pod", c.name, "-n", ns, "--grace-period=1")
+			k.must("delete", "pvc", c.name, "-n", ns)
+		}
+		k.must("delete", "pod", "xblk", "-n", ns, "--grace-period=1")
+		k.must("delete", "volumesnapshot", "xsnap", "xblksnap", "-n", ns)
+		k.must("delete", "pvc", "xblk", "-n", ns)
+	})
+	step(t, "a replica restored from a snapshot of web-0 (on "+web0Node+") on another node", func() {
+		takeSnapshot(k, "web0snap", "data-web-0")
+		k.apply(fmt.Sprintf(`apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: replica, namespace: %s}
+spec:
+  serviceName: replica
+  replicas: 1
+  selector: {matchLabels: {app: replica}}
+  template:
+    metadata: {labels: {app: replica}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+          - labelSelector: {matchLabels: {statefulset.kubernetes.io/pod-name: web-0}}
+            topologyKey: kubernetes.io/hostname
+      containers:
+      - name: c
+        image: %s
+        imagePullPolicy: Never
+        command: ["sh", "-c", "sleep 3600"]
+        volumeMounts: [{name: data, mountPath: /data}]
+  volumeClaimTemplates:
+  - metadata: {name: data}
+    spec:
+      storageClassName: hostpath
+      accessModes: [ReadWriteOnce]
+      resources: {requests: {storage: 16Mi}}
+      dataSource: {kind: VolumeSnapshot, name: web0snap, apiGroup: snapshot.storage.k8s.io}
+`, ns, busybox))
+		k.waitPod(ns, "replica-0", "Running", 240*time.Second)
+		on := k.jsonpath(ns, "pod/replica-0", "{.spec.nodeName}")
+		if got := strings.TrimSpace(k.exec(ns, "replica-0", "cat", "/data/who")); on == web0Node || got != web0Node {
+			t.Fatalf("replica-0 on %s reads %q, want web-0's %q from another node", on, got, web0Node)
+		}
+		fmt.Printf("e2e      replica-0 on %s restored from web-0's snapshot on %s\n", on, web0Node)
+		k.must("delete", "statefulset", "replica", "-n", ns)
+		k.must("delete", "pvc", "data-replica-0", "-n", ns, "--wait=false")
+		k.must("delete", "volumesnapshot", "web0snap", "-n", ns)
+	})
+}
+
+// awayFrom keeps a pod off one node.
+func awayFrom(manifest, node string) string {
+	return strings.Replace(manifest, "spec:\n", "spec:\n  affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: kubernetes.io/hostname, operator: NotIn, values: ["+node+"]}]}]}}}\n", 1)
 }
 
 // onNode keeps a pod to one node through the scheduler (nodeName would

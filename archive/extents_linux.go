@@ -1,0 +1,171 @@
+package archive
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/hostpath-csi/hostpath/fsops"
+)
+
+// An extents stream is the archive of one sparse file, a block volume's
+// image: the file's size, then each range that holds data (offset, length,
+// bytes), then an end record repeating the count of data bytes. Holes are
+// not sent and stay holes; a stream without its end record is ErrFormat,
+// so a cut at any boundary is an error, not a shorter image.
+//
+//	"hostpath-extents" size:u64
+//	{ offset:u64 length:u64 bytes[length] }*
+//	endMark:u64 total:u64
+const extentsMagic = "hostpath-extents"
+
+const endMark = ^uint64(0)
+
+// extentChunk is how much of an extent is read and written at once.
+const extentChunk = 1 << 20
+
+// WriteExtents streams the first size bytes of f as an extents stream.
+func WriteExtents(ctx context.Context, f *os.File, size int64, w io.Writer) (Stats, error) {
+	var st Stats
+	exts, err := fsops.DataExtents(int(f.Fd()), 0, size)
+	if err != nil {
+		return st, err
+	}
+	bw := bufio.NewWriterSize(w, extentChunk)
+	hdr := make([]byte, 16)
+	if _, err := bw.WriteString(extentsMagic); err != nil {
+		return st, err
+	}
+	binary.BigEndian.PutUint64(hdr[:8], uint64(size))
+	if _, err := bw.Write(hdr[:8]); err != nil {
+		return st, err
+	}
+	p := fsops.ProgressFrom(ctx)
+	buf := make([]byte, extentChunk)
+	for _, e := range exts {
+		for off := e.Offset; off < e.Offset+e.Length; {
+			if err := ctx.Err(); err != nil {
+				return st, err
+			}
+			n := int(min(int64(len(buf)), e.Offset+e.Length-off))
+			if _, err := f.ReadAt(buf[:n], off); err != nil {
+				// A file that shrank under the walk is not an image of it.
+				return st, fmt.Errorf("reading %s at %d: %w", f.Name(), off, err)
+			}
+			// Zeros inside an extent (preallocated blocks a copy made
+			// into data, a disk image's empty space) are holes on the
+			// wire too: only runs of non-zero blocks are sent.
+			for _, r := range nonZeroRuns(buf[:n]) {
+				binary.BigEndian.PutUint64(hdr[:8], uint64(off+int64(r[0])))
+				binary.BigEndian.PutUint64(hdr[8:], uint64(r[1]-r[0]))
+				if _, err := bw.Write(hdr); err != nil {
+					return st, err
+				}
+				if _, err := bw.Write(buf[r[0]:r[1]]); err != nil {
+					return st, err
+				}
+				st.Bytes += int64(r[1] - r[0])
+			}
+			off += int64(n)
+			p.AddBytes(int64(n))
+		}
+	}
+	st.DataBytes, st.Files = st.Bytes, 1
+	binary.BigEndian.PutUint64(hdr[:8], endMark)
+	binary.BigEndian.PutUint64(hdr[8:], uint64(st.Bytes))
+	if _, err := bw.Write(hdr); err != nil {
+		return st, err
+	}
+	return st, bw.Flush()
+}
+
+// ExtractExtents writes an extents stream into f, which should be empty:
+// data where the stream has it (runs of zeros left as holes), the size it
+// declares. It returns that size. A stream whose ranges overlap, go
+// backwards or beyond the size, or that ends early, is ErrFormat.
+func ExtractExtents(ctx context.Context, r io.Reader, f *os.File) (int64, Stats, error) {
+	var st Stats
+	br := bufio.NewReaderSize(r, extentChunk)
+	head := make([]byte, len(extentsMagic)+8)
+	if _, err := io.ReadFull(br, head); err != nil {
+		return 0, st, fmt.Errorf("%w: no extents header: %v", ErrFormat, err)
+	}
+	if string(head[:len(extentsMagic)]) != extentsMagic {
+		return 0, st, fmt.Errorf("%w: not an extents stream", ErrFormat)
+	}
+	size := binary.BigEndian.Uint64(head[len(extentsMagic):])
+	if size > 1<<62 {
+		return 0, st, fmt.Errorf("%w: size %d", ErrFormat, size)
+	}
+	p := fsops.ProgressFrom(ctx)
+	buf := make([]byte, extentChunk)
+	hdr := make([]byte, 16)
+	var next uint64 // no extent may start before it
+	for {
+		if _, err := io.ReadFull(br, hdr); err != nil {
+			return 0, st, fmt.Errorf("%w: cut before its end: %v", ErrFormat, err)
+		}
+		off, n := binary.BigEndian.Uint64(hdr[:8]), binary.BigEndian.Uint64(hdr[8:])
+		if off == endMark {
+			if n != uint64(st.Bytes) {
+				return 0, st, fmt.Errorf("%w: %d data bytes, the end says %d", ErrFormat, st.Bytes, n)
+			}
+			break
+		}
+		if off < next || n > size || off > size-n {
+			return 0, st, fmt.Errorf("%w: extent %d+%d out of order or beyond %d", ErrFormat, off, n, size)
+		}
+		next = off + n
+		for done := uint64(0); done < n; {
+			if err := ctx.Err(); err != nil {
+				return 0, st, err
+			}
+			c := min(uint64(len(buf)), n-done)
+			if _, err := io.ReadFull(br, buf[:c]); err != nil {
+				return 0, st, fmt.Errorf("%w: cut inside an extent: %v", ErrFormat, err)
+			}
+			if _, err := fsops.WriteSparseAt(int(f.Fd()), buf[:c], int64(off+done)); err != nil {
+				return 0, st, err
+			}
+			done += c
+			st.Bytes += int64(c)
+			p.AddBytes(int64(c))
+		}
+	}
+	if err := f.Truncate(int64(size)); err != nil {
+		return 0, st, err
+	}
+	st.DataBytes, st.Files = st.Bytes, 1
+	return int64(size), st, nil
+}
+
+// zeroBlock is the unit below which zeros are sent as they are.
+const zeroBlock = 64 << 10
+
+var zeros = make([]byte, zeroBlock)
+
+// nonZeroRuns returns the [start, end) runs of b made of zeroBlock blocks
+// that are not all zeros.
+func nonZeroRuns(b []byte) [][2]int {
+	var runs [][2]int
+	start := -1
+	for off := 0; off < len(b); off += zeroBlock {
+		end := min(off+zeroBlock, len(b))
+		if bytes.Equal(b[off:end], zeros[:end-off]) {
+			if start >= 0 {
+				runs = append(runs, [2]int{start, off})
+				start = -1
+			}
+		} else if start < 0 {
+			start = off
+		}
+	}
+	if start >= 0 {
+		runs = append(runs, [2]int{start, len(b)})
+	}
+	return runs
+}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	"github.com/hostpath-csi/hostpath/csi"
+	"github.com/hostpath-csi/hostpath/kubepeers"
+	"github.com/hostpath-csi/hostpath/transfer"
+)
+
+// servePeers joins this node to the deployment's node-to-node transfer
+// when the driver runs in a cluster: credentials from the authority in the
+// namespace's Secret (made by whichever node comes first), a server for
+// this node's sources, and peers for restores and clones whose source is
+// on another node. Outside a cluster (by hand, csi-sanity) it does
+// nothing, and such a source stays ResourceExhausted.
+func servePeers(ctx context.Context, d *csi.Driver, o options) {
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		klog.V(2).InfoS("not in a cluster: no node-to-node transfer; sources on other nodes cannot be restored here", "reason", err)
+		return
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		klog.ErrorS(err, "no node-to-node transfer")
+		return
+	}
+	_, portStr, err := net.SplitHostPort(o.transferEndpoint)
+	port, perr := strconv.Atoi(portStr)
+	if err != nil || perr != nil {
+		klog.ErrorS(err, "no node-to-node transfer: --transfer-endpoint is not host:port", "endpoint", o.transferEndpoint)
+		return
+	}
+	creds := &transfer.Credentials{
+		Store:  &kubepeers.SecretStore{Client: client, Namespace: namespace(), Name: o.transferSecret},
+		Driver: o.cfg.DriverName, Node: o.cfg.NodeID,
+	}
+	for backoff := time.Second; ; backoff = min(2*backoff, time.Minute) {
+		if err = creds.Refresh(ctx); err == nil {
+			break
+		}
+		klog.ErrorS(err, "node-to-node transfer credentials; retrying", "secret", o.transferSecret, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+	}
+	ln, err := net.Listen("tcp", o.transferEndpoint)
+	if err != nil {
+		klog.ErrorS(err, "no node-to-node transfer")
+		return
+	}
+	go creds.Run(ctx, time.Minute, func(err error) {
+		klog.ErrorS(err, "refreshing node-to-node transfer credentials (the current ones stay in use)")
+	})
+	res := &kubepeers.Resolver{Client: client, Driver: o.cfg.DriverName, Port: port, KeyOf: csi.NodeTag}
+	d.SetPeers(&transfer.Peers{Client: &transfer.Client{Creds: creds}, Resolve: res.Resolve})
+	klog.InfoS("serving this node's sources to the other nodes", "endpoint", o.transferEndpoint, "certificateUntil", creds.Expiry())
+	srv := &transfer.Server{Creds: creds, Source: d.TransferSource()}
+	if err := srv.Serve(ctx, ln); err != nil {
+		klog.ErrorS(err, "node-to-node transfer stopped")
+	}
+}
+
+// namespace is the driver pod's namespace: POD_NAMESPACE (the downward
+// API), else the service account's.
+func namespace() string {
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil {
+		return strings.TrimSpace(string(b))
+	}
+	return "default"
+}

@@ -1,0 +1,406 @@
+package csi
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"path/filepath"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	"github.com/hostpath-csi/hostpath/archive"
+	"github.com/hostpath-csi/hostpath/fsops"
+	"github.com/hostpath-csi/hostpath/loop"
+	"github.com/hostpath-csi/hostpath/transfer"
+)
+
+// Restores and clones whose source lives on another node pull it from that
+// node's driver (package transfer moves the bytes, authenticated). This
+// file maps the two ends onto the driver: what a node serves (a pinned
+// snapshot or volume, in the form its kind travels in) and how a node
+// builds a volume from what it receives.
+
+// Kinds of source a peer asks for, and the forms they travel in.
+const (
+	sourceSnapshot = "snapshot"
+	sourceVolume   = "volume"
+
+	wireTarGz   = "tar.gz"  // a directory snapshot's archive as stored
+	wireTarZst  = "tar.zst" // as stored, or made on the fly from a tree
+	wireExtents = "extents" // a block image's data ranges (archive.WriteExtents)
+)
+
+// Peers reaches the drivers of the other nodes: Open asks the node whose
+// ids carry tag for a source, and names that node for messages.
+type Peers interface {
+	Open(ctx context.Context, tag, kind, id string, statOnly bool) (transfer.Meta, io.ReadCloser, string, error)
+}
+
+// NodeTag is the prefix that a node's ids carry (see ids.go): how a peer
+// resolver finds the node an id lives on.
+func NodeTag(nodeID string) string { return nodeTag(nodeID) }
+
+// SetPeers lets restores and clones pull sources from other nodes. Without
+// it a source on another node is ResourceExhausted, as for the reference.
+func (d *Driver) SetPeers(p Peers) { d.peers.Store(&p) }
+
+func (d *Driver) peerSet() Peers {
+	if p := d.peers.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// remoteSource reports whether a well-formed source id lives on another
+// node that this driver can pull from, and that node's tag.
+func (d *Driver) remoteSource(id string) (string, bool) {
+	if d.peerSet() == nil || (!validVolumeID(id) && !validSnapshotID(id)) {
+		return "", false
+	}
+	if _, other := d.otherNode(id); !other {
+		return "", false
+	}
+	return id[len(id)-idHexLen : len(id)-idHexLen+nodeTagLen], true
+}
+
+// statRemote asks the source's node what it is: its access type and the
+// bytes a volume made from it needs.
+func (d *Driver) statRemote(ctx context.Context, tag, kind, id, access string) (int64, error) {
+	m, _, node, err := d.peerSet().Open(ctx, tag, kind, id, true)
+	if err != nil {
+		return 0, peerStatus(err, kind, id, node)
+	}
+	if m.Attrs["access"] != access {
+		return 0, invalid("source %s %s on node %s is of a %s volume; it cannot fill a %s volume", kind, id, node, m.Attrs["access"], access)
+	}
+	return m.Size, nil
+}
+
+// peerStatus is the answer when a peer could not give a source: NotFound
+// if it has none, ResourceExhausted naming the node while it cannot be
+// reached or the stream breaks (the same request succeeds once it is
+// back), FailedPrecondition if it refuses.
+func peerStatus(err error, kind, id, node string) error {
+	if node == "" {
+		node = "(not found among the cluster's nodes)"
+	}
+	switch {
+	case errors.Is(err, transfer.ErrNotFound):
+		return status.Errorf(codes.NotFound, "source %s %s does not exist on node %s: %v", kind, id, node, err)
+	case errors.Is(err, transfer.ErrUnreachable), errors.Is(err, transfer.ErrBusy), errors.Is(err, transfer.ErrIncomplete):
+		return status.Errorf(codes.ResourceExhausted, "source %s %s lives on node %s, which cannot give it now: %v; retry later", kind, id, node, err)
+	case errors.Is(err, transfer.ErrRefused), errors.Is(err, transfer.ErrInvalid):
+		return status.Errorf(codes.FailedPrecondition, "node %s refused source %s %s: %v", node, kind, id, err)
+	}
+	return toStatus(err, "fetching source %s %s from node %s", kind, id, node)
+}
+
+// pullVolumeData makes a volume's data from a source on another node. The
+// caller removes what a failure leaves.
+func (d *Driver) pullVolumeData(ctx context.Context, v volumeRecord, tag string) error {
+	kind, id := sourceSnapshot, v.SourceSnapshot
+	if id == "" {
+		kind, id = sourceVolume, v.SourceVolume
+	}
+	release, err := d.heavySlot(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	m, body, node, err := d.peerSet().Open(ctx, tag, kind, id, false)
+	if err != nil {
+		return peerStatus(err, kind, id, node)
+	}
+	defer body.Close()
+	op := "restore"
+	if kind == sourceVolume {
+		op = "clone"
+	}
+	ctx, done := d.track(ctx, op, v.ID, m.Size)
+	defer done()
+	in := &watchedReader{r: body}
+	if err := d.buildFrom(ctx, v, m, in); err != nil {
+		// A stream that broke is the peer's failure, whatever the
+		// extraction made of it (a truncated archive, most often).
+		if in.err != nil && !errors.Is(in.err, io.EOF) {
+			return peerStatus(in.err, kind, id, node)
+		}
+		return err
+	}
+	return nil
+}
+
+// watchedReader keeps the first error its reader returned.
+type watchedReader struct {
+	r   io.Reader
+	err error
+}
+
+func (w *watchedReader) Read(b []byte) (int, error) {
+	n, err := w.r.Read(b)
+	if err != nil && w.err == nil {
+		w.err = err
+	}
+	return n, err
+}
+
+// buildFrom writes a received stream into the volume's data.
+func (d *Driver) buildFrom(ctx context.Context, v volumeRecord, m transfer.Meta, body io.Reader) error {
+	path := d.volumeDataPath(v)
+	if v.AccessType == accessBlock {
+		if m.Format != wireExtents {
+			return fmt.Errorf("%w: a block source came as %q", archive.ErrFormat, m.Format)
+		}
+		tmp := filepath.Join(d.paths.tmp(), filepath.Base(path)+".partial")
+		err := fsops.CreateDurable(path, tmp, 0o600, func(out *os.File) error {
+			st, err := extractExtents(ctx, body, out)
+			d.metrics.moved("restore", st.Bytes)
+			if err != nil {
+				return err
+			}
+			return fsops.AllocateFile(int(out.Fd()), v.CapacityBytes)
+		})
+		if err != nil {
+			return err
+		}
+		_, err = loop.Attach(path, loop.Options{})
+		return err
+	}
+	if m.Format != wireTarGz && m.Format != wireTarZst {
+		return fmt.Errorf("%w: a directory source came as %q", archive.ErrFormat, m.Format)
+	}
+	if err := d.makeVolumeDir(v, path); err != nil {
+		return err
+	}
+	var h hash.Hash = sha256.New()
+	in := io.TeeReader(body, h)
+	st, err := archive.Extract(ctx, in, path)
+	d.metrics.moved("restore", st.Bytes)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(io.Discard, in); err != nil { // to the end, where the checksum is checked
+		return err
+	}
+	if want := m.Attrs["sha256"]; want != "" {
+		if got := hex.EncodeToString(h.Sum(nil)); got != want {
+			return fmt.Errorf("%w: the archive received has sha256 %s, recorded %s", errCorrupt, got, want)
+		}
+	}
+	return nil
+}
+
+func extractExtents(ctx context.Context, r io.Reader, out *os.File) (archive.Stats, error) {
+	_, st, err := archive.ExtractExtents(ctx, r, out)
+	if err != nil {
+		return st, err
+	}
+	// Read to the end: the transfer's checksum is checked there.
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		return st, err
+	}
+	return st, nil
+}
+
+// TransferSource is what this node serves to its peers.
+func (d *Driver) TransferSource() transfer.Source { return (*peerSource)(d) }
+
+type peerSource Driver
+
+// Open pins the source and returns it in the form it travels in. Only
+// well-formed ids of this node are looked up.
+func (p *peerSource) Open(ctx context.Context, peer, kind, id string, statOnly bool) (transfer.Meta, io.ReadCloser, error) {
+	d := (*Driver)(p)
+	switch {
+	case kind == sourceSnapshot && validSnapshotID(id), kind == sourceVolume && validVolumeID(id):
+	default:
+		return transfer.Meta{}, nil, fmt.Errorf("%w: no source of kind %q and id %q can exist", transfer.ErrInvalid, kind, id)
+	}
+	if _, other := d.otherNode(id); other {
+		return transfer.Meta{}, nil, fmt.Errorf("%w: %s %s is not of this node", transfer.ErrNotFound, kind, id)
+	}
+	var m transfer.Meta
+	var open func(ctx context.Context) (io.ReadCloser, error)
+	var unpin func()
+	var err error
+	if kind == sourceSnapshot {
+		m, open, unpin, err = d.serveSnapshot(id)
+	} else {
+		m, open, unpin, err = d.serveVolume(id)
+	}
+	if err != nil {
+		return m, nil, err
+	}
+	if statOnly {
+		unpin()
+		return m, nil, nil
+	}
+	// A send is heavy work like a snapshot (the same archive or copy, the
+	// same memory): it takes a slot, or the peer is told this node is busy
+	// and retries. It never waits for one: two nodes pulling from each
+	// other with every slot taken would otherwise wait on each other.
+	select {
+	case d.heavy <- struct{}{}:
+		prev := unpin
+		unpin = func() { <-d.heavy; prev() }
+	default:
+		unpin()
+		return m, nil, fmt.Errorf("%w: %d clones, snapshots, restores or sends are running here", transfer.ErrBusy, cap(d.heavy))
+	}
+	klog.InfoS("sending a source to another node", "kind", kind, "id", id, "peer", peer, "format", m.Format, "bytes", m.Size)
+	ctx, done := d.track(ctx, "send", id, m.Size)
+	rc, err := open(ctx)
+	if err != nil {
+		done()
+		unpin()
+		return m, nil, err
+	}
+	return m, &pinnedReader{r: fsops.ProgressReader{R: rc, P: fsops.ProgressFrom(ctx)}, c: rc, release: func() { done(); unpin() }}, nil
+}
+
+// servable maps a pin's refusal onto what a peer is told.
+func servable(err error, kind, id string) error {
+	if s, ok := status.FromError(err); ok && s.Code() == codes.NotFound {
+		return fmt.Errorf("%w: %s", transfer.ErrNotFound, s.Message())
+	}
+	if s, ok := status.FromError(err); ok && s.Code() == codes.Aborted {
+		return fmt.Errorf("%w: %s", transfer.ErrBusy, s.Message())
+	}
+	return fmt.Errorf("serving %s %s: %w", kind, id, err)
+}
+
+func (d *Driver) serveSnapshot(id string) (transfer.Meta, func(context.Context) (io.ReadCloser, error), func(), error) {
+	unpin, err := d.pinSnapshot(id)
+	if err != nil {
+		return transfer.Meta{}, nil, nil, servable(err, sourceSnapshot, id)
+	}
+	s, ok := d.st.Snapshots.Get(id)
+	if !ok || s.Phase != phaseReady {
+		unpin()
+		return transfer.Meta{}, nil, nil, fmt.Errorf("%w: snapshot %s", transfer.ErrNotFound, id)
+	}
+	if err := d.snapshotPresent(s); err != nil {
+		unpin()
+		return transfer.Meta{}, nil, nil, servable(err, sourceSnapshot, id)
+	}
+	m := transfer.Meta{Size: s.SizeBytes, Attrs: map[string]string{"access": s.AccessType}}
+	path := d.snapshotDataPath(s)
+	var open func(context.Context) (io.ReadCloser, error)
+	switch s.Format {
+	case formatImage:
+		m.Format, open = wireExtents, func(ctx context.Context) (io.ReadCloser, error) { return extentsOf(ctx, path) }
+	case formatReflink:
+		m.Format, open = wireTarZst, func(ctx context.Context) (io.ReadCloser, error) { return archiveOf(ctx, path), nil }
+	default:
+		m.Format, m.Attrs["sha256"] = wireTarGz, s.SHA256
+		if s.Format == formatTarZst {
+			m.Format = wireTarZst
+		}
+		open = func(context.Context) (io.ReadCloser, error) { return os.Open(path) }
+	}
+	return m, open, unpin, nil
+}
+
+func (d *Driver) serveVolume(id string) (transfer.Meta, func(context.Context) (io.ReadCloser, error), func(), error) {
+	v, unpin, err := d.pinVolume(id)
+	if err != nil {
+		return transfer.Meta{}, nil, nil, servable(err, sourceVolume, id)
+	}
+	m := transfer.Meta{Size: v.CapacityBytes, Attrs: map[string]string{"access": v.AccessType}}
+	path := d.volumeDataPath(v)
+	if v.AccessType == accessBlock {
+		m.Format = wireExtents
+		return m, func(ctx context.Context) (io.ReadCloser, error) {
+			flushLoop(path)
+			return extentsOf(ctx, path)
+		}, unpin, nil
+	}
+	m.Format = wireTarZst
+	return m, func(ctx context.Context) (io.ReadCloser, error) { return archiveOf(ctx, path), nil }, unpin, nil
+}
+
+// archiveOf streams a tar.zst of the tree at dir, made as it is read.
+func archiveOf(ctx context.Context, dir string) io.ReadCloser {
+	return produce(ctx, func(ctx context.Context, w io.Writer) error {
+		_, err := archive.Write(ctx, dir, w, archive.Options{Zstd: true})
+		return err
+	})
+}
+
+// extentsOf streams the data ranges of the file at path.
+func extentsOf(ctx context.Context, path string) (io.ReadCloser, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	size, _, err := fsops.FileSize(f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return produce(ctx, func(ctx context.Context, w io.Writer) error {
+		defer f.Close()
+		_, err := archive.WriteExtents(ctx, f, size, w)
+		return err
+	}), nil
+}
+
+// produce runs write in a goroutine and returns what it writes as a
+// reader. Close stops the writer and waits for it, so nothing reads the
+// source once its pin is released.
+func produce(ctx context.Context, write func(context.Context, io.Writer) error) io.ReadCloser {
+	ctx, cancel := context.WithCancel(ctx)
+	pr, pw := io.Pipe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pw.CloseWithError(write(ctx, pw))
+	}()
+	return &producer{PipeReader: pr, cancel: cancel, done: done}
+}
+
+type producer struct {
+	*io.PipeReader
+	cancel func()
+	done   chan struct{}
+}
+
+func (p *producer) Close() error {
+	p.cancel()
+	err := p.PipeReader.Close() // a writer blocked in Write returns
+	<-p.done
+	return err
+}
+
+// pinnedReader reads a source and, closed, releases its pin.
+type pinnedReader struct {
+	r       io.Reader
+	c       io.Closer
+	release func()
+}
+
+func (p *pinnedReader) Read(b []byte) (int, error) { return p.r.Read(b) }
+
+func (p *pinnedReader) Close() error {
+	err := p.c.Close()
+	p.release()
+	return err
+}
+
+// flushLoop writes back what the loop device of a block volume's file
+// holds in its page cache, so a copy of the file sees it.
+func flushLoop(path string) {
+	if dev, ok, err := loop.Find(path); err == nil && ok {
+		if f, err := os.Open(dev.Path()); err == nil {
+			_ = f.Sync()
+			f.Close()
+		}
+	}
+}

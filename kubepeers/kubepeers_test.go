@@ -1,0 +1,75 @@
+package kubepeers
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/hostpath-csi/hostpath/transfer"
+)
+
+// Several nodes starting at once make one authority between them, all
+// trusting it, through the Secret's create and update conflicts.
+func TestSecretStoreOneAuthority(t *testing.T) {
+	client := fake.NewClientset()
+	var wg sync.WaitGroup
+	creds := make([]*transfer.Credentials, 5)
+	errs := make([]error, len(creds))
+	for i := range creds {
+		creds[i] = &transfer.Credentials{Store: &SecretStore{Client: client, Namespace: "ns", Name: "ca"}, Driver: "d", Node: string(rune('a' + i))}
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = creds[i].Refresh(context.Background()) }()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	sec, err := client.CoreV1().Secrets("ns").Get(context.Background(), "ca", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cas, key, err := transfer.ParseAuthority(sec.Data, time.Now())
+	if err != nil || len(cas) != 1 || key == nil {
+		t.Fatalf("%d authorities, key %v: %v", len(cas), key != nil, err)
+	}
+	for _, c := range creds {
+		if c.Expiry().IsZero() {
+			t.Fatalf("node %s has no certificate", c.Node)
+		}
+	}
+	// (The fake clientset does not check resource versions, so a stale
+	// update is not tried here; the API server refuses it with Conflict.)
+	s := &SecretStore{Client: client, Namespace: "ns", Name: "ca"}
+	if err := s.Save(context.Background(), sec.Data, ""); !errors.Is(err, transfer.ErrConflict) {
+		t.Fatalf("a second create: %v", err)
+	}
+}
+
+func TestResolver(t *testing.T) {
+	client := fake.NewClientset(
+		&storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{
+			{Name: "other.csi", NodeID: "id-x"}, {Name: "d", NodeID: "id-1"}}}},
+		&storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: "n2"}, Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: "d", NodeID: "id-2"}}}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+			{Type: corev1.NodeHostName, Address: "n1"}, {Type: corev1.NodeInternalIP, Address: "10.0.0.1"}}}},
+	)
+	r := &Resolver{Client: client, Driver: "d", Port: 9470, KeyOf: func(id string) string { return "k-" + id }}
+	for _, c := range []struct{ key, addr, node string }{
+		{"k-id-1", "10.0.0.1:9470", "n1"},
+		{"k-id-x", "", ""},   // another driver's id
+		{"k-id-2", "", "n2"}, // its Node is gone
+		{"k-id-9", "", ""},
+	} {
+		addr, node, err := r.Resolve(context.Background(), c.key)
+		if addr != c.addr || node != c.node || (c.addr == "") != (err != nil) {
+			t.Errorf("%s: %q %q %v", c.key, addr, node, err)
+		}
+	}
+}

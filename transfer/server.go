@@ -1,0 +1,289 @@
+package transfer
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Meta describes a source: how its bytes are encoded, how many bytes of
+// data it holds (what the receiver needs room for) and what else the two
+// ends agree on (opaque here).
+type Meta struct {
+	Format string            `json:"format"`
+	Size   int64             `json:"size"`
+	Attrs  map[string]string `json:"attrs,omitempty"`
+}
+
+// A Source serves what its node holds. Open returns a source's Meta and,
+// unless statOnly, a reader of its bytes; Close releases the source (it
+// stays pinned until then). Errors that wrap ErrNotFound, ErrInvalid or
+// ErrBusy reach the peer as such; any other as a failure.
+type Source interface {
+	Open(ctx context.Context, peer, kind, id string, statOnly bool) (Meta, io.ReadCloser, error)
+}
+
+// Errors a peer gets, from a Source or from the transfer itself.
+var (
+	ErrNotFound    = errors.New("no such source on that node")
+	ErrInvalid     = errors.New("invalid transfer request")
+	ErrBusy        = errors.New("the peer is busy")
+	ErrRefused     = errors.New("the peer refused the request")
+	ErrUnreachable = errors.New("the peer cannot be reached")
+	ErrIncomplete  = errors.New("the transfer ended before its end or with the wrong checksum")
+)
+
+const (
+	metaHeader   = "X-Transfer-Meta"
+	sumTrailer   = "X-Transfer-Crc32c"
+	pathPrefix   = "/v1/"
+	maxHeader    = 4 << 10
+	maxMetaBytes = 2 << 10
+)
+
+// The trailer is CRC-32C (hardware on amd64 and arm64): TLS already
+// authenticates every byte, so the checksum's job is to show the stream
+// reached its end, at a cost a restore does not notice.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// copyBuffer is what a stream is copied in: whole TLS records, few
+// syscalls.
+const copyBuffer = 256 << 10
+
+// Server serves a node's sources to the other nodes of its deployment.
+type Server struct {
+	Creds  *Credentials
+	Source Source
+	// MaxStreams is how many sources are read at once (more wait for
+	// nothing: they get ErrBusy); MaxConns how many connections are
+	// open at once. Zero means 4 and 64.
+	MaxStreams, MaxConns int
+	// StallTimeout ends a stream its reader stopped reading, which would
+	// otherwise hold its source pinned; zero means a minute.
+	StallTimeout time.Duration
+	// HeaderTimeout bounds the handshake and the request's header, so a
+	// connection that sends nothing or drips its header is closed; zero
+	// means 10 seconds.
+	HeaderTimeout time.Duration
+
+	once    sync.Once
+	streams chan struct{}
+}
+
+func (s *Server) init() {
+	s.once.Do(func() {
+		n := s.MaxStreams
+		if n <= 0 {
+			n = 4
+		}
+		s.streams = make(chan struct{}, n)
+	})
+}
+
+// Serve answers on ln until ctx ends.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	s.init()
+	conns := s.MaxConns
+	if conns <= 0 {
+		conns = 64
+	}
+	headerTimeout := s.HeaderTimeout
+	if headerTimeout <= 0 {
+		headerTimeout = 10 * time.Second
+	}
+	srv := &http.Server{
+		Handler:           s,
+		TLSConfig:         s.tlsConfig(),
+		ReadHeaderTimeout: headerTimeout, // also bounds the TLS handshake
+		IdleTimeout:       30 * time.Second,
+		MaxHeaderBytes:    maxHeader,
+		// HTTP/1.1 only: one stream per connection, no window to tune.
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
+		// Failed handshakes (no certificate, another authority) are
+		// refused, not logged: a leaf package never logs.
+		ErrorLog:    log.New(io.Discard, "", 0),
+		BaseContext: func(net.Listener) context.Context { return ctx },
+	}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	err := srv.ServeTLS(&limitListener{Listener: ln, slots: make(chan struct{}, conns)}, "", "")
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func (s *Server) tlsConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		NextProtos: []string{"http/1.1"},
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			roots, leaf, err := s.Creds.current()
+			if err != nil {
+				return nil, err
+			}
+			return &tls.Config{
+				Time:         s.Creds.now,
+				MinVersion:   tls.VersionTLS13,
+				NextProtos:   []string{"http/1.1"},
+				Certificates: []tls.Certificate{*leaf},
+				ClientAuth:   tls.RequireAndVerifyClientCert,
+				ClientCAs:    roots,
+			}, nil
+		},
+	}
+}
+
+// peerNode returns the node a verified client certificate names for this
+// driver, or "" if it names none.
+func peerNode(cert *x509.Certificate, driver string) string {
+	for _, u := range cert.URIs {
+		node, ok := strings.CutPrefix(u.Path, "/node/")
+		if u.Scheme == "csi-transfer" && u.Host == driver && ok && node != "" && node == cert.Subject.CommonName {
+			return node
+		}
+	}
+	return ""
+}
+
+// ServeHTTP answers one request: its method, size, path and peer checked
+// before anything is opened.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.init()
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		http.Error(w, "a client certificate is required", http.StatusForbidden)
+		return
+	}
+	peer := peerNode(r.TLS.PeerCertificates[0], s.Creds.Driver)
+	if peer == "" {
+		http.Error(w, "the certificate names no node of driver "+s.Creds.Driver, http.StatusForbidden)
+		return
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		http.Error(w, "only GET and HEAD", http.StatusMethodNotAllowed)
+		return
+	}
+	if r.ContentLength != 0 || len(r.TransferEncoding) > 0 || r.URL.RawQuery != "" {
+		w.Header().Set("Connection", "close")
+		http.Error(w, "a request has no body and no query", http.StatusBadRequest)
+		return
+	}
+	parts := strings.Split(strings.TrimPrefix(r.URL.Path, pathPrefix), "/")
+	if !strings.HasPrefix(r.URL.Path, pathPrefix) || len(parts) != 3 {
+		http.Error(w, "the path is /v1/{driver}/{kind}/{id}", http.StatusBadRequest)
+		return
+	}
+	if parts[0] != s.Creds.Driver {
+		http.Error(w, fmt.Sprintf("this is driver %s, not %s", s.Creds.Driver, parts[0]), http.StatusForbidden)
+		return
+	}
+	select {
+	case s.streams <- struct{}{}:
+		defer func() { <-s.streams }()
+	default:
+		http.Error(w, ErrBusy.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	meta, rc, err := s.Source.Open(r.Context(), peer, parts[1], parts[2], r.Method == http.MethodHead)
+	if err != nil {
+		http.Error(w, err.Error(), statusOf(err))
+		return
+	}
+	if rc != nil {
+		defer rc.Close()
+	}
+	mb, err := json.Marshal(meta)
+	if err != nil || len(mb) > maxMetaBytes {
+		http.Error(w, "the source's description is too large", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set(metaHeader, string(mb))
+	w.Header().Set("Content-Type", "application/octet-stream")
+	if r.Method == http.MethodHead || rc == nil {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	w.Header().Set("Trailer", sumTrailer)
+	w.WriteHeader(http.StatusOK)
+	h := crc32.New(castagnoli)
+	stall := s.StallTimeout
+	if stall <= 0 {
+		stall = time.Minute
+	}
+	out := &deadlineWriter{w: w, rc: http.NewResponseController(w), stall: stall}
+	if _, err := io.CopyBuffer(io.MultiWriter(out, h), rc, make([]byte, copyBuffer)); err != nil {
+		// No trailer: the peer sees a stream without its checksum.
+		panic(http.ErrAbortHandler)
+	}
+	w.Header().Set(sumTrailer, strconv.FormatUint(uint64(h.Sum32()), 16))
+}
+
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, ErrInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, ErrBusy):
+		return http.StatusServiceUnavailable
+	case errors.Is(err, ErrRefused):
+		return http.StatusForbidden
+	}
+	return http.StatusInternalServerError
+}
+
+// deadlineWriter gives every write stall to complete, so a reader that
+// stops reading ends its stream instead of holding the source.
+type deadlineWriter struct {
+	w     io.Writer
+	rc    *http.ResponseController
+	stall time.Duration
+}
+
+func (d *deadlineWriter) Write(b []byte) (int, error) {
+	if err := d.rc.SetWriteDeadline(time.Now().Add(d.stall)); err != nil {
+		return 0, err
+	}
+	return d.w.Write(b)
+}
+
+// limitListener accepts at most cap(slots) connections at once; more wait
+// in the kernel's backlog.
+type limitListener struct {
+	net.Listener
+	slots chan struct{}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	l.slots <- struct{}{}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	return &limitConn{Conn: c, release: sync.OnceFunc(func() { <-l.slots })}, nil
+}
+
+type limitConn struct {
+	net.Conn
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	c.release()
+	return c.Conn.Close()
+}
