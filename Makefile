@@ -10,7 +10,7 @@ NODE_ID   ?= $(shell hostname)
 
 export CGO_ENABLED = 0
 
-.PHONY: test-upgrade test-kernel kernel-deps e2e-suite test-unprivileged cluster-deps cluster-build cluster-up cluster-down cluster-deploy image-previous e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
+.PHONY: test-upgrade test-powerloss test-kernel kernel-deps e2e-suite test-unprivileged cluster-deps cluster-build cluster-up cluster-down cluster-deploy image-previous e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
 
 all: build
 
@@ -258,6 +258,28 @@ kernel-deps: deps
 	  (cd $$a && rm -f *.deb && apt-get $$o download $$pkg 2>&1 | grep -v '^W: Download is performed unsandboxed'); \
 	  rm -rf $(KERNEL_CACHE)/$$s.tmp && dpkg-deb -x $$a/$$pkg*.deb $(KERNEL_CACHE)/$$s.tmp && rm $$a/$$pkg*.deb; \
 	  mv $(KERNEL_CACHE)/$$s.tmp $(KERNEL_CACHE)/$$s; echo "kernel $$pkg unpacked in $(KERNEL_CACHE)/$$s"; done
+# Power loss for real (test/kernel's TestPowerLoss): a guest of the first
+# kernel suite records the driver's workload on ext4 and XFS through
+# dm-log-writes; the host replays the log to every flush point (at most 300
+# each, and points between flushes) and checks each. Ends with
+# "N passed, M failed" (points). POWERLOSS_DRIVER_COMMIT=<commit> records
+# and checks the driver of that commit instead (built through a worktree).
+PL_BIN := $(KERNEL_CACHE)/powerloss-bin
+test-powerloss: kernel-deps
+	rm -rf $(PL_BIN) && mkdir -p $(PL_BIN)/recorder
+	$(GO) test -c -o $(PL_BIN)/init ./test/kernel/guest
+	@if [ -n "$(POWERLOSS_DRIVER_COMMIT)" ]; then set -e; \
+	  echo "recording and checking with the driver of $(POWERLOSS_DRIVER_COMMIT)"; \
+	  rm -rf $(CACHE)/powerloss-driver; git worktree prune; git worktree add --detach $(CACHE)/powerloss-driver $(POWERLOSS_DRIVER_COMMIT) >/dev/null; \
+	  (cd $(CACHE)/powerloss-driver && $(GO) build -o $(PL_BIN)/hostpathplugin ./cmd/hostpathplugin); \
+	  git worktree remove --force $(CACHE)/powerloss-driver; \
+	else $(GO) build -o $(PL_BIN)/hostpathplugin ./cmd/hostpathplugin; fi
+	$(GO) test -c -o $(PL_BIN)/recorder/record.test ./test/powerloss/guest
+	HOSTPATH_KERNELS="$(KERNEL_CACHE)/$(firstword $(KERNEL_SUITES))" HOSTPATH_KERNEL_BIN=$(PL_BIN) HOSTPATH_KERNEL_WORK=$(KERNEL_CACHE)/work \
+	  HOSTPATH_POWERLOSS_RECORDER=$(PL_BIN)/recorder/record.test \
+	  $(GO) test -count=1 -v -timeout 150m -run '^TestPowerLoss$$' ./test/kernel/ 2>&1 | tee /tmp/hostpath-powerloss.log | \
+	  grep --line-buffered -E '^(powerloss|recorded|@@guest|[0-9]+ passed|--- |ok|FAIL)|_test.go:'; test $${PIPESTATUS[0]} -eq 0
+
 test-kernel: kernel-deps
 	rm -rf $(KERNEL_BIN) && mkdir -p $(KERNEL_BIN)
 	$(GO) test -c -o $(KERNEL_BIN)/init ./test/kernel/guest

@@ -169,7 +169,11 @@ func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord) (volumeR
 		d.st.Volumes.Unreserve(rec.ID)
 		return volumeRecord{}, toStatus(err, "recording volume %s", rec.ID)
 	}
-	if err := d.createVolumeData(ctx, rec); err != nil {
+	err := d.createVolumeData(ctx, rec)
+	if err == nil {
+		err = d.syncVolumeData(rec)
+	}
+	if err != nil {
 		if rmErr := d.removeVolumeData(rec); rmErr != nil {
 			klog.ErrorS(rmErr, "cleaning up after failed create", "volume_id", rec.ID)
 		} else {

@@ -146,7 +146,7 @@ func (c *Credentials) Refresh(ctx context.Context) error {
 	defer c.mu.Unlock()
 	c.roots, c.cas = roots, cas
 	now := c.now()
-	if l := c.leaf; l != nil && l.Leaf.NotAfter.Sub(now) > leafLife/2 && l.Leaf.CheckSignatureFrom(cas[0]) == nil {
+	if l := c.leaf; l != nil && l.Leaf.NotAfter.Sub(now) > leafLife/2 && c.keepIssuer(l.Leaf, cas, now) {
 		return nil
 	}
 	leaf, err := issueLeaf(cas[0], key, c.Driver, c.Node, now, leafLife)
@@ -155,6 +155,30 @@ func (c *Credentials) Refresh(ctx context.Context) error {
 	}
 	c.leaf = leaf
 	return nil
+}
+
+// Propagation is how long a new authority is given to reach every node
+// (each re-reads the store every minute) before certificates it signed are
+// presented: until then a node keeps its certificate from the authority
+// before, which every node trusts.
+const Propagation = 10 * time.Minute
+
+// keepIssuer reports whether a certificate's issuer may stay: it is the
+// newest authority, or one still trusted while the newest is younger than
+// Propagation.
+func (c *Credentials) keepIssuer(leaf *x509.Certificate, cas []*x509.Certificate, now time.Time) bool {
+	if leaf.CheckSignatureFrom(cas[0]) == nil {
+		return true
+	}
+	if now.Sub(cas[0].NotBefore) > Propagation+5*time.Minute { // NotBefore is 5 minutes early
+		return false
+	}
+	for _, ca := range cas[1:] {
+		if leaf.CheckSignatureFrom(ca) == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // Run refreshes every interval until ctx ends, telling onErr of failures

@@ -140,8 +140,16 @@ func TestTransferRoundTripAndRotation(t *testing.T) {
 	}
 	data, _, _ := store.Load(context.Background())
 	old, _, _ := ParseAuthority(data, now)
-	now = now.Add(250 * 24 * time.Hour)
-	if err := b.Refresh(context.Background()); err != nil { // b rolls the authority over
+	// An hour before the authority's last third both renew as Run does;
+	// two hours later b is first to refresh and rolls it over.
+	now = old[0].NotAfter.Add(-DefaultAuthorityLifetime/3 - time.Hour)
+	for _, c := range []*Credentials{a.creds, b} {
+		if err := c.Refresh(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now = now.Add(2 * time.Hour)
+	if err := b.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	data, _, _ = store.Load(context.Background())
@@ -149,10 +157,24 @@ func TestTransferRoundTripAndRotation(t *testing.T) {
 	if len(cas) != 2 || !cas[1].Equal(old[0]) {
 		t.Fatalf("after rollover the store holds %d authorities", len(cas))
 	}
-	// a has not refreshed yet: it still trusts b, which is signed by the
-	// new authority, only once it has. Refresh, as Run does every minute.
+	// b keeps presenting its certificate from the old authority until the
+	// new one has had time to reach every node, so a, which has not
+	// refreshed yet, still trusts it.
+	if got, _, err := fetch(client, a, "node-a", "x"); err != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("right after the rollover, before a refreshed: %d bytes, %v", len(got), err)
+	}
 	if err := a.creds.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	now = now.Add(Propagation + 6*time.Minute)
+	before := b.Expiry()
+	for _, c := range []*Credentials{a.creds, b} {
+		if err := c.Refresh(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !b.Expiry().After(before) {
+		t.Fatal("b's certificate was not moved to the new authority after the propagation time")
 	}
 	if got, _, err := fetch(client, a, "node-a", "x"); err != nil || !bytes.Equal(got, payload) {
 		t.Fatalf("after rollover: %d bytes, %v", len(got), err)

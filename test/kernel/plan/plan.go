@@ -3,6 +3,8 @@
 // initramfs and the marker lines the guest prints on the console.
 package plan
 
+import "fmt"
+
 // Path is where the plan lies in the initramfs, as JSON.
 const Path = "/plan.json"
 
@@ -30,3 +32,40 @@ const (
 	MarkKernel = Mark + " kernel "
 	MarkDone   = Mark + " done"
 )
+
+// MarkPowerloss starts the lines of the power-loss recording (make
+// test-powerloss): each an Op as JSON, what the workload had acknowledged
+// when it put the op's mark in the dm-log-writes log.
+const MarkPowerloss = Mark + " powerloss "
+
+// Op is one acknowledged operation of the power-loss workload, or one
+// fsynced write of its writer. Mark is the name of its mark in the log.
+type Op struct {
+	Mark string `json:"mark"`
+	// Kind is create, delete, snapshot, delete-snapshot, expand, modify,
+	// publish, unpublish or write; issue-delete and issue-delete-snapshot
+	// mark a delete sent (it may finish at start after a power loss).
+	Kind   string `json:"kind"`
+	ID     string `json:"id,omitempty"`
+	Access string `json:"access,omitempty"` // mount or block, for a volume
+	Source string `json:"source,omitempty"` // a create's snapshot or volume source
+	Size   int64  `json:"size,omitempty"`   // a volume's capacity after a create or expand
+	Format string `json:"format,omitempty"` // a snapshot's format parameter
+	File   string `json:"file,omitempty"`   // the writer's file, relative to the state dir
+	Bytes  int64  `json:"bytes,omitempty"`  // the writer's bytes fsynced
+	Target string `json:"target,omitempty"` // a publish's target path
+}
+
+// RecordSize is what the power-loss writer appends and fsyncs at a time.
+const RecordSize = 4096
+
+// Record is the content of the writer's record n, which the host checks
+// after every replayed point.
+func Record(n int) []byte {
+	b := make([]byte, RecordSize)
+	for i := range b {
+		b[i] = byte(n*131 + i*7)
+	}
+	copy(b, fmt.Sprintf("record %08d\n", n))
+	return b
+}
