@@ -160,10 +160,18 @@ func (d *Driver) buildFrom(ctx context.Context, v volumeRecord, m transfer.Meta,
 		}
 		tmp := filepath.Join(d.paths.tmp(), filepath.Base(path)+".partial")
 		err := fsops.CreateDurable(path, tmp, 0o600, func(out *os.File) error {
-			st, err := extractExtents(ctx, body, out)
+			size, st, err := extractExtents(ctx, body, out)
 			d.metrics.moved("restore", st.Bytes)
 			if err != nil {
 				return err
+			}
+			// As a local restore (copyBacking): the new volume's size,
+			// never the source's; a block snapshot's recorded size is the
+			// data it holds, which may be less than the image's length.
+			if size > v.CapacityBytes {
+				if err := out.Truncate(v.CapacityBytes); err != nil {
+					return err
+				}
 			}
 			return fsops.AllocateFile(int(out.Fd()), v.CapacityBytes)
 		})
@@ -197,16 +205,16 @@ func (d *Driver) buildFrom(ctx context.Context, v volumeRecord, m transfer.Meta,
 	return nil
 }
 
-func extractExtents(ctx context.Context, r io.Reader, out *os.File) (archive.Stats, error) {
-	_, st, err := archive.ExtractExtents(ctx, r, out)
+func extractExtents(ctx context.Context, r io.Reader, out *os.File) (int64, archive.Stats, error) {
+	size, st, err := archive.ExtractExtents(ctx, r, out)
 	if err != nil {
-		return st, err
+		return 0, st, err
 	}
 	// Read to the end: the transfer's checksum is checked there.
 	if _, err := io.Copy(io.Discard, r); err != nil {
-		return st, err
+		return 0, st, err
 	}
-	return st, nil
+	return size, st, nil
 }
 
 // TransferSource is what this node serves to its peers.

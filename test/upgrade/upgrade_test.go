@@ -92,6 +92,15 @@ func start(t *testing.T, bin, state, sock string) *driver {
 		t.Fatal(err)
 	}
 	go func() { d.done <- d.cmd.Wait() }()
+	// A failed check must not leave the driver running (it holds the
+	// test's file system): killed at the end unless stopped before. The
+	// world's cleanup, registered later, runs first.
+	t.Cleanup(func() {
+		if d.cmd.ProcessState == nil {
+			d.cmd.Process.Kill()
+			<-d.done
+		}
+	})
 	var err error
 	if d.cc, err = grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
 		t.Fatal(err)
