@@ -80,6 +80,29 @@ func boot() error {
 			return fmt.Errorf("mount %s: %w", m.dst, err)
 		}
 	}
+	return loopbackUp()
+}
+
+// loopbackUp brings up lo, which a kernel starts down and nothing else
+// here raises: tests that serve on 127.0.0.1 (two drivers pulling from
+// each other) need it.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("loopback: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("loopback flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bringing lo up: %w", err)
+	}
 	return nil
 }
 
