@@ -320,26 +320,10 @@ func TestTransferRefusesAttackers(t *testing.T) {
 		// the same bytes again: TLS 1.3's fresh handshake secrets make
 		// them useless, and the source is not opened again.
 		rec := &recorder{}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		go func() {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-			up, err := net.Dial("tcp", a.addr)
-			if err != nil {
-				return
-			}
-			defer up.Close()
-			go io.Copy(c, up)
-			io.Copy(io.MultiWriter(up, rec), c)
-		}()
-		proxied := &node{addr: ln.Addr().String()}
+		proxied := &node{addr: proxy(t, a.addr, func(client, up net.Conn) {
+			go io.Copy(client, up)
+			io.Copy(io.MultiWriter(up, rec), client)
+		})}
 		if got, _, err := fetch(goodClient, proxied, "node-a", "x"); err != nil || string(got) != "secret data" {
 			t.Fatalf("through the recorder: %q, %v", got, err)
 		}
@@ -424,28 +408,37 @@ func TestTransferCutStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A proxy that passes the first 1 MiB of the answer and then cuts.
+	cut := proxy(t, a.addr, func(client, up net.Conn) {
+		go io.Copy(up, client)
+		io.CopyN(client, bufio.NewReader(up), 1<<20)
+	})
+	_, _, err := fetch(&Client{Creds: b}, &node{addr: cut}, "node-a", "x")
+	if !errors.Is(err, ErrIncomplete) {
+		t.Fatalf("cut stream: %v, want ErrIncomplete", err)
+	}
+}
+
+// proxy accepts one connection, dials target and hands both to relay,
+// closing them when it returns. It returns the address to dial.
+func proxy(t *testing.T, target string, relay func(client, up net.Conn)) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	t.Cleanup(func() { ln.Close() })
 	go func() {
 		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
-		up, err := net.Dial("tcp", a.addr)
+		defer c.Close()
+		up, err := net.Dial("tcp", target)
 		if err != nil {
-			c.Close()
 			return
 		}
-		go io.Copy(up, c)
-		io.CopyN(c, bufio.NewReader(up), 1<<20)
-		c.Close()
-		up.Close()
+		defer up.Close()
+		relay(c, up)
 	}()
-	_, _, err = fetch(&Client{Creds: b}, &node{addr: ln.Addr().String()}, "node-a", "x")
-	if !errors.Is(err, ErrIncomplete) {
-		t.Fatalf("cut stream: %v, want ErrIncomplete", err)
-	}
+	return ln.Addr().String()
 }
