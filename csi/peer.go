@@ -275,11 +275,11 @@ func (p *peerSource) Open(ctx context.Context, peer, kind, id string, statOnly b
 
 // servable maps a pin's refusal onto what a peer is told.
 func servable(err error, kind, id string) error {
-	if s, ok := status.FromError(err); ok && s.Code() == codes.NotFound {
-		return fmt.Errorf("%w: %s", transfer.ErrNotFound, s.Message())
-	}
-	if s, ok := status.FromError(err); ok && s.Code() == codes.Aborted {
-		return fmt.Errorf("%w: %s", transfer.ErrBusy, s.Message())
+	switch status.Code(err) {
+	case codes.NotFound:
+		return fmt.Errorf("%w: %s", transfer.ErrNotFound, status.Convert(err).Message())
+	case codes.Aborted:
+		return fmt.Errorf("%w: %s", transfer.ErrBusy, status.Convert(err).Message())
 	}
 	return fmt.Errorf("serving %s %s: %w", kind, id, err)
 }

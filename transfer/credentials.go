@@ -113,7 +113,7 @@ func (c *Credentials) Refresh(ctx context.Context) error {
 		}
 		now := c.now()
 		if data != nil {
-			if cas, key, err = parseAuthority(data, now); err != nil {
+			if cas, key, err = ParseAuthority(data, now); err != nil {
 				return err
 			}
 		} else {
@@ -290,22 +290,6 @@ func issueLeaf(ca *x509.Certificate, caKey crypto.Signer, driver, node string, n
 	return IssueLeaf(ca, caKey, driver, node, now.Add(-5*time.Minute), now.Add(life))
 }
 
-// NewAuthority makes a fresh authority's data, as a Store holds it: for
-// tests, and for a person who wants to replace a leaked one.
-func NewAuthority(driver string, life time.Duration) (map[string][]byte, error) {
-	ca, key, err := newAuthority(driver, time.Now(), life)
-	if err != nil {
-		return nil, err
-	}
-	return encodeAuthority([]*x509.Certificate{ca}, key)
-}
-
-// ParseAuthority reads a Store's data: the certificates still valid at
-// now, newest first, and the newest one's key.
-func ParseAuthority(data map[string][]byte, now time.Time) ([]*x509.Certificate, crypto.Signer, error) {
-	return parseAuthority(data, now)
-}
-
 func encodeAuthority(cas []*x509.Certificate, key crypto.Signer) (map[string][]byte, error) {
 	var certs []byte
 	for _, ca := range cas {
@@ -318,7 +302,10 @@ func encodeAuthority(cas []*x509.Certificate, key crypto.Signer) (map[string][]b
 	return map[string][]byte{CertsKey: certs, KeyKey: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})}, nil
 }
 
-func parseAuthority(data map[string][]byte, now time.Time) ([]*x509.Certificate, crypto.Signer, error) {
+// ParseAuthority reads a Store's data: the certificates still valid at
+// now, newest first, and the newest one's key (nil when that certificate
+// has expired, and the authority must be rolled over).
+func ParseAuthority(data map[string][]byte, now time.Time) ([]*x509.Certificate, crypto.Signer, error) {
 	var cas []*x509.Certificate
 	rest := data[CertsKey]
 	for {

@@ -405,20 +405,7 @@ func checkPoint(t *testing.T, fs fsSpec, driver, img string, acked []plan.Op) (p
 	}
 	defer cc.Close()
 	ctx := context.Background()
-	ready := false
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if cmd.ProcessState != nil {
-			break
-		}
-		c, cancel := context.WithTimeout(ctx, time.Second)
-		r, err := csipb.NewIdentityClient(cc).Probe(c, &csipb.ProbeRequest{})
-		cancel()
-		if err == nil && r.GetReady().GetValue() {
-			ready = true
-			break
-		}
-	}
-	if !ready {
+	if !testutil.WaitReady(cc, 10*time.Second, nil) {
 		bad("the driver is not ready within 10 s: %s", lastLines(logs.String(), 3))
 		return
 	}

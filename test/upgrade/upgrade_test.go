@@ -111,18 +111,20 @@ func start(t *testing.T, bin, state, sock string) *driver {
 // ready waits until the driver answers Probe, or returns its exit.
 func (d *driver) ready(t *testing.T) error {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	var exit error
+	exited := func() bool {
 		select {
-		case err := <-d.done:
-			return fmt.Errorf("exited (%v): %s", err, strings.TrimSpace(d.logs.String()))
+		case exit = <-d.done:
+			return true
 		default:
+			return false
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		r, err := csipb.NewIdentityClient(d.cc).Probe(ctx, &csipb.ProbeRequest{})
-		cancel()
-		if err == nil && r.GetReady().GetValue() {
-			return nil
-		}
+	}
+	if testutil.WaitReady(d.cc, 30*time.Second, exited) {
+		return nil
+	}
+	if d.cmd.ProcessState != nil {
+		return fmt.Errorf("exited (%v): %s", exit, strings.TrimSpace(d.logs.String()))
 	}
 	t.Fatalf("not ready in 30 s:\n%s", d.logs.String())
 	return nil

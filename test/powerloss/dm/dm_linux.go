@@ -24,8 +24,6 @@ const (
 	cmdSuspend   = 6
 	cmdTableLoad = 9
 	cmdTargetMsg = 14
-
-	flagSuspend = 1 << 1
 )
 
 func ioctlNum(cmd uintptr) uintptr {
@@ -136,11 +134,5 @@ func Message(name string, sector uint64, msg string) error {
 // as it goes).
 func Remove(name string) error {
 	_, err := call(cmdDevRemove, name, 0, 0, nil)
-	return err
-}
-
-// Suspend flushes and freezes the device.
-func Suspend(name string) error {
-	_, err := call(cmdSuspend, name, flagSuspend, 0, nil)
 	return err
 }

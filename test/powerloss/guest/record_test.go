@@ -166,13 +166,8 @@ func workload(t *testing.T, rec *recorder, state string) {
 	}
 	defer cc.Close()
 	ctx := context.Background()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if r, err := csipb.NewIdentityClient(cc).Probe(ctx, &csipb.ProbeRequest{}); err == nil && r.GetReady().GetValue() {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the driver is not ready in 30 s")
-		}
+	if !testutil.WaitReady(cc, 30*time.Second, nil) {
+		t.Fatal("the driver is not ready in 30 s")
 	}
 	ctl, node := csipb.NewControllerClient(cc), csipb.NewNodeClient(cc)
 	must := func(what string, err error) {
