@@ -239,11 +239,12 @@ lint:
 # The tests in QEMU guests booting Debian's stock kernels (test/kernel):
 # each suite's linux-image-amd64 is downloaded and unpacked under
 # $(KERNEL_CACHE), never installed; TCG, since there is no /dev/kvm.
-# KERNEL_SUITES=bookworm runs one kernel. Ends with "N passed, M failed".
+# KERNEL_SUITES=bookworm runs one kernel, KERNEL_TESTS=csi one package,
+# KERNEL_RUN=<pattern> only the tests it matches. Ends with "N passed, M failed".
 KERNEL_SUITES ?= bookworm bullseye
 KERNEL_CACHE  ?= $(CACHE)/kernel
 KERNEL_BIN    := $(KERNEL_CACHE)/bin
-KERNEL_TESTS  := loop fsops archive csi csi/store test/sanity
+KERNEL_TESTS  ?= loop fsops archive csi csi/store test/sanity
 kernel-deps: deps
 	command -v qemu-system-x86_64 >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null)
@@ -285,7 +286,7 @@ test-kernel: kernel-deps
 	$(GO) test -c -o $(KERNEL_BIN)/init ./test/kernel/guest
 	$(GO) build -o $(KERNEL_BIN)/hostpathplugin ./cmd/hostpathplugin
 	set -e; for p in $(KERNEL_TESTS); do $(GO) test -c -o $(KERNEL_BIN)/$$(basename $$p).test ./$$p; done
-	HOSTPATH_KERNELS="$(foreach s,$(KERNEL_SUITES),$(KERNEL_CACHE)/$(s))" HOSTPATH_KERNEL_BIN=$(KERNEL_BIN) HOSTPATH_KERNEL_WORK=$(KERNEL_CACHE)/work \
+	HOSTPATH_KERNELS="$(foreach s,$(KERNEL_SUITES),$(KERNEL_CACHE)/$(s))" HOSTPATH_KERNEL_BIN=$(KERNEL_BIN) HOSTPATH_KERNEL_WORK=$(KERNEL_CACHE)/work HOSTPATH_KERNEL_RUN='$(KERNEL_RUN)' \
 	  $(GO) test -count=1 -v -timeout 80m -run '^TestKernel$$' ./test/kernel/ > /tmp/hostpath-kernel.log 2>&1 & pid=$$!; \
 	  tail -n +1 -f --pid=$$pid /tmp/hostpath-kernel.log | grep --line-buffered -v '^=== RUN\|--- PASS\|^PASS$$\|^ok \|^[0-9]* passed, [0-9]* failed$$'; \
 	  wait $$pid; rc=$$?; grep -E '^[0-9]+ passed, [0-9]+ failed$$' /tmp/hostpath-kernel.log || echo "0 passed, 1 failed (the harness did not finish: /tmp/hostpath-kernel.log)"; exit $$rc

@@ -30,6 +30,9 @@ func TestIOErrors(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.StateDir = ffs.Dir
 	d := newDriver(t, cfg)
+	// Closed before the FUSE mount goes: a descriptor left open on it
+	// would be flushed at exit to a server that is gone, and hang.
+	t.Cleanup(func() { d.Close() })
 
 	src := mustCreate(t, d, "pvc-src", 64<<20).GetVolumeId()
 	// Written beside the mount, so no page cache of the FUSE file system
@@ -49,33 +52,11 @@ func TestIOErrors(t *testing.T) {
 	inSource := func(p string) bool { return strings.HasPrefix(p, "/volumes/"+src+"/") }
 	fails := func(name string, fault faultfs.Fault, call func() error) {
 		t.Helper()
-		before := stateFiles(t, d)
 		hits := ffs.Hits()
-		ffs.Inject(fault)
-		err := call()
-		ffs.Clear()
-		if err == nil {
-			t.Fatalf("%s succeeded through an I/O error (%d faults hit)", name, ffs.Hits()-hits)
-		}
+		failsCleanly(t, d, name, other, func() { ffs.Inject(fault) }, ffs.Clear, call)
 		if ffs.Hits() == hits {
-			t.Fatalf("%s: no injected fault was hit (err %v)", name, err)
+			t.Fatalf("%s: no injected fault was hit", name)
 		}
-		if c := status.Code(err); c != codes.Internal || !strings.Contains(err.Error(), "input/output error") {
-			t.Fatalf("%s: %v, want Internal naming the I/O error", name, err)
-		}
-		if after := stateFiles(t, d); after != before {
-			t.Fatalf("%s left something behind:\nbefore %s\nafter  %s", name, before, after)
-		}
-		// The driver goes on serving other volumes.
-		target := filepath.Join(t.TempDir(), "target")
-		unmountAll(t, target)
-		if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: other, TargetPath: target, VolumeCapability: rwo}); err != nil {
-			t.Fatalf("after %s, publishing another volume: %v", name, err)
-		}
-		if _, err := d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: other, TargetPath: target}); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("%s: %v", name, err)
 	}
 
 	clone := createReq("pvc-clone", 64<<20)
@@ -140,7 +121,39 @@ func TestIOErrors(t *testing.T) {
 	}
 }
 
-// treeSum hashes the names and contents of the regular files in dir.
+// failsCleanly runs call with a fault in place (set, then clear once call
+// returns) and checks that it failed with Internal naming the I/O error,
+// left the state dir as it was, and that the driver still publishes the
+// volume other.
+func failsCleanly(t *testing.T, d *Driver, name, other string, set, clear func(), call func() error) {
+	t.Helper()
+	before := stateFiles(t, d)
+	set()
+	err := call()
+	clear()
+	if err == nil {
+		t.Fatalf("%s succeeded through an I/O error", name)
+	}
+	if c := status.Code(err); c != codes.Internal || !strings.Contains(err.Error(), "input/output error") {
+		t.Fatalf("%s: %v, want Internal naming the I/O error", name, err)
+	}
+	if after := stateFiles(t, d); after != before {
+		t.Fatalf("%s left something behind:\nbefore %s\nafter  %s", name, before, after)
+	}
+	// The driver goes on serving other volumes.
+	target := filepath.Join(t.TempDir(), "target")
+	unmountAll(t, target)
+	if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: other, TargetPath: target, VolumeCapability: rwo}); err != nil {
+		t.Fatalf("after %s, publishing another volume: %v", name, err)
+	}
+	if _, err := d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: other, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: %v", name, err)
+}
+
+// treeSum hashes the names (relative to dir) and contents of the regular
+// files in dir: two trees with the same files give the same sum.
 func treeSum(t *testing.T, dir string) string {
 	t.Helper()
 	h := sha256.New()
@@ -149,7 +162,8 @@ func treeSum(t *testing.T, dir string) string {
 			return err
 		}
 		b, err := os.ReadFile(p)
-		h.Write([]byte(p))
+		rel, _ := filepath.Rel(dir, p)
+		h.Write([]byte(rel + "\x00"))
 		h.Write(b)
 		return err
 	})

@@ -117,6 +117,25 @@ func FileSystem(t testing.TB, run Run, fstype string, size int64, mkfsArgs []str
 	return mnt
 }
 
+// Image makes a formatted image for spec without mounting it, for a test
+// that puts something between the image and its mount (a device-mapper
+// table); in the kernel guest it copies the template. Specs with Setup
+// commands need a mount and are refused.
+func Image(t testing.TB, run Run, spec Spec) string {
+	t.Helper()
+	if len(spec.Setup) > 0 {
+		t.Fatalf("testfs.Image: %s has setup commands, which need a mount: use FileSystem", spec.Key())
+	}
+	if testutil.InGuest() {
+		return fromTemplate(t, spec)
+	}
+	img := NewImage(t, spec.Size)
+	if err := mkfs(run, spec, img); err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
 func mkfs(run Run, spec Spec, img string) error {
 	if err := run("mkfs."+spec.FSType, append(append([]string{"-q"}, spec.MkfsArgs...), img)...); err != nil {
 		return fmt.Errorf("mkfs.%s: %w", spec.FSType, err)

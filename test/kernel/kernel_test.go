@@ -34,6 +34,7 @@ const (
 	envKernels = "HOSTPATH_KERNELS"    // space-separated unpacked linux-image packages
 	envBin     = "HOSTPATH_KERNEL_BIN" // init, hostpathplugin and <pkg>.test binaries
 	envWork    = "HOSTPATH_KERNEL_WORK"
+	envRun     = "HOSTPATH_KERNEL_RUN" // optional -test.run pattern for every binary (KERNEL_RUN=)
 )
 
 // modules the tests need, beyond what Debian builds in.
@@ -42,7 +43,8 @@ var modules = []string{
 	"virtio_pci", "virtio_blk",
 	"loop", "fuse",
 	"ext4", "xfs", "btrfs",
-	"quota_v2", // ext4's quota feature keeps its quota files in the v2 format
+	"quota_v2",            // ext4's quota feature keeps its quota files in the v2 format
+	"dm_mod", "dm_flakey", // the device-fault tests (csi's TestDeviceFaults)
 }
 
 // templates are the file systems the tests make with testfs.FileSystem;
@@ -147,6 +149,9 @@ func boot(t *testing.T, qemu string, k kernelPackage, bin, work string) ([]resul
 	for _, f := range tests {
 		name := strings.TrimSuffix(filepath.Base(f), ".test")
 		args := []string{"/bin/" + filepath.Base(f), "-test.v", "-test.count=1", "-test.timeout=40m"}
+		if r := os.Getenv(envRun); r != "" {
+			args = append(args, "-test.run="+r)
+		}
 		if name == "sanity" {
 			senv := append(env, "SANITY_DRIVER_BIN=/bin/hostpathplugin")
 			pl.Runs = append(pl.Runs, plan.Run{Name: "sanity-mount", Args: args, Env: senv},

@@ -92,7 +92,7 @@ func TestPowerLoss(t *testing.T) {
 // record boots the guest once; it records on each file system in turn and
 // prints the ops it acknowledged, returned per file system.
 func record(t *testing.T, qemu string, k kernelPackage, bin, recorder, work string) map[string][]plan.Op {
-	mods, err := moduleClosure(k, append(append([]string{}, modules...), "dm_mod", "dm_log_writes"))
+	mods, err := moduleClosure(k, append(append([]string{}, modules...), "dm_log_writes"))
 	if err != nil {
 		t.Fatal(err)
 	}

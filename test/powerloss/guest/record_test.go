@@ -23,10 +23,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/hostpath-csi/hostpath/internal/dm"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 	"github.com/hostpath-csi/hostpath/loop"
 	"github.com/hostpath-csi/hostpath/test/kernel/plan"
-	"github.com/hostpath-csi/hostpath/test/powerloss/dm"
 )
 
 // Environment the host sets for a recording.

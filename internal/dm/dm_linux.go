@@ -1,7 +1,9 @@
 // Package dm makes device-mapper devices by ioctl on /dev/mapper/control,
-// for the power-loss tests' guests, which have no dmsetup: a log-writes
-// target over a data disk and a log disk, marks in its log, and removal.
-// It is test infrastructure: the driver never uses device-mapper.
+// for the kernel guests' tests, which have no dmsetup: a log-writes target
+// over a data disk and a log disk with marks in its log (make
+// test-powerloss), flakey tables swapped in and out under a mounted file
+// system (the device-fault tests), and removal. It is test
+// infrastructure: the driver never uses device-mapper.
 package dm
 
 import (
@@ -24,6 +26,9 @@ const (
 	cmdSuspend   = 6
 	cmdTableLoad = 9
 	cmdTargetMsg = 14
+
+	flagSuspend    = 1 << 1  // DM_SUSPEND_FLAG
+	flagSkipLockfs = 1 << 10 // DM_SKIP_LOCKFS_FLAG: do not freeze the file system on top
 )
 
 func ioctlNum(cmd uintptr) uintptr {
@@ -90,6 +95,21 @@ func Create(name string, table []Target) (string, error) {
 	if _, err := call(cmdDevCreate, name, 0, 0, nil); err != nil {
 		return "", err
 	}
+	if err := load(name, table); err != nil {
+		Remove(name)
+		return "", err
+	}
+	h, err := call(cmdSuspend, name, 0, 0, nil) // no suspend flag: resume, making the table live
+	if err != nil {
+		Remove(name)
+		return "", err
+	}
+	minor := (h.Dev & 0xff) | ((h.Dev >> 12) & 0xfff00)
+	return fmt.Sprintf("/dev/dm-%d", minor), nil
+}
+
+// load loads table as name's inactive table.
+func load(name string, table []Target) error {
 	var payload bytes.Buffer
 	for _, t := range table {
 		params := append([]byte(t.Params), 0)
@@ -104,17 +124,24 @@ func Create(name string, table []Target) (string, error) {
 		payload.Write(spec)
 		payload.Write(params)
 	}
-	if _, err := call(cmdTableLoad, name, 0, len(table), payload.Bytes()); err != nil {
-		Remove(name)
-		return "", err
+	_, err := call(cmdTableLoad, name, 0, len(table), payload.Bytes())
+	return err
+}
+
+// Reload swaps device name's table for table while it is in use, as
+// "dmsetup suspend --nolockfs; dmsetup load; dmsetup resume" do: I/O in
+// flight finishes on the old table, the file system on top is not frozen
+// (freezing would write out what a test wants dropped or failed), and new
+// I/O goes to the new table.
+func Reload(name string, table []Target) error {
+	if _, err := call(cmdSuspend, name, flagSuspend|flagSkipLockfs, 0, nil); err != nil {
+		return err
 	}
-	h, err := call(cmdSuspend, name, 0, 0, nil) // no suspend flag: resume, making the table live
-	if err != nil {
-		Remove(name)
-		return "", err
+	lerr := load(name, table)
+	if _, err := call(cmdSuspend, name, 0, 0, nil); err != nil {
+		return err
 	}
-	minor := (h.Dev & 0xff) | ((h.Dev >> 12) & 0xfff00)
-	return fmt.Sprintf("/dev/dm-%d", minor), nil
+	return lerr
 }
 
 // Message sends a target message, such as "mark NAME" to log-writes.

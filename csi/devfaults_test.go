@@ -1,0 +1,513 @@
+package csi
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hostpath-csi/hostpath/internal/dm"
+	"github.com/hostpath-csi/hostpath/internal/testfs"
+	"github.com/hostpath-csi/hostpath/internal/testutil"
+	"github.com/hostpath-csi/hostpath/loop"
+)
+
+// TestDeviceFaults puts device-mapper's flakey target between the state
+// dir's file system and its disk, as xfstests does, and breaks the disk
+// under the driver: reads of a volume's blocks fail, every write fails,
+// and every write is silently dropped (then the power is cut). Each
+// request that meets the fault ends with an error naming the step and the
+// errno, nothing acknowledged before the fault is lost, nothing half-made
+// is listed, and the same request succeeds once the disk is well again
+// (after the restart a failed disk needs). The host kernel here has no
+// device-mapper; make test-kernel runs this in Debian's kernels.
+func TestDeviceFaults(t *testing.T) {
+	testutil.RequireRoot(t)
+	if !testutil.KernelHas(t, "CONFIG_DM_FLAKEY") {
+		if testutil.InGuest() {
+			t.Fatal("the guest kernel has no dm-flakey: the kernel harness must load dm_flakey")
+		}
+		t.Skip("this kernel has no device-mapper flakey target (CONFIG_DM_FLAKEY); make test-kernel runs TestDeviceFaults in Debian's kernels, and TestIOErrors breaks reads and writes through FUSE here")
+	}
+	for _, fstype := range []string{"ext4", "xfs"} {
+		t.Run(fstype, func(t *testing.T) {
+			t.Run("volume blocks fail reads", func(t *testing.T) { volumeReadErrors(t, fstype) })
+			t.Run("every write fails", func(t *testing.T) { stateWriteErrors(t, fstype) })
+			t.Run("writes dropped then power cut", func(t *testing.T) { droppedWrites(t, fstype) })
+		})
+	}
+}
+
+// flakeyDisk is a file system on a device-mapper device over a loop
+// device, whose table a test swaps between healthy and failing.
+type flakeyDisk struct {
+	name, dev, under, fstype, mnt string
+	sectors                       uint64
+}
+
+func newFlakeyDisk(t *testing.T, fstype string) *flakeyDisk {
+	t.Helper()
+	const size = 300 << 20
+	img := testfs.Image(t, run, testfs.Spec{FSType: fstype, Size: size})
+	ld, err := loop.Attach(img, loop.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { loop.Detach(ld) })
+	f := &flakeyDisk{name: fmt.Sprintf("hostpath-test-%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "-")),
+		under: ld.Path(), fstype: fstype, sectors: size / 512, mnt: filepath.Join(t.TempDir(), "disk")}
+	if len(f.name) > 120 {
+		f.name = f.name[:120]
+	}
+	if f.dev, err = dm.Create(f.name, f.healthy()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := dm.Remove(f.name); err != nil {
+			t.Errorf("removing %s: %v", f.name, err)
+		}
+	})
+	if err := os.Mkdir(f.mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f.mount(t)
+	t.Cleanup(func() {
+		testutil.UnmountUnder(t, f.mnt+"/")
+		if err := unix.Unmount(f.mnt, 0); err != nil {
+			t.Errorf("unmounting %s: %v", f.mnt, err)
+		}
+	})
+	return f
+}
+
+func (f *flakeyDisk) mount(t *testing.T) {
+	t.Helper()
+	if err := unix.Mount(f.dev, f.mnt, f.fstype, 0, ""); err != nil {
+		t.Fatalf("mounting %s (%s): %v", f.dev, f.fstype, err)
+	}
+}
+
+// healthy passes everything through.
+func (f *flakeyDisk) healthy() []dm.Target {
+	return []dm.Target{{Start: 0, Length: f.sectors, Type: "linear", Params: f.under + " 0"}}
+}
+
+// whole makes the whole disk unreliable, always (up 0 s, down an hour),
+// as features say: "1 error_writes" fails writes with EIO, "1
+// drop_writes" acknowledges and drops them; reads work.
+func (f *flakeyDisk) whole(features string) []dm.Target {
+	return []dm.Target{{Start: 0, Length: f.sectors, Type: "flakey", Params: f.under + " 0 0 3600 " + features}}
+}
+
+// failing fails all I/O to the given extents (byte offset and length on
+// the disk) with device-mapper's error target and passes the rest
+// through. Not flakey: device-mapper sends every flush to every target,
+// and a flakey target that is down fails them, so the file system's next
+// journal commit would fail and shut it down; the error target takes no
+// flushes, so only the chosen blocks fail.
+func (f *flakeyDisk) failing(extents [][2]uint64) []dm.Target {
+	slices.SortFunc(extents, func(a, b [2]uint64) int { return int(a[0]/512) - int(b[0]/512) })
+	var table []dm.Target
+	pos := uint64(0)
+	add := func(start, end uint64, typ, extra string) {
+		if end > start {
+			table = append(table, dm.Target{Start: start, Length: end - start, Type: typ, Params: fmt.Sprintf("%s %d%s", f.under, start, extra)})
+		}
+	}
+	for _, e := range extents {
+		s, n := e[0]/512, (e[1]+511)/512
+		if s < pos {
+			continue
+		}
+		add(pos, s, "linear", "")
+		table = append(table, dm.Target{Start: s, Length: n, Type: "error"})
+		pos = s + n
+	}
+	add(pos, f.sectors, "linear", "")
+	return table
+}
+
+func (f *flakeyDisk) set(t *testing.T, table []dm.Target) {
+	t.Helper()
+	if err := dm.Reload(f.name, table); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// powerCycle unmounts (a shut-down file system unmounts; what it writes
+// goes where the table sends it), makes the disk healthy and mounts it
+// again: journal replay or log recovery, as after a reboot.
+func (f *flakeyDisk) powerCycle(t *testing.T) {
+	t.Helper()
+	if err := unix.Unmount(f.mnt, 0); err != nil {
+		t.Fatalf("unmounting %s: %v", f.mnt, err)
+	}
+	f.set(t, f.healthy())
+	f.mount(t)
+}
+
+// fsIocFiemap is FS_IOC_FIEMAP, _IOWR('f', 11, struct fiemap), which
+// x/sys/unix does not define.
+const fsIocFiemap = 0xc020660b
+
+// physicalExtents asks FIEMAP (syncing first) where file's data lies on
+// its disk, as byte offsets and lengths.
+func physicalExtents(t *testing.T, file string) [][2]uint64 {
+	t.Helper()
+	fd, err := unix.Open(file, unix.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	const max, head, ext = 256, 32, 56 // struct fiemap, struct fiemap_extent
+	buf := make([]byte, head+max*ext)
+	binary.LittleEndian.PutUint64(buf[8:], ^uint64(0)) // fm_length
+	binary.LittleEndian.PutUint32(buf[16:], 1)         // FIEMAP_FLAG_SYNC
+	binary.LittleEndian.PutUint32(buf[24:], max)       // fm_extent_count
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), fsIocFiemap, uintptr(unsafe.Pointer(&buf[0]))); errno != 0 {
+		t.Fatalf("FIEMAP %s: %v", file, errno)
+	}
+	var out [][2]uint64
+	for i := range int(binary.LittleEndian.Uint32(buf[20:])) {
+		e := buf[head+i*ext:]
+		out = append(out, [2]uint64{binary.LittleEndian.Uint64(e[8:]), binary.LittleEndian.Uint64(e[16:])})
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s has no extents on disk", file)
+	}
+	// Drop its clean pages, so reads go to the disk.
+	if err := unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// writeSynced writes random data to file and fsyncs it, returning it.
+func writeSynced(t *testing.T, file string, size int) []byte {
+	t.Helper()
+	data := make([]byte, size)
+	rand.Read(data)
+	f, err := os.Create(file)
+	if err == nil {
+		_, err = f.Write(data)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func deviceFaultConfig(t *testing.T, f *flakeyDisk) Config {
+	cfg := testConfig(t)
+	cfg.StateDir = filepath.Join(f.mnt, "state")
+	return cfg
+}
+
+// startDriver starts a driver closed before the disk is unmounted (its
+// journal and records are held open until then).
+func startDriver(t *testing.T, cfg Config) *Driver {
+	t.Helper()
+	d := newDriver(t, cfg)
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// volumeReadErrors: the blocks of a directory volume's file and of a
+// block volume's backing file fail every read. A snapshot in each format,
+// a clone and a block snapshot fail cleanly; with the disk healthy the
+// same requests succeed and give the source's bytes.
+func volumeReadErrors(t *testing.T, fstype string) {
+	f := newFlakeyDisk(t, fstype)
+	d := startDriver(t, deviceFaultConfig(t, f))
+	src := mustCreate(t, d, "pvc-src", 16<<20).GetVolumeId()
+	srcDir := d.paths.volumeDir(src)
+	writeSynced(t, filepath.Join(srcDir, "big"), 8<<20)
+	writeSynced(t, filepath.Join(srcDir, "small"), 3000)
+	srcSum := treeSum(t, srcDir)
+	other := mustCreate(t, d, "pvc-other", 1<<20).GetVolumeId()
+	blk := createBlock(t, d, "blk-src", 16<<20).GetVolumeId()
+	dev, ok, _ := loop.Find(filepath.Join(d.paths.volumes(), blk+".img"))
+	if !ok {
+		t.Fatal("block volume has no loop device")
+	}
+	if bf, err := os.OpenFile(dev.Path(), os.O_WRONLY, 0); err != nil {
+		t.Fatal(err)
+	} else {
+		bf.WriteAt(bytes.Repeat([]byte{9}, 2<<20), 4<<20)
+		bf.Sync()
+		bf.Close()
+	}
+	big, blkFile := filepath.Join(srcDir, "big"), filepath.Join(d.paths.volumes(), blk+".img")
+
+	clone := createReq("pvc-clone", 16<<20)
+	clone.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: src}}}
+	type step struct {
+		name string
+		file string                 // whose blocks fail
+		call func() (string, error) // the new volume or snapshot's id
+	}
+	steps := []step{
+		{"tar.gz snapshot", big, func() (string, error) {
+			r, err := d.CreateSnapshot(ctx, snapReq("snap-gz", src, map[string]string{"format": "tar.gz"}))
+			return r.GetSnapshot().GetSnapshotId(), err
+		}},
+		{"tar.zst snapshot", big, func() (string, error) {
+			r, err := d.CreateSnapshot(ctx, snapReq("snap-zst", src, map[string]string{"compression": "zstd"}))
+			return r.GetSnapshot().GetSnapshotId(), err
+		}},
+		{"clone", big, func() (string, error) {
+			r, err := d.CreateVolume(ctx, clone)
+			return r.GetVolume().GetVolumeId(), err
+		}},
+		{"block snapshot", blkFile, func() (string, error) {
+			r, err := d.CreateSnapshot(ctx, snapReq("snap-blk", blk, nil))
+			return r.GetSnapshot().GetSnapshotId(), err
+		}},
+	}
+	for _, s := range steps {
+		if (s.name == "clone" || s.name == "block snapshot") && d.reflink {
+			// A reflink shares the blocks and reads none of them.
+			if _, err := s.call(); err != nil {
+				t.Fatalf("%s by reflink: %v", s.name, err)
+			}
+			t.Logf("%s: the file system reflinks, so it reads no data and the fault is not met", s.name)
+			continue
+		}
+		failsCleanly(t, d, s.name+" of a volume whose blocks fail reads", other,
+			// physicalExtents also drops the file's cached pages, which
+			// the previous step's successful read left.
+			func() { f.set(t, f.failing(physicalExtents(t, s.file))) }, func() { f.set(t, f.healthy()) },
+			func() error { _, err := s.call(); return err })
+		id, err := s.call()
+		if err != nil {
+			t.Fatalf("%s with the disk healthy again: %v", s.name, err)
+		}
+		if s.name == "clone" {
+			if got := treeSum(t, d.paths.volumeDir(id)); got != srcSum {
+				t.Fatal("the clone differs from its source")
+			}
+		} else if s.name != "block snapshot" {
+			r, err := d.CreateVolume(ctx, fromSnapshot("restore-"+id, id, 16<<20))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := treeSum(t, d.paths.volumeDir(r.GetVolume().GetVolumeId())); got != srcSum {
+				t.Fatalf("a restore of the %s differs from its source", s.name)
+			}
+			if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: r.GetVolume().GetVolumeId()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got := treeSum(t, srcDir); got != srcSum {
+		t.Fatal("the source changed")
+	}
+}
+
+// ioError reports whether err is a clean error for a disk that fails
+// writes: not OK, a code that says the node's storage failed, and a
+// message naming the errno the file system answered (EIO, or EROFS once
+// it has shut itself down).
+func ioError(err error) bool {
+	c := status.Code(err)
+	return err != nil && (c == codes.Internal || c == codes.Unavailable || c == codes.FailedPrecondition) &&
+		(strings.Contains(err.Error(), "input/output error") || strings.Contains(err.Error(), "read-only file system"))
+}
+
+// stateWriteErrors: every write to the disk fails. The requests fail
+// cleanly, Probe says the driver needs the restart a failed disk needs,
+// and after it (disk healthy, mounted again, driver started) everything
+// acknowledged before is there with its bytes, nothing half-made is
+// listed, and the same requests succeed.
+func stateWriteErrors(t *testing.T, fstype string) {
+	f := newFlakeyDisk(t, fstype)
+	cfg := deviceFaultConfig(t, f)
+	d := startDriver(t, cfg)
+	src := mustCreate(t, d, "pvc-src", 16<<20).GetVolumeId()
+	writeSynced(t, filepath.Join(d.paths.volumeDir(src), "data"), 4<<20)
+	srcSum := treeSum(t, d.paths.volumeDir(src))
+	snap, err := d.CreateSnapshot(ctx, snapReq("snap", src, map[string]string{"compression": "zstd"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := snap.GetSnapshot().GetSnapshotId()
+
+	f.set(t, f.whole("1 error_writes"))
+	restore := fromSnapshot("pvc-restore", sid, 64<<20)
+	requests := []struct {
+		name string
+		call func() error
+	}{
+		{"restore", func() error { _, err := d.CreateVolume(ctx, restore); return err }},
+		{"snapshot", func() error {
+			_, err := d.CreateSnapshot(ctx, snapReq("snap-2", src, map[string]string{"format": "tar.gz"}))
+			return err
+		}},
+		{"create", func() error { _, err := d.CreateVolume(ctx, createReq("pvc-new", 1<<20)); return err }},
+	}
+	for _, r := range requests {
+		err := r.call()
+		if !ioError(err) {
+			t.Fatalf("%s on a disk that fails every write: %v, want an error naming the I/O error", r.name, err)
+		}
+		t.Logf("%s: %v", r.name, err)
+	}
+	_, perr := d.Probe(ctx, &csi.ProbeRequest{})
+	t.Logf("Probe with the disk failing: %v", perr)
+
+	// The restart: the old driver goes, the disk is healthy and mounted
+	// again, a new driver starts on it.
+	d.Close()
+	f.powerCycle(t)
+	d = startDriver(t, cfg)
+	if got := treeSum(t, d.paths.volumeDir(src)); got != srcSum {
+		t.Fatal("the source volume lost data")
+	}
+	checkNothingHalfMade(t, d)
+	for _, r := range requests {
+		if err := r.call(); err != nil {
+			t.Fatalf("%s with the disk healthy again: %v", r.name, err)
+		}
+	}
+	r, err := d.CreateVolume(ctx, restore)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := treeSum(t, d.paths.volumeDir(r.GetVolume().GetVolumeId())); got != srcSum {
+		t.Fatal("the restore differs from its snapshot")
+	}
+}
+
+// droppedWrites: the disk acknowledges every write and keeps none, then
+// the power is cut. What was acknowledged before the disk went bad is
+// there with its bytes; what was done on the lying disk is either wholly
+// there or not listed at all; the same requests then succeed.
+func droppedWrites(t *testing.T, fstype string) {
+	f := newFlakeyDisk(t, fstype)
+	cfg := deviceFaultConfig(t, f)
+	d := startDriver(t, cfg)
+	src := mustCreate(t, d, "pvc-src", 16<<20).GetVolumeId()
+	writeSynced(t, filepath.Join(d.paths.volumeDir(src), "data"), 4<<20)
+	srcSum := treeSum(t, d.paths.volumeDir(src))
+	snap, err := d.CreateSnapshot(ctx, snapReq("snap", src, map[string]string{"format": "tar.gz"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := snap.GetSnapshot().GetSnapshotId()
+	doomed := mustCreate(t, d, "pvc-doomed", 1<<20).GetVolumeId()
+
+	f.set(t, f.whole("1 drop_writes"))
+	requests := []struct {
+		name string
+		call func() error
+	}{
+		{"restore", func() error { _, err := d.CreateVolume(ctx, fromSnapshot("pvc-restore", sid, 16<<20)); return err }},
+		{"snapshot", func() error {
+			_, err := d.CreateSnapshot(ctx, snapReq("snap-2", src, map[string]string{"compression": "zstd"}))
+			return err
+		}},
+		{"delete", func() error { _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: doomed}); return err }},
+	}
+	for _, r := range requests {
+		if err := r.call(); err != nil {
+			t.Fatalf("%s on a disk that drops writes silently: %v", r.name, err)
+		}
+	}
+	// The power is cut: the driver is gone without a word, and what the
+	// file system writes on unmount is dropped as well.
+	d.Close()
+	f.powerCycle(t)
+	d = startDriver(t, cfg)
+	if got := treeSum(t, d.paths.volumeDir(src)); got != srcSum {
+		t.Fatal("the source volume lost data acknowledged before the disk went bad")
+	}
+	checkNothingHalfMade(t, d)
+	// Nothing done on the lying disk reached it: the deleted volume is
+	// back, whole, and the restore never happened.
+	if _, err := d.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: doomed}); err != nil {
+		t.Fatalf("the volume deleted while writes were dropped: %v, want it back", err)
+	}
+	if n := listedVolumes(t, d); n != 2 {
+		t.Fatalf("%d volumes listed after the power cut, want the 2 made before the disk went bad", n)
+	}
+	for _, r := range requests {
+		if err := r.call(); err != nil {
+			t.Fatalf("%s again after the power cut: %v", r.name, err)
+		}
+	}
+	r, err := d.CreateVolume(ctx, fromSnapshot("pvc-restore", sid, 16<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := treeSum(t, d.paths.volumeDir(r.GetVolume().GetVolumeId())); got != srcSum {
+		t.Fatal("the restore differs from its snapshot")
+	}
+	checkNothingHalfMade(t, d)
+}
+
+func listedVolumes(t *testing.T, d *Driver) int {
+	t.Helper()
+	r, err := d.ListVolumes(ctx, &csi.ListVolumesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(r.GetEntries())
+}
+
+// checkNothingHalfMade: every listed volume has its data, every volume's
+// data has a listed volume, and every listed snapshot restores.
+func checkNothingHalfMade(t *testing.T, d *Driver) {
+	t.Helper()
+	vols, err := d.ListVolumes(ctx, &csi.ListVolumesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[string]bool{}
+	for _, e := range vols.GetEntries() {
+		id := e.GetVolume().GetVolumeId()
+		listed[id] = true
+		if _, err := os.Stat(d.paths.volumeDir(id)); err != nil {
+			t.Fatalf("volume %s is listed without its data: %v", id, err)
+		}
+	}
+	data, err := volumeData(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range data {
+		if !listed[strings.TrimSuffix(e.Name(), ".img")] {
+			t.Fatalf("volume data %s belongs to no listed volume", e.Name())
+		}
+	}
+	snaps, err := d.ListSnapshots(ctx, &csi.ListSnapshotsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range snaps.GetEntries() {
+		id := e.GetSnapshot().GetSnapshotId()
+		r, err := d.CreateVolume(ctx, fromSnapshot(fmt.Sprintf("check-%d-%s", i, id), id, 16<<20))
+		if err != nil {
+			t.Fatalf("listed snapshot %s does not restore: %v", id, err)
+		}
+		if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: r.GetVolume().GetVolumeId()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
