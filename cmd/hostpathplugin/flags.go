@@ -48,6 +48,9 @@ type options struct {
 	// labelImported runs snapimport's Labeler when the driver runs in a
 	// cluster.
 	labelImported bool
+	// reportLostNodes runs lostnodes' Watcher when the driver runs in a
+	// cluster.
+	reportLostNodes bool
 	// transferEndpoint serves this node's snapshots and volumes to the
 	// other nodes' drivers (package transfer) and lets restores and clones
 	// pull from them, when the driver runs in a cluster; transferSecret
@@ -143,6 +146,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.pluginRegistrationPath, "plugin-registration-path", "", "kubelet's plugins_registry dir as mounted here; with --kubelet-registration-path, register with kubelet in-process")
 	fs.StringVar(&o.kubeletRegistrationPath, "kubelet-registration-path", "", "the CSI socket path as kubelet sees it on the host")
 	fs.BoolVar(&o.labelImported, "label-imported-snapshots", true, "in a cluster, give imported VolumeSnapshotContents of this driver whose snapshot is on this node the managed-by label naming it, so the node's csi-snapshotter handles them")
+	fs.BoolVar(&o.reportLostNodes, "report-lost-nodes", true, "in a cluster, put a Warning event naming the node on each Pending pod (and its claim) that waits for a volume of this driver whose node has left the cluster (one driver of the deployment reports)")
 	fs.StringVar(&o.transferEndpoint, "transfer-endpoint", ":9470", "in a cluster, the address that serves this node's snapshots and volumes to the other nodes' drivers (mutual TLS), so a restore or clone on any node can pull its source; the port must be reachable at each node's internal IP (a hostPort); off when empty")
 	fs.StringVar(&o.transferSecret, "transfer-secret", "hostpath-csi-transfer-authority", "the Secret, in the driver's namespace, where the drivers keep the authority they authenticate each other with (made and rotated by them)")
 	fs.IntVar(&o.cfg.MaxHeavyOps, "max-heavy-operations", 4, "clones, snapshots and restores that may run at once")

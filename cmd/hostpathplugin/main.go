@@ -91,6 +91,9 @@ func run(o options) int {
 	if o.labelImported {
 		go labelImported(ctx, d, o)
 	}
+	if o.reportLostNodes {
+		go reportLostNodes(ctx, o)
+	}
 	if o.transferEndpoint != "" {
 		go servePeers(ctx, d, o)
 	}

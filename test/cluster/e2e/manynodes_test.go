@@ -190,14 +190,21 @@ func manyNodes(t *testing.T, k *kube, nodes []string) {
 		if got := k.jsonpath("", "pv/"+pv, "{.status.phase}"); got != "Bound" {
 			t.Fatalf("the lost node's PV is %q", got)
 		}
-		k.waitFor("web-1 back and Pending", 180*time.Second, func() (bool, string) {
+		var told string
+		k.waitFor("web-1 back, Pending, and told which node it waits for", 180*time.Second, func() (bool, string) {
 			p := k.jsonpath(ns, "pod/web-1", "{.status.phase}")
 			ev, _ := k.run("", "get", "events", "-n", ns, "--field-selector", "involvedObject.name=web-1,reason=FailedScheduling", "-o", "jsonpath={.items[*].message}")
 			// The scheduler's words ("didn't match PersistentVolume's node
-			// affinity") do not name the node; the PV's affinity does.
-			return p == "Pending" && strings.Contains(ev, "node affinity"), p + " " + ev
+			// affinity") do not name the node; the driver's event does.
+			told, _ = k.run("", "get", "events", "-n", ns, "--field-selector", "involvedObject.name=web-1,reason=VolumeNodeGone", "-o", "jsonpath={.items[*].message}")
+			ok := p == "Pending" && strings.Contains(ev, "node affinity") && strings.Contains(told, "waits for node "+lost+",")
+			return ok, p + " | " + ev + " | " + told
 		})
-		fmt.Printf("e2e      web-1 waits for its volume on %s (PV %s)\n", lost, pv)
+		claim, _ := k.run("", "get", "events", "-n", ns, "--field-selector", "involvedObject.name=data-web-1,reason=VolumeNodeGone", "-o", "jsonpath={.items[*].message}")
+		if !strings.Contains(claim, "on node "+lost+",") {
+			t.Fatalf("data-web-1 has no event naming %s: %q", lost, claim)
+		}
+		fmt.Printf("e2e      web-1 waits for its volume on %s (PV %s); its event: %s\n", lost, pv, told)
 	})
 	step(t, "node "+lost+" back on its disk: its volume is served again with its data", func() {
 		localcluster(t, "node-start", lost)

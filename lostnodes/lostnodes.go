@@ -1,0 +1,200 @@
+// Package lostnodes tells the pods that wait for a node-local volume whose
+// node has left the cluster why they wait. The scheduler's own event says
+// only that no node matched the PersistentVolume's node affinity; a person
+// looking at a Pending pod wants the node's name and what to do. Every
+// scan it finds the driver's bound PersistentVolumes whose node (the value
+// of the topology key in their node affinity) no Node carries any more,
+// and puts a Warning event naming that node on each unscheduled pod that
+// uses one and on its claim.
+//
+// It knows nothing of CSI beyond a driver name and a topology key. One
+// driver of the deployment reports (the one on the first node, by name,
+// that carries the topology key), so the events are not repeated per node.
+// It needs to list Nodes, PersistentVolumes and Pods and to create and
+// update Events, which the node's sidecars need already.
+package lostnodes
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Reason is the reason of the events it puts.
+const Reason = "VolumeNodeGone"
+
+// Watcher scans for pods waiting for a node that is gone.
+type Watcher struct {
+	Client      kubernetes.Interface
+	Driver      string // the CSI driver name of the PersistentVolumes
+	TopologyKey string // the node label and PV node-affinity key naming a node
+	Self        string // this node's value of TopologyKey
+	Now         func() time.Time
+}
+
+// Lost is one pod or claim told about a volume whose node is gone.
+type Lost struct {
+	Object corev1.ObjectReference
+	Volume string // the PersistentVolume
+	Node   string // its node, by the topology key's value
+}
+
+// Run scans every interval until ctx ends; report gets what each scan
+// told and its error.
+func (w *Watcher) Run(ctx context.Context, every time.Duration, report func([]Lost, error)) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if told, err := w.Scan(ctx); ctx.Err() == nil && (err != nil || len(told) > 0) {
+			report(told, err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Scan puts an event on every unscheduled pod, and its claim, that uses a
+// volume of the driver whose node is gone, and returns what it told. On a
+// driver that is not the reporting one it does nothing.
+func (w *Watcher) Scan(ctx context.Context) ([]Lost, error) {
+	nodes, err := w.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	alive := map[string]bool{}
+	var ours []string // node names carrying the key, for the reporter
+	leaderValue := map[string]string{}
+	for _, n := range nodes.Items {
+		if v, ok := n.Labels[w.TopologyKey]; ok {
+			alive[v] = true
+			ours = append(ours, n.Name)
+			leaderValue[n.Name] = v
+		}
+	}
+	slices.Sort(ours)
+	if len(ours) == 0 || leaderValue[ours[0]] != w.Self {
+		return nil, nil
+	}
+	pvs, err := w.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing persistent volumes: %w", err)
+	}
+	type gone struct{ pv, node string }
+	claims := map[string]gone{} // namespace/name
+	var claimRefs []corev1.ObjectReference
+	for _, pv := range pvs.Items {
+		if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != w.Driver || pv.Spec.ClaimRef == nil || pv.Status.Phase != corev1.VolumeBound {
+			continue
+		}
+		node := w.nodeOf(&pv)
+		if node == "" || alive[node] {
+			continue
+		}
+		ref := *pv.Spec.ClaimRef
+		claims[ref.Namespace+"/"+ref.Name] = gone{pv.Name, node}
+		claimRefs = append(claimRefs, corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: ref.Namespace, Name: ref.Name, UID: ref.UID})
+	}
+	if len(claims) == 0 {
+		return nil, nil
+	}
+	pods, err := w.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "status.phase=Pending,spec.nodeName="})
+	if err != nil {
+		return nil, fmt.Errorf("listing pending pods: %w", err)
+	}
+	var told []Lost
+	waiting := map[string]bool{} // claims some pod waits for
+	for _, p := range pods.Items {
+		if p.Spec.NodeName != "" || p.Status.Phase != corev1.PodPending {
+			continue
+		}
+		for _, v := range p.Spec.Volumes {
+			if v.PersistentVolumeClaim == nil {
+				continue
+			}
+			key := p.Namespace + "/" + v.PersistentVolumeClaim.ClaimName
+			g, ok := claims[key]
+			if !ok {
+				continue
+			}
+			waiting[key] = true
+			ref := corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: p.Namespace, Name: p.Name, UID: p.UID}
+			msg := fmt.Sprintf("waits for node %s, which is no longer in the cluster: its volume %s (claim %s) lives on that node's disk only. The pod stays Pending until %s comes back; to give up the data, delete the claim (and the pod, if a controller does not make a new claim)",
+				g.node, g.pv, v.PersistentVolumeClaim.ClaimName, g.node)
+			if err := w.event(ctx, ref, g.node, msg); err != nil {
+				return told, err
+			}
+			told = append(told, Lost{Object: ref, Volume: g.pv, Node: g.node})
+		}
+	}
+	for _, ref := range claimRefs {
+		key := ref.Namespace + "/" + ref.Name
+		if !waiting[key] {
+			continue
+		}
+		g := claims[key]
+		msg := fmt.Sprintf("is bound to volume %s on node %s, which is no longer in the cluster: pods using this claim stay Pending until %s comes back with its disk", g.pv, g.node, g.node)
+		if err := w.event(ctx, ref, g.node, msg); err != nil {
+			return told, err
+		}
+		told = append(told, Lost{Object: ref, Volume: g.pv, Node: g.node})
+	}
+	return told, nil
+}
+
+// nodeOf is the node a PV's required node affinity names by the key.
+func (w *Watcher) nodeOf(pv *corev1.PersistentVolume) string {
+	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
+		return ""
+	}
+	for _, term := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
+		for _, e := range term.MatchExpressions {
+			if e.Key == w.TopologyKey && e.Operator == corev1.NodeSelectorOpIn && len(e.Values) == 1 {
+				return e.Values[0]
+			}
+		}
+	}
+	return ""
+}
+
+// event creates the Warning event for (object, node), or counts one more
+// of it: one event per pair, named after it, as the kubelet's event
+// aggregation would leave it.
+func (w *Watcher) event(ctx context.Context, ref corev1.ObjectReference, node, msg string) error {
+	now := metav1.NewTime(time.Now())
+	if w.Now != nil {
+		now = metav1.NewTime(w.Now())
+	}
+	sum := sha256.Sum256([]byte(string(ref.UID) + "/" + ref.Kind + "/" + ref.Name + "/" + node))
+	name := ref.Name + "." + hex.EncodeToString(sum[:8])
+	events := w.Client.CoreV1().Events(ref.Namespace)
+	ev, err := events.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = events.Create(ctx, &corev1.Event{
+			ObjectMeta:     metav1.ObjectMeta{Name: name, Namespace: ref.Namespace},
+			InvolvedObject: ref, Reason: Reason, Message: msg, Type: corev1.EventTypeWarning,
+			Source:         corev1.EventSource{Component: w.Driver, Host: w.Self},
+			FirstTimestamp: now, LastTimestamp: now, Count: 1,
+			ReportingController: w.Driver, ReportingInstance: w.Self,
+		}, metav1.CreateOptions{})
+	case err == nil:
+		ev.Count++
+		ev.LastTimestamp, ev.Message = now, msg
+		_, err = events.Update(ctx, ev, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("event on %s %s/%s: %w", ref.Kind, ref.Namespace, ref.Name, err)
+	}
+	return nil
+}
