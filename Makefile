@@ -10,7 +10,7 @@ NODE_ID   ?= $(shell hostname)
 
 export CGO_ENABLED = 0
 
-.PHONY: test-upgrade test-powerloss test-kernel kernel-deps e2e-suite test-unprivileged cluster-deps cluster-build cluster-up cluster-down cluster-deploy image-previous e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
+.PHONY: test-chart test-upgrade test-powerloss test-kernel kernel-deps e2e-suite test-unprivileged cluster-deps cluster-build cluster-up cluster-down cluster-deploy image-previous e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
 
 all: build
 
@@ -35,10 +35,20 @@ demo: build
 
 # Every test: unit tests with the race detector, then csi-sanity against
 # the real binary for mount and block volumes.
-test: test-unit test-upgrade test-unprivileged test-sanity test-distroless fuzz bench-smoke targets-smoke
+test: test-unit test-chart test-upgrade test-unprivileged test-sanity test-distroless fuzz bench-smoke targets-smoke
+
+# The Helm chart: helm (built from its Go module in test/cluster/helm, into
+# $(CACHE)/bin) lints and renders it, and a Go test checks that its
+# defaults render deploy/'s objects and that its values reach them.
+HELM = $(CACHE)/bin/helm
+test-chart:
+	$(MAKE) --no-print-directory -C test/cluster CACHE=$(CACHE) $(HELM)
+	$(HELM) lint --strict charts/hostpath-csi
+	$(HELM) template hostpath-csi charts/hostpath-csi --namespace hostpath-csi > /dev/null
+	cd test/cluster/helm && HELM=$(HELM) $(GO) test -count=1 -v ./... | grep -E '^(---|ok|FAIL|PASS)|chart_test.go'; test $${PIPESTATUS[0]} -eq 0
 
 test-unit:
-	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./csi/... ./cmd/... ./registrar/... ./snapimport/... ./transfer/... ./kubepeers/... ./internal/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
+	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./csi/... ./cmd/... ./registrar/... ./snapimport/... ./transfer/... ./kubepeers/... ./lostnodes/... ./internal/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
 	$(GO) -C test/cluster test -count=1 ./cmd/...
 
 # The previous release (PREVIOUS_RELEASE, built through a git worktree) and
@@ -120,9 +130,15 @@ image:
 
 # The previous release's image (its commit named in PREVIOUS_RELEASE),
 # built from a git worktree in $(CACHE), as hostpathplugin-previous.tar
-# beside the current one: the start of the rolling upgrade in make e2e.
+# beside the current one, and its deploy/ as previous-deploy-<commit>: the
+# start of the rolling upgrade in make e2e, deployed as that release was.
 PREVIOUS := $(shell sed -n 's/^commit //p' PREVIOUS_RELEASE)
 image-previous:
+	@test -d $(IMAGE_DIR)/previous-deploy-$(PREVIOUS) || { \
+	  set -e; rm -rf $(IMAGE_DIR)/previous-deploy-*; mkdir -p $(IMAGE_DIR)/previous-deploy-$(PREVIOUS).tmp; \
+	  git archive $(PREVIOUS) deploy | tar -x -C $(IMAGE_DIR)/previous-deploy-$(PREVIOUS).tmp; \
+	  mv $(IMAGE_DIR)/previous-deploy-$(PREVIOUS).tmp/deploy $(IMAGE_DIR)/previous-deploy-$(PREVIOUS); \
+	  rm -rf $(IMAGE_DIR)/previous-deploy-$(PREVIOUS).tmp; }
 	@test -f $(IMAGE_DIR)/hostpathplugin-previous-$(PREVIOUS).tar || { \
 	  set -e; rm -rf $(CACHE)/previous; git worktree prune; mkdir -p $(IMAGE_DIR); \
 	  git worktree add --detach $(CACHE)/previous $(PREVIOUS) >/dev/null; \
@@ -167,8 +183,13 @@ cluster-deploy:
 	cd test/cluster && HOSTPATH_E2E=1 HOSTPATH_E2E_DEPLOY_ONLY=1 CACHE=$(CACHE) $(GO) test -count=1 -v -run TestKubernetes ./e2e/ 2>&1 | grep -E '^(e2e |--- |ok|FAIL)|_test.go:'; test $${PIPESTATUS[0]} -eq 0
 	@echo "try it: KUBECONFIG=$(CACHE)/cluster/admin.kubeconfig $(CACHE)/bin/kubectl get nodes,csinodes,csistoragecapacities -A"
 # KEEP_CLUSTER=1 leaves the cluster up after the test, to look around.
+# E2E_INSTALL=helm installs the driver with helm install (the chart with
+# its defaults but the image) instead of kubectl apply -k deploy/, and ends
+# with helm upgrade and helm uninstall.
+E2E_INSTALL ?= kubectl
 e2e: cluster-up
-	cd test/cluster && HOSTPATH_E2E=1 CACHE=$(CACHE) $(GO) test -count=1 -v -timeout 40m ./e2e/ 2>&1 | tee /tmp/hostpath-e2e.log | grep -E '^(e2e |--- |ok|FAIL|PASS)|_test.go:'; rc=$${PIPESTATUS[0]}; \
+	[ "$(E2E_INSTALL)" != helm ] || $(MAKE) --no-print-directory -C test/cluster CACHE=$(CACHE) $(HELM)
+	cd test/cluster && HOSTPATH_E2E=1 HOSTPATH_E2E_INSTALL=$(E2E_INSTALL) CACHE=$(CACHE) $(GO) test -count=1 -v -timeout 40m ./e2e/ 2>&1 | tee /tmp/hostpath-e2e.log | grep -E '^(e2e |--- |ok|FAIL|PASS)|_test.go:'; rc=$${PIPESTATUS[0]}; \
 	  [ -n "$(KEEP_CLUSTER)" ] || $(MAKE) --no-print-directory -C $(CURDIR) cluster-down || rc=1; exit $$rc
 
 # The Kubernetes external-storage e2e suite (k8s.io/kubernetes v1.37.2
@@ -234,6 +255,7 @@ lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
 	$(GO) vet ./...
 	$(GO) -C test/cluster vet ./...
+	$(GO) -C test/cluster/helm vet ./...
 	! grep -rln --include='*.go' -e '"os/exec"' . | grep -v '_test\.go$$' | grep -v '^\./bench/' 
 
 # The tests in QEMU guests booting Debian's stock kernels (test/kernel):

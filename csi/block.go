@@ -80,7 +80,7 @@ func (d *Driver) copyBacking(ctx context.Context, src, dst string, size int64) e
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(d.paths.tmp(), filepath.Base(dst)+".partial")
+	tmp := filepath.Join(tmpBeside(dst), filepath.Base(dst)+".partial")
 	return fsops.CreateDurable(dst, tmp, 0o600, func(out *os.File) error {
 		if _, err := fsops.CopyFileData(int(out.Fd()), int(in.Fd()), min(srcSize, size), nil, fsops.ProgressFrom(ctx)); err != nil {
 			return err
@@ -218,7 +218,10 @@ func (d *Driver) releaseBlockDevice(rdev uint64, v volumeRecord) error {
 
 // reattachBlockVolumes gives every block volume its loop device back after
 // a restart or reboot, before Probe reports ready.
-func (d *Driver) reattachBlockVolumes() error {
+//
+// only limits it to one pool (one coming up); nil means every pool that is
+// up.
+func (d *Driver) reattachBlockVolumes(only *pool) error {
 	bound, err := loop.List()
 	if err != nil {
 		return err
@@ -231,6 +234,9 @@ func (d *Driver) reattachBlockVolumes() error {
 	}
 	for _, v := range d.st.Volumes.All() {
 		if v.AccessType != accessBlock || v.Phase != phaseReady {
+			continue
+		}
+		if p := d.poolOf(v.Pool); (only != nil && p != only) || (only == nil && p.get().down != nil) {
 			continue
 		}
 		path := d.volumeDataPath(v)

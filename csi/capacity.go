@@ -17,7 +17,12 @@ import (
 // concurrent creates cannot overcommit. It picks a --capacity kind when the
 // request named none.
 func (d *Driver) checkCapacity(v *volumeRecord, all map[string]volumeRecord) error {
-	if d.quota == quotaProject && v.AccessType == accessMount {
+	p := d.poolOf(v.Pool)
+	st, err := d.usable(p)
+	if err != nil {
+		return err
+	}
+	if st.quota == quotaProject && v.AccessType == accessMount {
 		assignProjectID(v, all)
 	}
 	if len(d.cfg.Capacity) > 0 {
@@ -41,12 +46,12 @@ func (d *Driver) checkCapacity(v *volumeRecord, all map[string]volumeRecord) err
 		}
 		return status.Errorf(codes.ResourceExhausted, "no simulated capacity left for %d bytes (kinds %v)", v.CapacityBytes, kinds)
 	}
-	avail, err := d.availableBytes(all)
+	avail, err := d.availableBytes(p, all)
 	if err != nil {
-		return toStatus(err, "reading the state dir's free space")
+		return toStatus(err, "reading pool %s's free space", p.name)
 	}
 	if v.CapacityBytes > avail {
-		return status.Errorf(codes.ResourceExhausted, "%d bytes requested but only %d are free on %s after what existing volumes reserve", v.CapacityBytes, avail, d.paths.root)
+		return status.Errorf(codes.ResourceExhausted, "%d bytes requested but only %d are free in pool %s (%s) after what existing volumes reserve", v.CapacityBytes, avail, p.name, p.paths.root)
 	}
 	return nil
 }
@@ -55,14 +60,14 @@ func (d *Driver) checkCapacity(v *volumeRecord, all map[string]volumeRecord) err
 // volumes have been promised. A block volume's file is preallocated, so its
 // space is already out of the free count. The space directory volumes
 // already use is counted twice: GetCapacity errs on the side of caution.
-func (d *Driver) availableBytes(all map[string]volumeRecord) (int64, error) {
-	fs, err := fsops.Statfs(d.paths.root)
+func (d *Driver) availableBytes(p *pool, all map[string]volumeRecord) (int64, error) {
+	fs, err := fsops.Statfs(p.paths.root)
 	if err != nil {
 		return 0, err
 	}
 	avail := fs.AvailableBytes
 	for _, o := range all {
-		if o.AccessType == accessMount && o.LocalPath == "" {
+		if o.AccessType == accessMount && o.LocalPath == "" && d.poolOf(o.Pool) == p {
 			avail -= o.CapacityBytes
 		}
 	}
@@ -70,10 +75,11 @@ func (d *Driver) availableBytes(all map[string]volumeRecord) (int64, error) {
 }
 
 // GetCapacity reports what a new volume may still take: the real free
-// space of the state dir's file system less what volumes reserved, or the
-// rest of a simulated --capacity kind.
+// space of the pool's file system (the StorageClass's pool parameter, else
+// the state dir's) less what its volumes reserved, or the rest of a
+// simulated --capacity kind.
 func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
-	kind, err := d.checkVolumeParameters(req.GetParameters())
+	kind, pl, err := d.checkVolumeParameters(req.GetParameters())
 	if err != nil {
 		return nil, err
 	}
@@ -108,10 +114,12 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 			}
 			avail = max(avail, left)
 		}
-	} else if avail, err = d.availableBytes(all); err != nil {
-		return nil, toStatus(err, "reading the state dir's free space")
+	} else if pl.get().down != nil {
+		return zero, nil // a pool that is down has no room now
+	} else if avail, err = d.availableBytes(pl, all); err != nil {
+		return nil, toStatus(err, "reading pool %s's free space", pl.name)
 	}
-	if d.quota == quotaNone {
+	if pl.get().quota == quotaNone {
 		klog.V(2).InfoS("GetCapacity: directory volume sizes are accounted, not enforced (no project quotas or btrfs quota groups on the state dir)")
 	}
 	resp := &csi.GetCapacityResponse{AvailableCapacity: avail}

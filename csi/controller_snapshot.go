@@ -35,27 +35,50 @@ const (
 	paramCompression = "compression" // fast (default) or compact for tar.gz, or zstd for tar.zst
 )
 
-// snapshotOptions reads and checks the parameters of CreateSnapshot.
-func (d *Driver) snapshotOptions(params map[string]string, access string) (format string, compact bool, err error) {
+// snapshotOptions reads and checks the parameters of CreateSnapshot for a
+// volume in pool src (nil: only checking the parameters): the format, and
+// the pool the snapshot goes to (the pool parameter, else src's). A
+// reflink shares blocks, so it needs the snapshot in the volume's pool on
+// a file system that can.
+func (d *Driver) snapshotOptions(params map[string]string, access string, src *pool) (format string, compact bool, dst *pool, err error) {
+	checking := src == nil // the volume, and so what its pool can do, is not known yet
+	if checking {
+		src = d.pools[DefaultPool]
+	}
+	dst = src
+	if name, ok := params[paramPool]; ok && name != "" {
+		if dst, ok = d.pools[name]; !ok {
+			return "", false, nil, invalid("parameter %s=%q: this node has the pools %s", paramPool, name, d.poolNames())
+		}
+	}
+	canReflink := dst == src && dst.get().reflink
 	format = formatTarGz
-	if d.reflink {
+	if canReflink {
 		format = formatReflink
 	}
 	zstd := false
 	for k, v := range params {
 		switch {
+		case k == paramPool:
 		case k == paramFormat:
 			switch v {
 			case "", "auto":
 			case formatTarGz:
 				format = formatTarGz
 			case formatReflink:
-				if !d.reflink {
-					return "", false, invalid("parameter %s=%s: the state dir's file system cannot share blocks (XFS with reflink=1 or btrfs can); use %s", k, v, formatTarGz)
+				if checking {
+					format = formatReflink
+					break
+				}
+				if dst != src {
+					return "", false, nil, invalid("parameter %s=%s: a reflink shares the volume's blocks, so it cannot go to pool %s from pool %s; use %s", k, v, dst.name, src.name, formatTarGz)
+				}
+				if !canReflink {
+					return "", false, nil, invalid("parameter %s=%s: pool %s's file system cannot share blocks (XFS with reflink=1 or btrfs can); use %s", k, v, dst.name, formatTarGz)
 				}
 				format = formatReflink
 			default:
-				return "", false, invalid("parameter %s=%q: want auto, %s or %s", k, v, formatTarGz, formatReflink)
+				return "", false, nil, invalid("parameter %s=%q: want auto, %s or %s", k, v, formatTarGz, formatReflink)
 			}
 		case k == paramCompression:
 			switch v {
@@ -65,25 +88,25 @@ func (d *Driver) snapshotOptions(params map[string]string, access string) (forma
 			case "zstd":
 				zstd = true
 			default:
-				return "", false, invalid("parameter %s=%q: want fast, compact or zstd", k, v)
+				return "", false, nil, invalid("parameter %s=%q: want fast, compact or zstd", k, v)
 			}
 		case strings.HasPrefix(k, coParamPrefix):
 		default:
-			return "", false, invalid("unknown snapshot parameter %q; this driver accepts %q and %q", k, paramFormat, paramCompression)
+			return "", false, nil, invalid("unknown snapshot parameter %q; this driver accepts %q, %q and %q", k, paramFormat, paramCompression, paramPool)
 		}
 	}
 	// zstd asks for an archive: tar.zst, unless the format says reflink,
 	// which has nothing to compress.
 	if zstd {
 		if params[paramFormat] == formatReflink {
-			return "", false, invalid("parameter %s=zstd compresses archives; %s=%s makes none (use %s=auto or %s)", paramCompression, paramFormat, formatReflink, paramFormat, formatTarGz)
+			return "", false, nil, invalid("parameter %s=zstd compresses archives; %s=%s makes none (use %s=auto or %s)", paramCompression, paramFormat, formatReflink, paramFormat, formatTarGz)
 		}
 		format = formatTarZst
 	}
 	if access == accessBlock {
 		format = formatImage
 	}
-	return format, compact, nil
+	return format, compact, dst, nil
 }
 
 // CreateSnapshot archives a volume. The archive is written under a
@@ -99,7 +122,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if err := d.checkIDHere("source_volume_id", srcID); err != nil {
 		return nil, err
 	}
-	if _, _, err := d.snapshotOptions(req.GetParameters(), accessMount); err != nil {
+	if _, _, _, err := d.snapshotOptions(req.GetParameters(), accessMount, nil); err != nil {
 		return nil, err
 	}
 	if err := d.checkTopology(req.GetAccessibilityRequirements()); err != nil {
@@ -146,13 +169,17 @@ func (d *Driver) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 	if c, ok := v.Mutable[mutableSnapshotCompression]; ok && params[paramCompression] == "" {
 		params[paramCompression] = c
 	}
-	format, compact, err := d.snapshotOptions(params, v.AccessType)
+	format, compact, dst, err := d.snapshotOptions(params, v.AccessType, d.poolOf(v.Pool))
 	if err != nil {
+		return snapshotRecord{}, err
+	}
+	if _, err := d.usable(dst); err != nil {
 		return snapshotRecord{}, err
 	}
 	s := snapshotRecord{
 		ID: d.newSnapshotID(), Name: name, SourceVolume: srcID, AccessType: v.AccessType,
 		Phase: phaseCreating, CreatedAt: time.Now().UTC(), VolumeBytes: v.CapacityBytes, Format: format, Group: group,
+		Pool: recordPool(dst),
 	}
 	if err := d.st.Snapshots.Reserve(&s, nil); err != nil {
 		return snapshotRecord{}, toStatus(err, "reserving snapshot %q", name)
@@ -250,7 +277,7 @@ func (d *Driver) writeReflinkSnapshot(ctx context.Context, v volumeRecord, s sna
 	if err := os.Rename(tmp, d.snapshotDataPath(s)); err != nil {
 		return 0, "", err
 	}
-	return u.Bytes, "", fsops.SyncDir(d.paths.snapshots())
+	return u.Bytes, "", fsops.SyncDir(d.poolOf(s.Pool).paths.snapshots())
 }
 
 // restoreSnapshot fills dir from a snapshot and checks the archive's
@@ -325,6 +352,9 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 // its lock.
 func (d *Driver) deleteSnapshot(s snapshotRecord) error {
 	id := s.ID
+	if _, err := d.usable(d.poolOf(s.Pool)); err != nil {
+		return err
+	}
 	s.Phase = phaseDeleting
 	if err := d.st.Snapshots.Put(s); err != nil {
 		return toStatus(err, "recording deletion of snapshot %s", id)

@@ -23,7 +23,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err != nil {
 		return nil, err
 	}
-	kind, err := d.checkVolumeParameters(req.GetParameters())
+	kind, pl, err := d.checkVolumeParameters(req.GetParameters())
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +87,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 
 	// The floor is the source's size: a restore or clone is never smaller.
 	var floor int64
-	rec := volumeRecord{Name: name, AccessType: access, Kind: kind, Parameters: req.GetParameters()}
+	rec := volumeRecord{Name: name, AccessType: access, Kind: kind, Parameters: req.GetParameters(), Pool: recordPool(pl)}
 	switch {
 	case remote.tag != "":
 		// The source's node pins it while it is sent; here it is only
@@ -275,6 +275,13 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	if where != "" {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still mounted at %s; unpublish and unstage it first", id, where)
 	}
+	// In a pool that is down the data cannot be reached: removing the
+	// record alone would leave it owned by nothing once the disk is back.
+	if v.LocalPath == "" {
+		if _, err := d.usable(d.poolOf(v.Pool)); err != nil {
+			return nil, err
+		}
+	}
 	v.Phase = phaseDeleting
 	if err := d.st.Volumes.Put(v); err != nil {
 		return nil, toStatus(err, "recording deletion of volume %s", id)
@@ -301,7 +308,7 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 	if !ok || v.Phase != phaseReady {
 		return nil, d.notFoundVolume(req.GetVolumeId())
 	}
-	if _, err := d.checkVolumeParameters(req.GetParameters()); err != nil {
+	if _, _, err := d.checkVolumeParameters(req.GetParameters()); err != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
 	}
 	access, err := checkCapabilities(req.GetVolumeCapabilities())

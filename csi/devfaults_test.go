@@ -282,7 +282,7 @@ func volumeReadErrors(t *testing.T, fstype string) {
 		}},
 	}
 	for _, s := range steps {
-		if (s.name == "clone" || s.name == "block snapshot") && d.reflink {
+		if (s.name == "clone" || s.name == "block snapshot") && d.defaultPool().reflink {
 			// A reflink shares the blocks and reads none of them.
 			if _, err := s.call(); err != nil {
 				t.Fatalf("%s by reflink: %v", s.name, err)

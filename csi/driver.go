@@ -62,6 +62,11 @@ type Config struct {
 	// EnableSnapshotMetadata serves the SnapshotMetadata service.
 	EnableSnapshotMetadata bool
 
+	// Pools are the storage pools beside the state dir's own (DefaultPool):
+	// name to a directory on a file system of its own. A StorageClass or
+	// VolumeSnapshotClass chooses one with the parameter "pool".
+	Pools map[string]string
+
 	// LocalRoots are the directories static local volumes may come from.
 	LocalRoots []string
 
@@ -75,6 +80,9 @@ type Config struct {
 	// ProgressInterval is how often a snapshot, restore or clone in
 	// flight logs its progress (default 10 s).
 	ProgressInterval time.Duration
+	// PoolRetryInterval is how often a pool that is down is looked at
+	// again (default 10 s).
+	PoolRetryInterval time.Duration
 }
 
 // controllerExpansion and nodeExpansion say which sides of expansion are
@@ -94,13 +102,13 @@ type Driver struct {
 	csi.UnimplementedSnapshotMetadataServer
 
 	cfg   Config
-	paths layout
+	paths layout // the state dir: meta/, and the default pool's directories
+	// pools are the default pool (the state dir) and the --pool ones,
+	// fixed at start; each one's state changes as it goes down or up.
+	pools map[string]*pool
 	st    *store.Store
 	locks *keyLocks
-	quota quotaMode
 	tag   string // this node's id prefix
-	// reflink: files in the state dir can share blocks (FICLONE works).
-	reflink bool
 	// volumesMade: this start made the volumes directory, so it is the
 	// home of the volumes (not an empty mount point of a late disk).
 	volumesMade bool
@@ -122,6 +130,10 @@ type Driver struct {
 	// mountPoint inspects a path's mount (fsops.GetMountPoint); tests
 	// replace it to make inspection fail.
 	mountPoint func(path string) (*fsops.MountPoint, error)
+
+	// stopPools ends watchPools (Close).
+	stopPools chan struct{}
+	closeOnce sync.Once
 
 	mu     sync.Mutex
 	socket string // the CSI socket once it listens
@@ -156,6 +168,9 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.ProgressInterval <= 0 {
 		cfg.ProgressInterval = 10 * time.Second
 	}
+	if cfg.PoolRetryInterval <= 0 {
+		cfg.PoolRetryInterval = 10 * time.Second
+	}
 	if cfg.MaxHeavyOps <= 0 {
 		cfg.MaxHeavyOps = 4
 	}
@@ -167,6 +182,9 @@ func New(cfg Config) (*Driver, error) {
 		return nil, err
 	}
 	cfg.StateDir = root
+	if err := CheckPools(cfg.Pools, root); err != nil {
+		return nil, err
+	}
 	d := &Driver{cfg: cfg, paths: layout{root: root}, locks: newKeyLocks(), tag: nodeTag(cfg.NodeID), mountPoint: fsops.GetMountPoint, ops: inflight{ops: map[*operation]struct{}{}}}
 	d.metrics = newMetrics(d)
 	d.heavy = make(chan struct{}, cfg.MaxHeavyOps)
@@ -181,9 +199,15 @@ func New(cfg Config) (*Driver, error) {
 		return nil, err
 	}
 	klog.InfoS("kernel", "release", kernel.Release, "quotactl_fd", kernel.QuotactlFD)
-	d.quota = detectQuota(d.paths.volumes())
-	d.reflink = fsops.ReflinkSupported(d.paths.tmp())
-	klog.InfoS("snapshots of directory volumes", "defaultFormat", map[bool]string{true: formatReflink, false: formatTarGz}[d.reflink])
+	def := &pool{name: DefaultPool, paths: d.paths}
+	def.state.Store(&poolState{quota: detectQuota(d.paths.volumes()), reflink: fsops.ReflinkSupported(d.paths.tmp())})
+	klog.InfoS("snapshots of directory volumes", "defaultFormat", map[bool]string{true: formatReflink, false: formatTarGz}[def.get().reflink])
+	d.pools = map[string]*pool{DefaultPool: def}
+	for name, path := range cfg.Pools {
+		p := &pool{name: name, paths: layout{root: filepath.Clean(path)}}
+		p.state.Store(&poolState{down: fmt.Errorf("not opened yet")})
+		d.pools[name] = p
+	}
 	if d.st, err = store.Open(d.paths.meta(), store.IDRules{Volume: validVolumeID, Snapshot: validSnapshotID, Group: validGroupID}); err != nil {
 		return nil, fmt.Errorf("state dir %s: %w", root, err)
 	}
@@ -191,7 +215,12 @@ func New(cfg Config) (*Driver, error) {
 		d.st.Close()
 		return nil, fmt.Errorf("reconciling state with %s: %w", root, err)
 	}
-	if err := d.reattachBlockVolumes(); err != nil {
+	// A pool that cannot be opened is down, not fatal: the other pools
+	// serve, and it comes up when a request or health check finds it back.
+	for _, p := range d.poolList()[1:] {
+		d.openPool(p)
+	}
+	if err := d.reattachBlockVolumes(nil); err != nil {
 		d.st.Close()
 		return nil, fmt.Errorf("re-attaching block volumes: %w", err)
 	}
@@ -199,13 +228,24 @@ func New(cfg Config) (*Driver, error) {
 		d.st.Close()
 		return nil, fmt.Errorf("state dir %s: recording its format: %w", root, err)
 	}
+	if len(cfg.Pools) > 0 {
+		d.stopPools = make(chan struct{})
+		go d.watchPools(cfg.PoolRetryInterval, d.stopPools)
+	}
 	d.ready.Store(true)
 	return d, nil
 }
 
 // Close checkpoints the state's journal and closes it: the next start has
 // nothing to redo. Calls after it fail to write state.
-func (d *Driver) Close() error { return d.st.Close() }
+func (d *Driver) Close() error {
+	d.closeOnce.Do(func() {
+		if d.stopPools != nil {
+			close(d.stopPools)
+		}
+	})
+	return d.st.Close()
+}
 
 // prepareStateDir creates the layout and proves the directory is writable,
 // so a read-only or missing state dir stops the driver at start with a
@@ -226,16 +266,16 @@ func (d *Driver) prepareStateDir() error {
 			return fmt.Errorf("state dir %s is not usable: %w", root, err)
 		}
 	}
-	if err := d.probeWritable(".write-probe"); err != nil {
+	if err := probeWritable(d.paths.tmp(), ".write-probe"); err != nil {
 		return fmt.Errorf("state dir %s is not writable: %w", root, err)
 	}
 	return nil
 }
 
-// probeWritable proves the state dir takes a durable write, the way the
-// state is written, and removes what it wrote.
-func (d *Driver) probeWritable(name string) error {
-	probe := filepath.Join(d.paths.tmp(), name)
+// probeWritable proves a tmp directory (the state dir's, a pool's) takes a
+// durable write, the way the state is written, and removes what it wrote.
+func probeWritable(tmp, name string) error {
+	probe := filepath.Join(tmp, name)
 	if err := fsops.WriteFileAtomic(probe, []byte("ok"), 0o600); err != nil {
 		return err
 	}

@@ -33,6 +33,9 @@ func newDriver(t *testing.T, cfg Config) *Driver {
 
 var ctx = context.Background()
 
+// defaultPool is the state of the state dir's own pool.
+func (d *Driver) defaultPool() *poolState { return d.pools[DefaultPool].get() }
+
 func mountCap(mode csi.VolumeCapability_AccessMode_Mode, flags ...string) *csi.VolumeCapability {
 	return &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{MountFlags: flags}},

@@ -65,7 +65,7 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 			return nil, invalid("volume %s is listed twice", id)
 		}
 	}
-	if _, _, err := d.snapshotOptions(req.GetParameters(), accessMount); err != nil {
+	if _, _, _, err := d.snapshotOptions(req.GetParameters(), accessMount, nil); err != nil {
 		return nil, err
 	}
 	unlock, err := d.locks.lock(fmt.Sprintf("group snapshot %q", name), groupNameKey(name))

@@ -25,6 +25,10 @@ func healthEntry(t csi.VolumeHealthErrorType, reason, msg string) *csi.VolumeHea
 // volumeHealth inspects one volume.
 func (d *Driver) volumeHealth(v volumeRecord) *csi.VolumeHealth {
 	h := &csi.VolumeHealth{VolumeId: v.ID}
+	if p := d.poolOf(v.Pool); v.LocalPath == "" && p.get().down != nil {
+		h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_INACCESSIBLE, "PoolDown", fmt.Sprintf("pool %s (%s) is down: %v", p.name, p.paths.root, p.get().down)))
+		return h
+	}
 	path := d.volumeDataPath(v)
 	if _, err := os.Lstat(path); err != nil {
 		h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_INACCESSIBLE, "VolumeDataMissing", "the volume's data at "+path+" is gone: "+err.Error()))
@@ -42,7 +46,7 @@ func (d *Driver) volumeHealth(v volumeRecord) *csi.VolumeHealth {
 		}
 		return h
 	}
-	if d.quota != quotaNone {
+	if d.poolOf(v.Pool).get().quota != quotaNone {
 		if u, err := d.volumeUsage(v); err == nil && u.Bytes >= v.CapacityBytes {
 			h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "QuotaExhausted", "the volume has used all of its capacity; writes fail with EDQUOT"))
 		}
@@ -107,8 +111,8 @@ func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolume
 	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: h}, nil
 }
 
-// NodeGetStorageHealth reports the state dir's health: gone, read-only,
-// or nearly full.
+// NodeGetStorageHealth reports the state dir's health (gone, read-only, or
+// nearly full) and every pool that is down.
 func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStorageHealthRequest) (*csi.NodeGetStorageHealthResponse, error) {
 	resp := &csi.NodeGetStorageHealthResponse{}
 	bad := func(t csi.StorageHealthErrorType, reason, msg string) {
@@ -121,9 +125,14 @@ func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStora
 		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "StateRecordsDamaged", fmt.Sprintf("%d state records are damaged (the first: %s, %s); their data is kept, see the driver's log for what to do", len(damaged), damaged[0].Path, damaged[0].Problem))
 	}
 	if n := d.unowned.Load(); n > 0 {
-		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "UnownedData", fmt.Sprintf("%d entries under %s or %s belong to no record; they are kept, see the driver's log", n, d.paths.volumes(), d.paths.snapshots()))
+		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "UnownedData", fmt.Sprintf("%d entries under the volumes and snapshots directories of the pools belong to no record; they are kept, see the driver's log for their paths", n))
 	}
-	if err := d.probeWritable(".health-probe"); err != nil {
+	for _, p := range d.poolList()[1:] {
+		if why := p.get().down; why != nil {
+			bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "PoolDown", fmt.Sprintf("pool %s (%s) is down: %v; its volumes and snapshots are refused until it is back", p.name, p.paths.root, why))
+		}
+	}
+	if err := probeWritable(d.paths.tmp(), ".health-probe"); err != nil {
 		bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "StateDirNotWritable", d.paths.root+": "+err.Error())
 		return resp, nil
 	}

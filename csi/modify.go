@@ -40,11 +40,11 @@ func (d *Driver) checkMutable(params map[string]string) error {
 				return invalid("mutable parameter %s=%q names no configured --capacity kind", k, v)
 			}
 		case mutableSnapshotFormat:
-			if _, _, err := d.snapshotOptions(map[string]string{paramFormat: v}, accessMount); err != nil {
+			if _, _, _, err := d.snapshotOptions(map[string]string{paramFormat: v}, accessMount, nil); err != nil {
 				return invalid("mutable parameter %s=%q: %s", k, v, status.Convert(err).Message())
 			}
 		case mutableSnapshotCompression:
-			if _, _, err := d.snapshotOptions(map[string]string{paramCompression: v}, accessMount); err != nil {
+			if _, _, _, err := d.snapshotOptions(map[string]string{paramCompression: v}, accessMount, nil); err != nil {
 				return invalid("mutable parameter %s=%q: %s", k, v, status.Convert(err).Message())
 			}
 		default:

@@ -158,7 +158,7 @@ func (d *Driver) buildFrom(ctx context.Context, v volumeRecord, m transfer.Meta,
 		if m.Format != wireExtents {
 			return fmt.Errorf("%w: a block source came as %q", archive.ErrFormat, m.Format)
 		}
-		tmp := filepath.Join(d.paths.tmp(), filepath.Base(path)+".partial")
+		tmp := filepath.Join(tmpBeside(path), filepath.Base(path)+".partial")
 		err := fsops.CreateDurable(path, tmp, 0o600, func(out *os.File) error {
 			size, st, err := extractExtents(ctx, body, out)
 			d.metrics.moved("restore", st.Bytes)

@@ -37,8 +37,8 @@ func TestProjectQuotaVolumes(t *testing.T) {
 				mnt := testfs.FileSystem(t, run, tc.fstype, 300<<20, nil, "")
 				cfg := testConfig(t)
 				cfg.StateDir = filepath.Join(mnt, "state")
-				if d := newDriver(t, cfg); d.quota != quotaNone {
-					t.Fatalf("kernel without %s, yet quota mode %v on %s", tc.option, d.quota, tc.fstype)
+				if d := newDriver(t, cfg); d.defaultPool().quota != quotaNone {
+					t.Fatalf("kernel without %s, yet quota mode %v on %s", tc.option, d.defaultPool().quota, tc.fstype)
 				}
 				t.Logf("kernel lacks %s: checked that the driver accounts instead; enforcement runs in make test-kernel", tc.option)
 				return
@@ -47,8 +47,8 @@ func TestProjectQuotaVolumes(t *testing.T) {
 			cfg := testConfig(t)
 			cfg.StateDir = filepath.Join(mnt, "state")
 			d := newDriver(t, cfg)
-			if d.quota != quotaProject {
-				t.Fatalf("quota mode %v on %s with prjquota", d.quota, tc.fstype)
+			if d.defaultPool().quota != quotaProject {
+				t.Fatalf("quota mode %v on %s with prjquota", d.defaultPool().quota, tc.fstype)
 			}
 			v := mustCreate(t, d, "pvc-prj", 4<<20)
 			id := v.GetVolumeId()
@@ -114,8 +114,8 @@ func TestProjectQuotaVolumes(t *testing.T) {
 			// A restart keeps every limit: the new driver finds project
 			// quotas, the kernel still has the limit, writes still stop.
 			d2 := newDriver(t, cfg)
-			if d2.quota != quotaProject {
-				t.Fatalf("quota mode %v after restart", d2.quota)
+			if d2.defaultPool().quota != quotaProject {
+				t.Fatalf("quota mode %v after restart", d2.defaultPool().quota)
 			}
 			for _, want := range []struct {
 				id    uint32

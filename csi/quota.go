@@ -67,7 +67,8 @@ func assignProjectID(v *volumeRecord, all map[string]volumeRecord) {
 
 // makeVolumeDir creates a directory volume with its limit.
 func (d *Driver) makeVolumeDir(v volumeRecord, dir string) error {
-	switch d.quota {
+	p := d.poolOf(v.Pool)
+	switch p.get().quota {
 	case quotaBtrfs:
 		if err := fsops.CreateSubvolume(dir); err != nil {
 			return err
@@ -80,18 +81,19 @@ func (d *Driver) makeVolumeDir(v volumeRecord, dir string) error {
 		if err := fsops.SetProject(dir, v.ProjectID); err != nil {
 			return err
 		}
-		return fsops.SetProjectLimit(d.paths.volumes(), v.ProjectID, v.CapacityBytes)
+		return fsops.SetProjectLimit(p.paths.volumes(), v.ProjectID, v.CapacityBytes)
 	}
 	return mkdirOpen(dir)
 }
 
 // setVolumeLimit gives an existing directory volume a new limit.
 func (d *Driver) setVolumeLimit(v volumeRecord, size int64) error {
-	switch d.quota {
+	p := d.poolOf(v.Pool)
+	switch p.get().quota {
 	case quotaBtrfs:
 		return fsops.SetSubvolumeLimit(d.volumeDataPath(v), size)
 	case quotaProject:
-		return fsops.SetProjectLimit(d.paths.volumes(), v.ProjectID, size)
+		return fsops.SetProjectLimit(p.paths.volumes(), v.ProjectID, size)
 	}
 	return nil
 }
@@ -99,8 +101,8 @@ func (d *Driver) setVolumeLimit(v volumeRecord, size int64) error {
 // volumeUsage is what a directory volume uses: the quota's count where
 // there is one, else a walk of the tree.
 func (d *Driver) volumeUsage(v volumeRecord) (fsops.Usage, error) {
-	if d.quota == quotaProject && v.ProjectID != 0 {
-		u, err := fsops.GetProjectUsage(d.paths.volumes(), v.ProjectID)
+	if p := d.poolOf(v.Pool); p.get().quota == quotaProject && v.ProjectID != 0 {
+		u, err := fsops.GetProjectUsage(p.paths.volumes(), v.ProjectID)
 		if err == nil {
 			return fsops.Usage{Bytes: u.UsedBytes, Inodes: u.Inodes}, nil
 		}

@@ -51,8 +51,8 @@ func TestQuotaEnforced(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.StateDir = filepath.Join(mnt, "state")
 	d := newDriver(t, cfg)
-	if d.quota != quotaBtrfs {
-		t.Fatalf("quota mode %v on btrfs with quota groups", d.quota)
+	if d.defaultPool().quota != quotaBtrfs {
+		t.Fatalf("quota mode %v on btrfs with quota groups", d.defaultPool().quota)
 	}
 	v := mustCreate(t, d, "pvc-quota", 4<<20)
 	t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.GetVolumeId()}) })
@@ -90,8 +90,8 @@ func TestQuotaUnavailable(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.StateDir = filepath.Join(mnt, "state")
 	d := newDriver(t, cfg)
-	if d.quota != quotaNone {
-		t.Fatalf("quota mode %v with btrfs quota groups off", d.quota)
+	if d.defaultPool().quota != quotaNone {
+		t.Fatalf("quota mode %v with btrfs quota groups off", d.defaultPool().quota)
 	}
 	v := mustCreate(t, d, "pvc-noquota", 4<<20)
 	if err := writeMiB(filepath.Join(d.paths.volumeDir(v.GetVolumeId()), "big"), 8); err != nil {

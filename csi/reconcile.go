@@ -22,6 +22,10 @@ import (
 //     back; deleting it removes the record;
 //   - data under a valid id with no record belongs to no volume: removed;
 //   - tmp/ holds only unfinished work: emptied.
+//
+// Start does this for the default pool (the state dir); each other pool
+// gets it when it comes up (reconcilePool), and until then its records
+// are left as they are.
 func (d *Driver) reconcile() error {
 	home, err := d.volumesDirIsHome()
 	if err != nil {
@@ -31,7 +35,28 @@ func (d *Driver) reconcile() error {
 		klog.ErrorS(nil, "a state record is damaged; its data is kept and its id refused until the record is repaired: restore the file from a backup (the data is at the path named), or move the file and the data away to give up the volume or snapshot",
 			"id", bad.ID, "record", bad.Path, "problem", bad.Problem, "data", d.dataOf(bad.ID))
 	}
+	def := d.pools[DefaultPool]
+	if err := d.reconcileRecords(def, home); err != nil {
+		return err
+	}
+	return d.reconcileDirs(def)
+}
+
+// reconcilePool is reconcile for a pool other than the default as it comes
+// up: its marker proves its volumes directory is the volumes' home.
+func (d *Driver) reconcilePool(p *pool) error {
+	if err := d.reconcileRecords(p, true); err != nil {
+		return err
+	}
+	return d.reconcileDirs(p)
+}
+
+// reconcileRecords repairs the records of pool p.
+func (d *Driver) reconcileRecords(p *pool, home bool) error {
 	for _, v := range d.st.Volumes.All() {
+		if d.poolOf(v.Pool) != p {
+			continue
+		}
 		switch v.Phase {
 		case phaseCreating, phaseDeleting:
 			klog.InfoS("repair: finishing interrupted volume operation", "volume_id", v.ID, "name", v.Name, "phase", v.Phase)
@@ -73,6 +98,9 @@ func (d *Driver) reconcile() error {
 		}
 	}
 	for _, s := range d.st.Snapshots.All() {
+		if d.poolOf(s.Pool) != p {
+			continue
+		}
 		switch s.Phase {
 		case phaseCreating, phaseDeleting:
 			klog.InfoS("repair: finishing interrupted snapshot operation", "snapshot_id", s.ID, "name", s.Name, "phase", s.Phase)
@@ -89,7 +117,7 @@ func (d *Driver) reconcile() error {
 		}
 	}
 	for _, g := range d.st.Groups.All() {
-		if g.Phase == phaseReady {
+		if g.Phase == phaseReady || !d.membersReachable(g, p) {
 			continue
 		}
 		klog.InfoS("repair: finishing interrupted group snapshot operation", "group_snapshot_id", g.ID, "phase", g.Phase)
@@ -107,20 +135,41 @@ func (d *Driver) reconcile() error {
 			return err
 		}
 	}
-	if err := d.removeOrphans(d.paths.volumes(), func(id string) bool { _, ok := d.st.Volumes.Get(id); return ok }, validVolumeID, true); err != nil {
+	return nil
+}
+
+// membersReachable reports whether every snapshot of group g is in pool p
+// (being reconciled) or in a pool that is up: an interrupted group is
+// undone only when all of it can be.
+func (d *Driver) membersReachable(g groupRecord, p *pool) bool {
+	for _, s := range d.st.Snapshots.All() {
+		if s.Group != g.ID {
+			continue
+		}
+		if sp := d.poolOf(s.Pool); sp != p && sp.get().down != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// reconcileDirs looks at what pool p's directories hold beside the
+// records: data no record owns, and unfinished work in tmp/.
+func (d *Driver) reconcileDirs(p *pool) error {
+	if err := d.removeOrphans(p.paths.volumes(), func(id string) bool { _, ok := d.st.Volumes.Get(id); return ok }, validVolumeID, true); err != nil {
 		return err
 	}
-	if err := d.removeOrphans(d.paths.snapshots(), func(id string) bool { _, ok := d.st.Snapshots.Get(id); return ok }, validSnapshotID, false); err != nil {
+	if err := d.removeOrphans(p.paths.snapshots(), func(id string) bool { _, ok := d.st.Snapshots.Get(id); return ok }, validSnapshotID, false); err != nil {
 		return err
 	}
-	entries, err := os.ReadDir(d.paths.tmp())
+	entries, err := os.ReadDir(p.paths.tmp())
 	if err != nil {
 		return err
 	}
 	for _, e := range entries {
-		p := filepath.Join(d.paths.tmp(), e.Name())
-		klog.InfoS("repair: removing unfinished temporary data", "path", p)
-		if err := fsops.RemoveAll(p); err != nil {
+		path := filepath.Join(p.paths.tmp(), e.Name())
+		klog.InfoS("repair: removing unfinished temporary data", "path", path)
+		if err := fsops.RemoveAll(path); err != nil {
 			return err
 		}
 	}
@@ -184,9 +233,11 @@ const blockSuffix = ".img"
 // dataOf lists what the volumes and snapshots directories hold under id.
 func (d *Driver) dataOf(id string) []string {
 	var out []string
-	for _, dir := range []string{d.paths.volumes(), d.paths.snapshots()} {
-		found, _ := filepath.Glob(filepath.Join(dir, id+"*"))
-		out = append(out, found...)
+	for _, p := range d.poolList() {
+		for _, dir := range []string{p.paths.volumes(), p.paths.snapshots()} {
+			found, _ := filepath.Glob(filepath.Join(dir, id+"*"))
+			out = append(out, found...)
+		}
 	}
 	return out
 }
@@ -225,7 +276,7 @@ func (d *Driver) volumesDirIsHome() (bool, error) {
 		home = vdev != rdev
 	}
 	for _, v := range d.st.Volumes.All() {
-		if v.Phase == phaseReady && !v.Fresh && v.LocalPath == "" && d.dataPresent(v) == nil {
+		if d.poolOf(v.Pool).name == DefaultPool && v.Phase == phaseReady && !v.Fresh && v.LocalPath == "" && d.dataPresent(v) == nil {
 			home = true
 			break
 		}

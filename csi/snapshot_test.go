@@ -64,7 +64,7 @@ func TestSnapshotRestoreClone(t *testing.T) {
 				formatTarGz:  {paramFormat: formatTarGz},
 				formatTarZst: {paramCompression: "zstd"},
 			}
-			if d.reflink {
+			if d.defaultPool().reflink {
 				formats[formatReflink] = map[string]string{paramFormat: formatReflink}
 			}
 			for format, params := range formats {
@@ -129,7 +129,7 @@ func TestSnapshotParameters(t *testing.T) {
 		_, err := d.CreateSnapshot(ctx, snapReq("s", v.GetVolumeId(), p))
 		wantCode(t, err, codes.InvalidArgument)
 	}
-	if !d.reflink {
+	if !d.defaultPool().reflink {
 		_, err := d.CreateSnapshot(ctx, snapReq("s", v.GetVolumeId(), map[string]string{"format": "reflink"}))
 		wantCode(t, err, codes.InvalidArgument)
 	}

@@ -177,24 +177,26 @@ func (d *Driver) resolveSize(cr *csi.CapacityRange, access string, floor int64) 
 
 // checkVolumeParameters accepts only parameters the driver understands and
 // returns the capacity kind.
-func (d *Driver) checkVolumeParameters(params map[string]string) (string, error) {
+func (d *Driver) checkVolumeParameters(params map[string]string) (string, *pool, error) {
 	kind := ""
 	for k, v := range params {
 		switch {
 		case k == paramKind:
 			if len(d.cfg.Capacity) == 0 {
-				return "", invalid("parameter %s=%q: no simulated capacity is configured (--capacity %s=SIZE)", k, v, v)
+				return "", nil, invalid("parameter %s=%q: no simulated capacity is configured (--capacity %s=SIZE)", k, v, v)
 			}
 			if _, ok := d.cfg.Capacity[v]; !ok {
-				return "", invalid("parameter %s=%q names no configured --capacity kind", k, v)
+				return "", nil, invalid("parameter %s=%q names no configured --capacity kind", k, v)
 			}
 			kind = v
+		case k == paramPool:
 		case strings.HasPrefix(k, coParamPrefix):
 		default:
-			return "", invalid("unknown parameter %q; this driver accepts %q and the %s* metadata the provisioner adds", k, paramKind, coParamPrefix)
+			return "", nil, invalid("unknown parameter %q; this driver accepts %q, %q and the %s* metadata the provisioner adds", k, paramPool, paramKind, coParamPrefix)
 		}
 	}
-	return kind, nil
+	p, err := d.choosePool(params)
+	return kind, p, err
 }
 
 // nodeTopology is this node's one segment.
@@ -236,16 +238,31 @@ func (d *Driver) checkCOPath(field, p string) (string, error) {
 		return "", invalid("%s %q is not an absolute path", field, p)
 	}
 	clean := filepath.Clean(p)
-	if d.insideStateDir(clean) {
-		return "", invalid("%s %q is inside the driver's state dir %s", field, p, d.paths.root)
+	if dir := d.ownDirHolding(clean); dir != "" {
+		return "", invalid("%s %q is inside the driver's own directory %s", field, p, dir)
 	}
-	if real, err := fsops.ResolveParent(clean); err == nil && d.insideStateDir(real) {
-		return "", invalid("%s %q leads into the driver's state dir %s through a symlink", field, p, d.paths.root)
+	if real, err := fsops.ResolveParent(clean); err == nil {
+		if dir := d.ownDirHolding(real); dir != "" {
+			return "", invalid("%s %q leads into the driver's own directory %s through a symlink", field, p, dir)
+		}
 	}
 	return clean, nil
 }
 
-func (d *Driver) insideStateDir(p string) bool { return within(d.paths.root, p) }
+func (d *Driver) insideStateDir(p string) bool { return d.ownDirHolding(p) != "" }
+
+// ownDirHolding is the state dir or pool directory p is in, or "".
+func (d *Driver) ownDirHolding(p string) string {
+	if within(d.paths.root, p) {
+		return d.paths.root
+	}
+	for _, pl := range d.pools {
+		if within(pl.paths.root, p) {
+			return pl.paths.root
+		}
+	}
+	return ""
+}
 
 // within reports whether p is dir or below it (both clean and absolute).
 func within(dir, p string) bool {

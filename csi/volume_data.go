@@ -17,10 +17,11 @@ func (d *Driver) volumeDataPath(v volumeRecord) string {
 	if v.LocalPath != "" {
 		return v.LocalPath
 	}
+	pl := d.poolOf(v.Pool).paths
 	if v.AccessType == accessBlock {
-		return filepath.Join(d.paths.volumes(), v.ID+blockSuffix)
+		return filepath.Join(pl.volumes(), v.ID+blockSuffix)
 	}
-	return d.paths.volumeDir(v.ID)
+	return pl.volumeDir(v.ID)
 }
 
 // createVolumeData makes the volume's data, empty or from its source.
@@ -87,7 +88,7 @@ func (d *Driver) syncVolumeData(v volumeRecord) error {
 	if err := fsops.SyncFile(path); err != nil {
 		return err
 	}
-	return fsops.SyncDir(d.paths.volumes())
+	return fsops.SyncDir(d.poolOf(v.Pool).paths.volumes())
 }
 
 // mkdirOpen makes a volume directory any pod uid may write to, as with the
@@ -111,7 +112,7 @@ func (d *Driver) removeVolumeData(v volumeRecord) error {
 	if err := fsops.RemoveAll(d.volumeDataPath(v)); err != nil {
 		return err
 	}
-	if d.quota == quotaProject && v.ProjectID != 0 {
+	if d.poolOf(v.Pool).get().quota == quotaProject && v.ProjectID != 0 {
 		return d.setVolumeLimit(v, 0)
 	}
 	return nil
@@ -183,20 +184,21 @@ func (d *Driver) mountShows(mp *fsops.MountPoint, v volumeRecord) (bool, error) 
 
 // snapshotDataPath is where a ready snapshot's data lives.
 func (d *Driver) snapshotDataPath(s snapshotRecord) string {
+	pl := d.poolOf(s.Pool).paths
 	switch s.Format {
 	case formatImage:
-		return filepath.Join(d.paths.snapshots(), s.ID+blockSuffix)
+		return filepath.Join(pl.snapshots(), s.ID+blockSuffix)
 	case formatReflink:
-		return filepath.Join(d.paths.snapshots(), s.ID)
+		return filepath.Join(pl.snapshots(), s.ID)
 	case formatTarZst:
-		return filepath.Join(d.paths.snapshots(), s.ID+".tar.zst")
+		return filepath.Join(pl.snapshots(), s.ID+".tar.zst")
 	}
-	return d.paths.snapshotFile(s.ID)
+	return pl.snapshotFile(s.ID)
 }
 
 // snapshotTempPath is where a snapshot is written before it is complete.
 func (d *Driver) snapshotTempPath(s snapshotRecord) string {
-	return filepath.Join(d.paths.tmp(), s.ID+".partial")
+	return filepath.Join(d.poolOf(s.Pool).paths.tmp(), s.ID+".partial")
 }
 
 func (d *Driver) removeSnapshotData(s snapshotRecord) error {
@@ -211,11 +213,19 @@ func (d *Driver) removeSnapshotData(s snapshotRecord) error {
 // away): the record is kept, and the volume serves again once the data is
 // back.
 func (d *Driver) dataPresent(v volumeRecord) error {
+	if v.LocalPath == "" {
+		if _, err := d.usable(d.poolOf(v.Pool)); err != nil {
+			return err
+		}
+	}
 	return present("volume", v.ID, v.Name, d.volumeDataPath(v))
 }
 
 // snapshotPresent is dataPresent for a snapshot.
 func (d *Driver) snapshotPresent(s snapshotRecord) error {
+	if _, err := d.usable(d.poolOf(s.Pool)); err != nil {
+		return err
+	}
 	return present("snapshot", s.ID, s.Name, d.snapshotDataPath(s))
 }
 
@@ -239,8 +249,8 @@ func (d *Driver) expectedBytes(v volumeRecord) int64 {
 		}
 		return 0
 	}
-	if d.quota == quotaProject && v.ProjectID != 0 {
-		if u, err := fsops.GetProjectUsage(d.paths.volumes(), v.ProjectID); err == nil {
+	if p := d.poolOf(v.Pool); p.get().quota == quotaProject && v.ProjectID != 0 {
+		if u, err := fsops.GetProjectUsage(p.paths.volumes(), v.ProjectID); err == nil {
 			return u.UsedBytes
 		}
 	}

@@ -9,7 +9,9 @@ import (
 // FSStats is the space and inode accounting of one file system.
 type FSStats struct {
 	TotalBytes, AvailableBytes int64
-	TotalInodes, FreeInodes    int64
+	// FreeBytes counts the blocks reserved for root too (f_bfree).
+	FreeBytes               int64
+	TotalInodes, FreeInodes int64
 	// Type is the statfs(2) f_type magic (unix.XFS_SUPER_MAGIC, ...).
 	Type int64
 }
@@ -24,6 +26,7 @@ func Statfs(path string) (FSStats, error) {
 	return FSStats{
 		TotalBytes:     int64(s.Blocks) * s.Bsize,
 		AvailableBytes: int64(s.Bavail) * s.Bsize,
+		FreeBytes:      int64(s.Bfree) * s.Bsize,
 		TotalInodes:    int64(s.Files),
 		FreeInodes:     int64(s.Ffree),
 		Type:           s.Type,

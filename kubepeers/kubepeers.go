@@ -20,6 +20,9 @@ import (
 type SecretStore struct {
 	Client          kubernetes.Interface
 	Namespace, Name string
+	// Owner, when set, owns the Secret (the drivers' DaemonSet): deleting
+	// the deployment (kubectl delete -k, helm uninstall) deletes it too.
+	Owner *metav1.OwnerReference
 }
 
 // Load implements transfer.Store.
@@ -47,6 +50,9 @@ func (s *SecretStore) Save(ctx context.Context, data map[string][]byte, version 
 		Type: corev1.SecretTypeOpaque,
 		Data: data,
 	}
+	if s.Owner != nil {
+		sec.OwnerReferences = []metav1.OwnerReference{*s.Owner}
+	}
 	var err error
 	if version == "" {
 		_, err = s.Client.CoreV1().Secrets(s.Namespace).Create(ctx, sec, metav1.CreateOptions{})
@@ -57,6 +63,23 @@ func (s *SecretStore) Save(ctx context.Context, data map[string][]byte, version 
 		return fmt.Errorf("%w: %v", transfer.ErrConflict, err)
 	}
 	return err
+}
+
+// ControllerOf is the controller (the DaemonSet) of pod name in
+// namespace, as an owner for what the drivers make; nil when it has none.
+func ControllerOf(ctx context.Context, client kubernetes.Interface, namespace, name string) (*metav1.OwnerReference, error) {
+	pod, err := client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil {
+		return nil, nil
+	}
+	owner := *ref
+	// Deleting the Secret must not wait for the DaemonSet, nor block it.
+	owner.BlockOwnerDeletion = nil
+	return &owner, nil
 }
 
 // Resolver finds the node whose driver id has a given key, and its

@@ -73,3 +73,29 @@ func TestResolver(t *testing.T) {
 		}
 	}
 }
+
+// TestSecretOwnedByDaemonSet: the authority's Secret is owned by the
+// driver pod's DaemonSet, so deleting the deployment deletes it.
+func TestSecretOwnedByDaemonSet(t *testing.T) {
+	yes := true
+	ds := metav1.OwnerReference{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "hostpath-csi-node", UID: "ds-uid", Controller: &yes, BlockOwnerDeletion: &yes}
+	client := fake.NewClientset(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "hostpath-csi-node-x", Namespace: "ns", OwnerReferences: []metav1.OwnerReference{ds}}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bare", Namespace: "ns"}})
+	owner, err := ControllerOf(context.Background(), client, "ns", "hostpath-csi-node-x")
+	if err != nil || owner == nil || owner.UID != "ds-uid" || owner.BlockOwnerDeletion != nil {
+		t.Fatalf("controller of the driver pod: %+v %v", owner, err)
+	}
+	if o, err := ControllerOf(context.Background(), client, "ns", "bare"); o != nil || err != nil {
+		t.Fatalf("a pod without a controller: %+v %v", o, err)
+	}
+	s := &SecretStore{Client: client, Namespace: "ns", Name: "auth", Owner: owner}
+	for _, version := range []string{"", "1"} {
+		if err := s.Save(context.Background(), map[string][]byte{"k": []byte(version)}, version); err != nil {
+			t.Fatal(err)
+		}
+		sec, err := client.CoreV1().Secrets("ns").Get(context.Background(), "auth", metav1.GetOptions{})
+		if err != nil || len(sec.OwnerReferences) != 1 || sec.OwnerReferences[0].UID != "ds-uid" {
+			t.Fatalf("after save %q the Secret's owners are %+v (%v)", version, sec.OwnerReferences, err)
+		}
+	}
+}

@@ -89,6 +89,23 @@ func (c capacityFlag) Set(s string) error {
 	return nil
 }
 
+// poolFlag collects repeated --pool name=path.
+type poolFlag map[string]string
+
+func (f poolFlag) String() string { return fmt.Sprint(map[string]string(f)) }
+
+func (f poolFlag) Set(s string) error {
+	name, path, ok := strings.Cut(s, "=")
+	if !ok || name == "" || path == "" {
+		return fmt.Errorf("want name=path (for example hdd=/mnt/hdd/hostpath), got %q", s)
+	}
+	if _, dup := f[name]; dup {
+		return fmt.Errorf("pool %q given twice", name)
+	}
+	f[name] = path
+	return nil
+}
+
 // stringList collects a repeatable string flag.
 type stringList []string
 
@@ -135,6 +152,8 @@ func parseFlags(args []string) (options, error) {
 	fs.Int64Var(&o.cfg.MaxVolumesPerNode, "maxvolumespernode", 0, "volumes this node may have published, 0 for no limit")
 	fs.Var(quantityFlag{&o.cfg.MaxVolumeSize}, "max-volume-size", "largest volume to create (quantity, e.g. 1Ti)")
 	fs.Var(&localRoots, "local-root", "a directory static local volumes may come from (repeatable)")
+	pools := poolFlag{}
+	fs.Var(pools, "pool", "a storage pool beside the state dir's own (\"default\"): name=path, a directory on a file system of its own (repeatable); a StorageClass or VolumeSnapshotClass chooses it with the parameter pool")
 	fs.Var(capacity, "capacity", "simulate capacity for a StorageClass kind: kind=quantity (repeatable)")
 	fs.BoolVar(&o.cfg.EnableTopology, "enable-topology", true, "report node topology")
 	fs.BoolVar(&o.cfg.EnableVolumeExpansion, "enable-volume-expansion", true, "offer volume expansion")
@@ -222,6 +241,12 @@ func parseFlags(args []string) (options, error) {
 	}
 	if len(capacity) > 0 {
 		o.cfg.Capacity = capacity
+	}
+	if len(pools) > 0 {
+		if err := csi.CheckPools(pools, o.cfg.StateDir); err != nil {
+			return o, err
+		}
+		o.cfg.Pools = pools
 	}
 	for _, r := range localRoots {
 		if !filepath.IsAbs(r) {

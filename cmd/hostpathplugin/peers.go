@@ -40,8 +40,14 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 		klog.ErrorS(err, "no node-to-node transfer: --transfer-endpoint is not host:port", "endpoint", o.transferEndpoint)
 		return
 	}
+	store := &kubepeers.SecretStore{Client: client, Namespace: namespace(), Name: o.transferSecret}
+	if pod := os.Getenv("POD_NAME"); pod != "" {
+		if store.Owner, err = kubepeers.ControllerOf(ctx, client, namespace(), pod); err != nil {
+			klog.ErrorS(err, "the transfer authority's Secret gets no owner, so deleting the deployment leaves it", "pod", pod)
+		}
+	}
 	creds := &transfer.Credentials{
-		Store:  &kubepeers.SecretStore{Client: client, Namespace: namespace(), Name: o.transferSecret},
+		Store:  store,
 		Driver: o.cfg.DriverName, Node: o.cfg.NodeID,
 	}
 	for backoff := time.Second; ; backoff = min(2*backoff, time.Minute) {

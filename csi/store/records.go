@@ -51,6 +51,9 @@ type Volume struct {
 	// publish fsyncs it, and a start that finds it missing or short (a
 	// power loss) makes it again.
 	Fresh bool `json:"fresh,omitempty"`
+	// Pool is the storage pool the volume's data is in; empty for the
+	// state dir's own (every record from before pools).
+	Pool string `json:"pool,omitempty"`
 }
 
 // Snapshot is what the driver keeps about one snapshot.
@@ -70,6 +73,9 @@ type Snapshot struct {
 	Format      string `json:"format,omitempty"`
 	// Group is the group snapshot this snapshot belongs to, if any.
 	Group string `json:"group,omitempty"`
+	// Pool is the storage pool the snapshot's data is in; empty for the
+	// state dir's own.
+	Pool string `json:"pool,omitempty"`
 }
 
 // Group is a VolumeGroupSnapshot: a set of snapshots made together.

@@ -8,11 +8,14 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -20,6 +23,7 @@ const (
 	driverNS  = "hostpath-csi"
 	busybox   = "docker.io/library/busybox:1.35"
 	stateDir  = "/var/lib/csi-hostpath-data"
+	hddPool   = "/var/lib/csi-hostpath-pools/hdd" // deploy/'s second pool, a disk of its own on every node
 	podsDir   = "/var/lib/kubelet/pods"
 	snapshots = "github.com/kubernetes-csi/external-snapshotter"
 )
@@ -49,10 +53,18 @@ func TestKubernetes(t *testing.T) {
 `)
 		k.must("rollout", "status", "-n", "kube-system", "deployment/snapshot-controller", "--timeout=180s")
 	})
-	step(t, "deploy/ applied with kubectl apply -k, DaemonSet ready", func() {
-		// Only the image reference changes: the driver built here.
-		deployImage(t, k, imageRef(t, filepath.Join(cache, "images", "hostpathplugin.tar")))
-	})
+	withHelm := os.Getenv("HOSTPATH_E2E_INSTALL") == "helm"
+	if withHelm {
+		step(t, "charts/hostpath-csi installed with helm install, DaemonSet ready", func() {
+			// Only the image reference changes: the driver built here.
+			helmInstall(t, k, "install", imageRef(t, filepath.Join(cache, "images", "hostpathplugin.tar")), "--create-namespace")
+		})
+	} else {
+		step(t, "deploy/ applied with kubectl apply -k, DaemonSet ready", func() {
+			// Only the image reference changes: the driver built here.
+			deployImage(t, k, imageRef(t, filepath.Join(cache, "images", "hostpathplugin.tar")))
+		})
+	}
 	nodes := strings.Fields(k.must("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"))
 	step(t, fmt.Sprintf("driver registered with kubelet (CSINode) on %d nodes", len(nodes)), func() {
 		for _, n := range nodes {
@@ -100,6 +112,25 @@ func TestKubernetes(t *testing.T) {
 		})
 	})
 	sum := strings.Fields(k.exec(ns, "writer", "sha256sum", "/data/random"))[0]
+	step(t, "a PVC of StorageClass hostpath-hdd lands in the hdd pool, whose capacity is its own disk's", func() {
+		k.waitFor("CSIStorageCapacity of hostpath-hdd", 120*time.Second, func() (bool, string) {
+			var st unix.Statfs_t
+			if err := unix.Statfs(hddPool, &st); err != nil {
+				return false, err.Error()
+			}
+			c, free := classCapacity(k, "hostpath-hdd"), int64(st.Bavail)*st.Bsize
+			return c > 0 && c < storageCapacity(k) && near(c, free, 8<<20), fmt.Sprintf("%d published, %d free in %s", c, free, hddPool)
+		})
+		k.apply(inClass(pvc("hdd", "64Mi", "Filesystem", ""), "hostpath-hdd"))
+		k.apply(pod("hdd", "hdd", "", "echo on-hdd > /data/where && sync"))
+		k.waitPod(ns, "hdd", "Running", 180*time.Second)
+		handle := k.jsonpath("", "pv/"+k.jsonpath(ns, "pvc/hdd", "{.spec.volumeName}"), "{.spec.csi.volumeHandle}")
+		k.waitFor("the file in the hdd pool's disk", 60*time.Second, func() (bool, string) {
+			b, err := os.ReadFile(filepath.Join(hddPool, "volumes", handle, "where"))
+			return err == nil && strings.TrimSpace(string(b)) == "on-hdd", fmt.Sprint(err)
+		})
+		fmt.Printf("e2e      volume %s of hostpath-hdd is in %s\n", handle, filepath.Join(hddPool, "volumes", handle))
+	})
 	step(t, "CSIStorageCapacity shrinks as volumes are made", func() {
 		k.apply(pvc("filler", "1Gi", "Filesystem", ""))
 		k.apply(pod("filler", "filler", "", "true"))
@@ -215,7 +246,79 @@ spec:
 			return len(left) == 0, strings.Join(left, "; ")
 		})
 	})
+	if withHelm {
+		helmUpgradeUninstall(t, k, imageRef(t, filepath.Join(cache, "images", "hostpathplugin.tar")))
+	}
 	fmt.Printf("e2e total %.1fs\n", time.Since(total).Seconds())
+}
+
+// helm runs the helm built for the tests against the cluster.
+func helm(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(cacheDir(), "bin", "helm"), args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(cacheDir(), "cluster", "admin.kubeconfig"), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// helmInstall installs (or upgrades: verb) the chart with the driver's
+// image ref and waits for the DaemonSet.
+func helmInstall(t *testing.T, k *kube, verb, ref string, extra ...string) {
+	t.Helper()
+	repo, _ := filepath.Abs("../../..")
+	i := strings.LastIndex(ref, ":")
+	args := append([]string{verb, "hostpath-csi", filepath.Join(repo, "charts", "hostpath-csi"), "--namespace", driverNS,
+		"--set", "image.repository=" + ref[:i], "--set", "image.tag=" + ref[i+1:], "--wait", "--timeout", "5m"}, extra...)
+	helm(t, args...)
+	if _, err := k.run("", "rollout", "status", "-n", driverNS, "daemonset/hostpath-csi-node", "--timeout=300s"); err != nil {
+		t.Fatalf("%v\n%s\n%s", err, k.describe(driverNS, "pods"), k.events(driverNS))
+	}
+}
+
+// helmUpgradeUninstall changes a value with helm upgrade (the DaemonSet
+// rolls, the new pods serve), then helm uninstall: nothing of the chart
+// or of what the drivers made (the transfer authority's Secret, capacity
+// objects) is left, and no driver process.
+func helmUpgradeUninstall(t *testing.T, k *kube, ref string) {
+	step(t, "helm upgrade (log level 4) rolls the DaemonSet", func() {
+		helmInstall(t, k, "upgrade", ref, "--reuse-values", "--set", "logLevel=4")
+		if args := k.jsonpath(driverNS, "daemonset/hostpath-csi-node", "{.spec.template.spec.containers[0].args}"); !strings.Contains(args, "-v=4") {
+			t.Fatalf("after helm upgrade the driver's args are %s", args)
+		}
+		k.waitFor("driver registered again", 120*time.Second, func() (bool, string) {
+			d := k.jsonpath("", "csinode/"+k.must("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"), "{.spec.drivers[*].name}")
+			return strings.Contains(d, "hostpath.csi.k8s.io"), d
+		})
+		if h := helm(t, "history", "hostpath-csi", "--namespace", driverNS); !strings.Contains(h, "deployed") || strings.Count(h, "\n") < 3 {
+			t.Fatalf("helm history after the upgrade:\n%s", h)
+		}
+	})
+	step(t, "helm uninstall leaves nothing behind", func() {
+		helm(t, "uninstall", "hostpath-csi", "--namespace", driverNS, "--wait", "--timeout", "5m")
+		k.waitFor("nothing of the chart or the drivers left", 180*time.Second, func() (bool, string) {
+			var left []string
+			for _, what := range []string{"daemonsets,pods,secrets,roles,rolebindings,serviceaccounts,csistoragecapacities,leases.coordination.k8s.io"} {
+				out, _ := k.run("", "get", what, "-n", driverNS, "-o", "name")
+				for _, l := range strings.Fields(out) {
+					if !strings.HasPrefix(l, "serviceaccount/default") && !strings.HasPrefix(l, "secret/default-token") {
+						left = append(left, l)
+					}
+				}
+			}
+			for _, obj := range []string{"csidriver/hostpath.csi.k8s.io", "storageclass/hostpath", "storageclass/hostpath-hdd", "volumesnapshotclass/hostpath", "clusterrole/hostpath-csi-node", "clusterrolebinding/hostpath-csi-node"} {
+				if _, err := k.run("", "get", obj); err == nil {
+					left = append(left, obj)
+				}
+			}
+			if out, _ := exec.Command("pgrep", "-f", "hostpathplugin").Output(); len(strings.TrimSpace(string(out))) > 0 {
+				left = append(left, "hostpathplugin processes "+strings.Join(strings.Fields(string(out)), ","))
+			}
+			return len(left) == 0, strings.Join(left, " ")
+		})
+	})
 }
 
 // takeSnapshot makes a VolumeSnapshot of the claim and waits until it is
@@ -246,8 +349,15 @@ func waitSnapshot(k *kube, name string) {
 func deployImage(t *testing.T, k *kube, ref string) {
 	t.Helper()
 	repo, _ := filepath.Abs("../../..")
+	deployFrom(t, k, filepath.Join(repo, "deploy"), ref)
+}
+
+// deployFrom applies the kustomization in dir (a release's deploy/) with
+// the driver's image ref, and waits for the rollout.
+func deployFrom(t *testing.T, k *kube, dir, ref string) {
+	t.Helper()
 	i := strings.LastIndex(ref, ":")
-	applyOverlay(t, k, filepath.Join(repo, "deploy"), ref[:i], ref[i+1:], "")
+	applyOverlay(t, k, dir, ref[:i], ref[i+1:], "")
 	if _, err := k.run("", "rollout", "status", "-n", driverNS, "daemonset/hostpath-csi-node", "--timeout=300s"); err != nil {
 		t.Fatalf("%v\n%s\n%s", err, k.describe(driverNS, "pods"), k.events(driverNS))
 	}
@@ -280,6 +390,11 @@ func applyOverlay(t *testing.T, k *kube, base, image, tag, extra string) {
 		t.Fatal(err)
 	}
 	k.must("apply", "-k", overlay)
+}
+
+// inClass puts a PVC manifest in another StorageClass.
+func inClass(manifest, class string) string {
+	return strings.Replace(manifest, "storageClassName: hostpath\n", "storageClassName: "+class+"\n", 1)
 }
 
 func pvc(name, size, mode, source string) string {
@@ -324,9 +439,13 @@ spec:
 
 // storageCapacity is the capacity the driver's CSIStorageCapacity object
 // for the hostpath class reports, 0 if there is none yet.
-func storageCapacity(k *kube) int64 {
+func storageCapacity(k *kube) int64 { return classCapacity(k, "hostpath") }
+
+// classCapacity is what the CSIStorageCapacity of a StorageClass reports
+// (on the one node), 0 if there is none.
+func classCapacity(k *kube, class string) int64 {
 	for _, c := range k.items("csistoragecapacities", "-A") {
-		if c["storageClassName"] != "hostpath" {
+		if c["storageClassName"] != class {
 			continue
 		}
 		if q, ok := c["capacity"].(string); ok {

@@ -33,20 +33,26 @@ func nodeRoot(t *testing.T, node string) string {
 }
 
 // nodeFree is what the driver's state dir on that node has free.
-func nodeFree(t *testing.T, node string) int64 {
+func nodeFree(t *testing.T, node string) int64 { return nodeFreeAt(t, node, stateDir) }
+
+// nodeFreeAt is what a directory on that node has free.
+func nodeFreeAt(t *testing.T, node, dir string) int64 {
 	t.Helper()
 	var st unix.Statfs_t
-	if err := unix.Statfs(nodeRoot(t, node)+stateDir, &st); err != nil {
-		t.Fatalf("statfs of node %s's state dir: %v", node, err)
+	if err := unix.Statfs(nodeRoot(t, node)+dir, &st); err != nil {
+		t.Fatalf("statfs of %s on node %s: %v", dir, node, err)
 	}
 	return int64(st.Bavail) * st.Bsize
 }
 
 // nodeCapacity is the capacity the CSIStorageCapacity object of the
 // hostpath class for node reports, -1 if there is none.
-func nodeCapacity(k *kube, node string) int64 {
+func nodeCapacity(k *kube, node string) int64 { return nodeClassCapacity(k, "hostpath", node) }
+
+// nodeClassCapacity is nodeCapacity for another StorageClass.
+func nodeClassCapacity(k *kube, class, node string) int64 {
 	for _, c := range k.items("csistoragecapacities", "-A") {
-		if c["storageClassName"] != "hostpath" {
+		if c["storageClassName"] != class {
 			continue
 		}
 		top, _ := c["nodeTopology"].(map[string]any)
@@ -141,6 +147,37 @@ func manyNodes(t *testing.T, k *kube, nodes []string) {
 		}
 		k.must("delete", "pod", "big", "-n", ns, "--grace-period=1")
 		k.must("delete", "pvc", "big", "-n", ns)
+	})
+	step(t, "the hdd pool: each node's capacity is its hdd disk's, and a PVC of hostpath-hdd that fits only in the largest lands there", func() {
+		hddLargest, hddMax, hddOthers := "", int64(0), int64(0)
+		for _, n := range nodes {
+			k.waitFor("hdd capacity of "+n, 120*time.Second, func() (bool, string) {
+				c, free := nodeClassCapacity(k, "hostpath-hdd", n), nodeFreeAt(t, n, hddPool)
+				return c > 0 && near(c, free, 8<<20), fmt.Sprintf("%d published, %d free", c, free)
+			})
+			if c := nodeClassCapacity(k, "hostpath-hdd", n); c > hddMax {
+				hddLargest, hddOthers, hddMax = n, hddMax, c
+			} else {
+				hddOthers = max(hddOthers, c)
+			}
+		}
+		if hddLargest == largest {
+			t.Fatalf("the largest hdd pool is on %s, which also has the largest state dir: the placement below would not tell pools apart", hddLargest)
+		}
+		size := (hddOthers + hddMax) / 2
+		k.apply(inClass(pvc("hddbig", strconv.FormatInt(size>>20, 10)+"Mi", "Filesystem", ""), "hostpath-hdd"))
+		k.apply(pod("hddbig", "hddbig", "", "echo hdd > /data/where && sync"))
+		k.waitPod(ns, "hddbig", "Running", 180*time.Second)
+		if got := k.jsonpath(ns, "pod/hddbig", "{.spec.nodeName}"); got != hddLargest {
+			t.Fatalf("a %d MiB hdd volume's pod runs on %s, want %s (the other hdd pools have at most %d bytes)", size>>20, got, hddLargest, hddOthers)
+		}
+		handle := k.jsonpath("", "pv/"+k.jsonpath(ns, "pvc/hddbig", "{.spec.volumeName}"), "{.spec.csi.volumeHandle}")
+		if _, err := os.Stat(filepath.Join(nodeRoot(t, hddLargest), hddPool, "volumes", handle, "where")); err != nil {
+			t.Fatalf("the volume is not in %s's hdd pool: %v", hddLargest, err)
+		}
+		fmt.Printf("e2e      a %d MiB hostpath-hdd volume placed on %s, the only hdd pool with room (state dirs: %s is largest)\n", size>>20, hddLargest, largest)
+		k.must("delete", "pod", "hddbig", "-n", ns, "--grace-period=1")
+		k.must("delete", "pvc", "hddbig", "-n", ns)
 	})
 	step(t, "a PVC that fits nowhere stays Pending, and the event says why", func() {
 		k.apply(pvc("huge", "64Gi", "Filesystem", ""))
@@ -407,13 +444,15 @@ func leftoversIn(root, mountinfo string) []string {
 			left = append(left, "loop device for "+strings.TrimSpace(string(b)))
 		}
 	}
-	for _, d := range []string{"volumes", "snapshots"} {
-		entries, _ := os.ReadDir(filepath.Join(root, stateDir, d))
-		for _, e := range entries {
-			if e.Name() == ".hostpath-volumes" { // the driver's marker stays
-				continue
+	for _, dir := range []string{stateDir, hddPool} {
+		for _, d := range []string{"volumes", "snapshots"} {
+			entries, _ := os.ReadDir(filepath.Join(root, dir, d))
+			for _, e := range entries {
+				if e.Name() == ".hostpath-volumes" { // the driver's marker stays
+					continue
+				}
+				left = append(left, filepath.Join(dir, d, e.Name()))
 			}
-			left = append(left, filepath.Join(stateDir, d, e.Name()))
 		}
 	}
 	return left
@@ -451,9 +490,15 @@ func rollingUpgrade(t *testing.T, k *kube, nodes []string) {
 	}
 	prevRef := imageRef(t, prev[0])
 	curRef := imageRef(t, filepath.Join(cacheDir(), "images", "hostpathplugin.tar"))
+	// The previous release is deployed with its own manifests (its flags),
+	// and upgraded by applying this one's, as a user does.
+	prevDeploy := filepath.Join(cacheDir(), "images", "previous-deploy-"+strings.TrimSuffix(strings.TrimPrefix(filepath.Base(prev[0]), "hostpathplugin-previous-"), ".tar"))
+	if _, err := os.Stat(prevDeploy); err != nil {
+		t.Fatalf("the previous release's deploy/: %v (make image-previous exports it)", err)
+	}
 	sums := map[string]string{}
-	step(t, "previous release ("+prevRef[strings.LastIndex(prevRef, ":")+1:]+") on every node, a writer on each", func() {
-		deployImage(t, k, prevRef)
+	step(t, "previous release ("+prevRef[strings.LastIndex(prevRef, ":")+1:]+") deployed with its own manifests on every node, a writer on each", func() {
+		deployFrom(t, k, prevDeploy, prevRef)
 		runsImage(t, k, prevRef)
 		for i, n := range nodes {
 			name := fmt.Sprintf("up-%d", i)

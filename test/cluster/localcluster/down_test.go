@@ -35,7 +35,7 @@ func (c *cluster) down() error {
 		exec.Command(filepath.Join(c.bin, "kube-proxy"), "--cleanup").Run()
 	}
 	dropRules()
-	unmountUnder(kubeletDir, c.state, netnsDir, driverData)
+	unmountUnder(kubeletDir, c.state, netnsDir, driverData, poolsDir)
 	if ns, _ := filepath.Glob(filepath.Join(netnsDir, "cni-*")); len(ns) > 0 {
 		for _, n := range ns {
 			os.Remove(n)
@@ -43,6 +43,7 @@ func (c *cluster) down() error {
 	}
 	exec.Command("ip", "link", "delete", bridgeDevice).Run()
 	detachLoops(driverData)
+	detachLoops(c.path("hdd.img"))
 	// The nodes' disks are loop-mounted with autoclear and go with their
 	// mount namespaces; any still bound is let go here.
 	detachLoops(c.path("nodes"))
@@ -52,7 +53,7 @@ func (c *cluster) down() error {
 			return fmt.Errorf("making / private again: %w", err)
 		}
 	}
-	for _, d := range []string{c.state, kubeletDir, driverData} {
+	for _, d := range []string{c.state, kubeletDir, driverData, poolsDir} {
 		if err := os.RemoveAll(d); err != nil {
 			return err
 		}
@@ -298,10 +299,10 @@ func (c *cluster) leftovers() []string {
 	if len(cgroupDirs()) > 0 && !allRemoved(cgroupDirs()) {
 		left = append(left, "cgroups "+strings.Join(cgroupDirs(), ", "))
 	}
-	for _, m := range mountsUnder(kubeletDir, c.state, netnsDir, driverData) {
+	for _, m := range mountsUnder(kubeletDir, c.state, netnsDir, driverData, poolsDir) {
 		left = append(left, "mount "+m)
 	}
-	for _, l := range append(loopsUnder(driverData), loopsUnder(c.path("nodes"))...) {
+	for _, l := range append(append(loopsUnder(driverData), loopsUnder(c.path("nodes"))...), loopsUnder(c.path("hdd.img"))...) {
 		left = append(left, "loop device "+l)
 	}
 	if ns, _ := filepath.Glob(filepath.Join(netnsDir, "cni-*")); len(ns) > 0 {

@@ -26,12 +26,16 @@ import (
 // The cluster's fixed addresses: virtual service IPs, and a bridge for
 // pods that exists only on this machine.
 const (
-	serviceCIDR  = "10.0.0.0/24"
-	serviceIP    = "10.0.0.1"
-	podCIDR      = "10.88.0.0/16"
-	apiPort      = 6443
-	kubeletDir   = "/var/lib/kubelet"
-	driverData   = "/var/lib/csi-hostpath-data"
+	serviceCIDR = "10.0.0.0/24"
+	serviceIP   = "10.0.0.1"
+	podCIDR     = "10.88.0.0/16"
+	apiPort     = 6443
+	kubeletDir  = "/var/lib/kubelet"
+	driverData  = "/var/lib/csi-hostpath-data"
+	// poolsDir holds the driver's second pool, hdd (deploy/'s --pool
+	// hdd=...): a disk image of its own on every node.
+	poolsDir     = "/var/lib/csi-hostpath-pools"
+	hddPool      = poolsDir + "/hdd"
 	pauseImage   = "registry.k8s.io/pause:3.10"
 	netnsDir     = "/var/run/netns"
 	bridgeDevice = "cni0"

@@ -39,6 +39,7 @@ type node struct {
 	IP      string
 	PodCIDR string
 	DiskMiB int
+	HddMiB  int    // the hdd pool's disk
 	Bin     string // the cluster's binaries
 	Images  string
 	PodNet  string // the whole pod network, for kube-proxy
@@ -76,9 +77,28 @@ func (c *cluster) nodes(n int) []*node {
 			IP: fmt.Sprintf("%s.%d", nodesNet, k+1), PodCIDR: fmt.Sprintf("10.88.%d.0/24", k),
 			// Different sizes, so capacities differ between nodes.
 			DiskMiB: 2048 * (k + 1), Bin: c.bin, Images: c.images, PodNet: podCIDR,
+			// The other way round: the node with the smallest state
+			// disk has the largest hdd pool.
+			HddMiB: 1024 * (n + 1 - k),
 		})
 	}
 	return out
+}
+
+// makeDisk makes a sparse ext4 image of mib MiB.
+func makeDisk(img string, mib int, label string) error {
+	f, err := os.Create(img)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	if err := os.Truncate(img, int64(mib)<<20); err != nil {
+		return err
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-L", label, img).CombinedOutput(); err != nil {
+		return fmt.Errorf("mkfs.ext4 %s: %v: %s", img, err, out)
+	}
+	return nil
 }
 
 func (n *node) path(parts ...string) string {
@@ -101,17 +121,11 @@ func (c *cluster) startNode(n *node, p *pki, server string) error {
 			return err
 		}
 	}
-	img := n.path("disk.img")
-	f, err := os.Create(img)
-	if err != nil {
+	if err := makeDisk(n.path("disk.img"), n.DiskMiB, n.Name); err != nil {
 		return err
 	}
-	f.Close()
-	if err := os.Truncate(img, int64(n.DiskMiB)<<20); err != nil {
+	if err := makeDisk(n.path("hdd.img"), n.HddMiB, n.Name+"-hdd"); err != nil {
 		return err
-	}
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-L", n.Name, img).CombinedOutput(); err != nil {
-		return fmt.Errorf("mkfs.ext4 %s: %v: %s", img, err, out)
 	}
 	if err := p.issueNode(n, server); err != nil {
 		return err
@@ -239,7 +253,8 @@ func nodeInit(cfg string) error {
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mounting /proc: %w", err)
 	}
-	mounts := map[string]string{driverData: ""}
+	disks := map[string]string{driverData: "disk.img", hddPool: "hdd.img"}
+	mounts := map[string]string{driverData: "", hddPool: ""}
 	for dst, d := range nodeDirs {
 		mounts[dst] = n.path(d)
 	}
@@ -248,9 +263,10 @@ func nodeInit(cfg string) error {
 			return err
 		}
 		if src == "" {
-			// The driver's state dir is the node's own disk.
-			if out, err := exec.Command("mount", "-o", "loop", n.path("disk.img"), dst).CombinedOutput(); err != nil {
-				return fmt.Errorf("mounting %s on %s: %v: %s", n.path("disk.img"), dst, err, out)
+			// The driver's state dir and its hdd pool are the node's
+			// own disks.
+			if out, err := exec.Command("mount", "-o", "loop", n.path(disks[dst]), dst).CombinedOutput(); err != nil {
+				return fmt.Errorf("mounting %s on %s: %v: %s", n.path(disks[dst]), dst, err, out)
 			}
 		} else if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("bind %s on %s: %w", src, dst, err)
@@ -378,7 +394,7 @@ func (c *cluster) upNodes(p *pki, server string, count int) error {
 		if err := c.startNode(n, p, server); err != nil {
 			return err
 		}
-		c.log("node %s started: %s, pods %s, a %d MiB disk for the driver", n.Name, n.IP, n.PodCIDR, n.DiskMiB)
+		c.log("node %s started: %s, pods %s, a %d MiB disk for the driver's state dir and a %d MiB one for its hdd pool", n.Name, n.IP, n.PodCIDR, n.DiskMiB, n.HddMiB)
 	}
 	a := newAPI(server, p)
 	for _, n := range nodes {

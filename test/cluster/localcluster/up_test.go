@@ -135,6 +135,16 @@ func (c *cluster) up() error {
 	if count > 1 {
 		return c.upNodes(p, server, count)
 	}
+	// The driver's hdd pool is a disk of its own, as on the nodes.
+	if err := makeDisk(c.path("hdd.img"), 1024, "hdd"); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(hddPool, 0o755); err != nil {
+		return err
+	}
+	if out, err := exec.Command("mount", "-o", "loop", c.path("hdd.img"), hddPool).CombinedOutput(); err != nil {
+		return fmt.Errorf("mounting %s on %s: %v: %s", c.path("hdd.img"), hddPool, err, out)
+	}
 	if err := c.startContainerd(); err != nil {
 		return err
 	}

@@ -1,0 +1,283 @@
+package csi
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	"github.com/hostpath-csi/hostpath/fsops"
+)
+
+// DefaultPool names the state dir's own pool: volumes whose StorageClass
+// names no pool go there, and every record written before pools existed is
+// in it (its records leave the pool out).
+const DefaultPool = "default"
+
+// paramPool chooses a volume's pool (StorageClass) or a snapshot's
+// (VolumeSnapshotClass; by default the source volume's).
+const paramPool = "pool"
+
+// poolMarker is the file in a pool's directory that names the pool: the
+// proof that the directory is the pool's home and not an empty mount
+// point whose disk has not arrived.
+const poolMarker = ".hostpath-pool"
+
+var validPoolName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// CheckPools checks --pool names and paths before anything starts.
+func CheckPools(pools map[string]string, stateDir string) error {
+	if abs, err := filepath.Abs(stateDir); err == nil {
+		stateDir = abs
+	}
+	for name, path := range pools {
+		switch {
+		case name == DefaultPool:
+			return fmt.Errorf("--pool %s=%s: %q is the state dir's own pool; give this one another name", name, path, DefaultPool)
+		case !validPoolName.MatchString(name):
+			return fmt.Errorf("--pool %s=%s: a pool name is lower-case letters, digits and dashes (at most 63, as a Kubernetes label value)", name, path)
+		case !filepath.IsAbs(path):
+			return fmt.Errorf("--pool %s=%s: the path must be absolute", name, path)
+		case within(path, stateDir) || within(stateDir, path):
+			return fmt.Errorf("--pool %s=%s: a pool may not hold or lie inside the state dir %s", name, path, stateDir)
+		}
+		for other, op := range pools {
+			if other != name && (within(path, op) || within(op, path)) {
+				return fmt.Errorf("--pool %s=%s and --pool %s=%s overlap: each pool needs a directory of its own", name, path, other, op)
+			}
+		}
+	}
+	return nil
+}
+
+// pool is one directory holding volumes and snapshots (volumes/,
+// snapshots/, tmp/), on a file system of its own. Its state changes when a
+// pool that was down comes back.
+type pool struct {
+	name  string
+	paths layout
+	// mu serialises bringing the pool up; state is read without it.
+	mu    sync.Mutex
+	state atomic.Pointer[poolState]
+}
+
+// poolState is what is known of a pool: up with the file system's
+// abilities, or down and why.
+type poolState struct {
+	down    error
+	quota   quotaMode
+	reflink bool
+}
+
+func (p *pool) get() *poolState { return p.state.Load() }
+
+// pools lists the pools, the default first, then by name.
+func (d *Driver) poolList() []*pool {
+	out := []*pool{d.pools[DefaultPool]}
+	names := make([]string, 0, len(d.pools))
+	for n := range d.pools {
+		if n != DefaultPool {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		out = append(out, d.pools[n])
+	}
+	return out
+}
+
+// poolNames lists the pools' names for messages.
+func (d *Driver) poolNames() string {
+	var names []string
+	for _, p := range d.poolList() {
+		names = append(names, p.name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// poolOf is the pool a record names ("" is the default). A pool no longer
+// configured is a down pool of its own, so its records are kept and
+// refused with a message saying so.
+func (d *Driver) poolOf(name string) *pool {
+	if name == "" {
+		name = DefaultPool
+	}
+	if p, ok := d.pools[name]; ok {
+		return p
+	}
+	p := &pool{name: name}
+	p.state.Store(&poolState{down: fmt.Errorf("pool %q is not configured on this node (--pool %s=PATH)", name, name)})
+	return p
+}
+
+// choosePool reads the pool a request's parameters name; an unknown one is
+// InvalidArgument naming the node's pools.
+func (d *Driver) choosePool(params map[string]string) (*pool, error) {
+	name, ok := params[paramPool]
+	if !ok || name == "" {
+		return d.pools[DefaultPool], nil
+	}
+	p, ok := d.pools[name]
+	if !ok {
+		return nil, invalid("parameter %s=%q: this node has the pools %s", paramPool, name, d.poolNames())
+	}
+	return p, nil
+}
+
+// recordPool is what a record stores for a pool: nothing for the default,
+// so state dirs from before pools stay byte for byte the same.
+func recordPool(p *pool) string {
+	if p.name == DefaultPool {
+		return ""
+	}
+	return p.name
+}
+
+// usable answers the state of a pool a request needs. A pool that is down
+// is FailedPrecondition naming the path and the cause; watchPools brings
+// it up once its disk is back, without a restart. Requests never bring a
+// pool up themselves: that repairs the pool's records, which no request
+// may be using.
+func (d *Driver) usable(p *pool) (*poolState, error) {
+	st := p.get()
+	if st.down != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "pool %s (%s) is down: %v; its volumes and snapshots are refused until it is back, which needs no restart", p.name, p.paths.root, st.down)
+	}
+	return st, nil
+}
+
+// watchPools tries, every interval until stop is closed, to bring up the
+// pools that are down.
+func (d *Driver) watchPools(every time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		for _, p := range d.poolList()[1:] {
+			if p.get().down != nil {
+				d.openPool(p)
+			}
+		}
+	}
+}
+
+// openPool brings a pool other than the default up, or records why it is
+// down. Its directory must be the pool's: the marker names it, or, the
+// first time, the directory holds no record's data, is on a file system
+// other than the state dir's (an empty mount point of a late disk is not)
+// and gets the marker. Once up, what start does for the state dir is done
+// for the pool: unfinished work cleared, interrupted operations finished,
+// block volumes attached.
+func (d *Driver) openPool(p *pool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.get().down == nil {
+		return
+	}
+	st, err := d.preparePool(p)
+	if err == nil {
+		err = d.reconcilePool(p)
+	}
+	if err != nil {
+		if prev := p.get().down; prev == nil || prev.Error() != err.Error() {
+			klog.ErrorS(err, "pool is down: its volumes and snapshots are refused until it is back", "pool", p.name, "path", p.paths.root)
+		}
+		p.state.Store(&poolState{down: err})
+		return
+	}
+	p.state.Store(st)
+	klog.InfoS("pool is up", "pool", p.name, "path", p.paths.root, "quota", st.quota.String(), "reflink", st.reflink)
+	if err := d.reattachBlockVolumes(p); err != nil {
+		klog.ErrorS(err, "re-attaching the pool's block volumes; each is attached on publish", "pool", p.name)
+	}
+}
+
+func (d *Driver) preparePool(p *pool) (*poolState, error) {
+	root := p.paths.root
+	fi, err := os.Stat(root)
+	if err != nil {
+		return nil, fmt.Errorf("its directory: %w", err)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("%s is not a directory", root)
+	}
+	marker := filepath.Join(root, poolMarker)
+	b, err := os.ReadFile(marker)
+	switch {
+	case err == nil:
+		if got := strings.TrimSpace(string(b)); got != p.name {
+			return nil, fmt.Errorf("%s says this directory is pool %q, not %q: fix --pool", marker, got, p.name)
+		}
+	case errors.Is(err, os.ErrNotExist):
+		if d.poolHasRecords(p.name) {
+			return nil, fmt.Errorf("%s is missing, yet volumes or snapshots are recorded in this pool: is its disk mounted?", marker)
+		}
+		pdev, _, _, err := fsops.Identity(root)
+		if err != nil {
+			return nil, err
+		}
+		sdev, _, _, err := fsops.Identity(d.paths.root)
+		if err != nil {
+			return nil, err
+		}
+		if pdev == sdev {
+			return nil, fmt.Errorf("%s is on the state dir's file system: a pool is a file system of its own (is its disk mounted?)", root)
+		}
+		for _, dir := range []string{p.paths.volumes(), p.paths.snapshots(), p.paths.tmp()} {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return nil, err
+			}
+		}
+		if err := fsops.WriteFileAtomic(marker, []byte(p.name+"\n"), 0o644); err != nil {
+			return nil, fmt.Errorf("marking %s as pool %s: %w", root, p.name, err)
+		}
+	default:
+		return nil, err
+	}
+	for _, dir := range []string{p.paths.volumes(), p.paths.snapshots(), p.paths.tmp()} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := probeWritable(p.paths.tmp(), ".write-probe"); err != nil {
+		return nil, fmt.Errorf("not writable: %w", err)
+	}
+	return &poolState{quota: detectQuota(p.paths.volumes()), reflink: fsops.ReflinkSupported(p.paths.tmp())}, nil
+}
+
+// poolHasRecords reports whether any record is in pool name.
+func (d *Driver) poolHasRecords(name string) bool {
+	for _, v := range d.st.Volumes.All() {
+		if v.Pool == name {
+			return true
+		}
+	}
+	for _, s := range d.st.Snapshots.All() {
+		if s.Pool == name {
+			return true
+		}
+	}
+	return false
+}
+
+// tmpBeside is the tmp directory of the pool a volume or snapshot path
+// (<pool>/volumes/<id>... or <pool>/snapshots/<id>...) is in: partial
+// files are renamed into place, so they are made on the same file system.
+func tmpBeside(path string) string {
+	return filepath.Join(filepath.Dir(filepath.Dir(path)), "tmp")
+}
