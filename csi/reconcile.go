@@ -86,13 +86,15 @@ func (d *Driver) reconcileRecords(p *pool, home bool) error {
 					continue
 				}
 			}
-			if v.Fresh && (home || d.dataPresent(v) == nil) {
+			// The data's own presence: the pool being reconciled is not
+			// up yet, so dataPresent would answer for the pool.
+			if v.Fresh && (home || present("volume", v.ID, v.Name, d.volumeDataPath(v)) == nil) {
 				if err := d.repairFresh(v); err != nil {
 					return err
 				}
 				continue
 			}
-			if err := d.dataPresent(v); err != nil {
+			if err := present("volume", v.ID, v.Name, d.volumeDataPath(v)); err != nil {
 				klog.InfoS("volume data is missing; its record is kept and publish refused until the data is back", "volume_id", v.ID, "name", v.Name, "path", d.volumeDataPath(v))
 			}
 		}
@@ -111,7 +113,7 @@ func (d *Driver) reconcileRecords(p *pool, home bool) error {
 				return err
 			}
 		case phaseReady:
-			if err := d.snapshotPresent(s); err != nil {
+			if err := present("snapshot", s.ID, s.Name, d.snapshotDataPath(s)); err != nil {
 				klog.InfoS("snapshot data is missing; its record is kept and restores refused until the data is back", "snapshot_id", s.ID, "name", s.Name, "path", d.snapshotDataPath(s))
 			}
 		}
