@@ -238,6 +238,9 @@ func (d *Driver) preparePool(p *pool) (*poolState, error) {
 		if pdev == sdev {
 			return nil, fmt.Errorf("%s is on the state dir's file system: a pool is a file system of its own (is its disk mounted?)", root)
 		}
+		// The layout first: the marker's write fsyncs the pool's
+		// directory, and with it these entries, so a marked pool never
+		// comes back from a power loss without its volumes directory.
 		for _, dir := range []string{p.paths.volumes(), p.paths.snapshots(), p.paths.tmp()} {
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				return nil, err
@@ -249,6 +252,7 @@ func (d *Driver) preparePool(p *pool) (*poolState, error) {
 	default:
 		return nil, err
 	}
+	// A marked pool whose tmp/ (say) was removed by hand gets it back.
 	for _, dir := range []string{p.paths.volumes(), p.paths.snapshots(), p.paths.tmp()} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
