@@ -216,12 +216,10 @@ func (d *Driver) releaseBlockDevice(rdev uint64, v volumeRecord) error {
 	return nil
 }
 
-// reattachBlockVolumes gives every block volume its loop device back after
-// a restart or reboot, before Probe reports ready.
-//
-// only limits it to one pool (one coming up); nil means every pool that is
-// up.
-func (d *Driver) reattachBlockVolumes(only *pool) error {
+// reattachBlockVolumes gives every block volume of the pools that are up
+// its loop device back after a restart or reboot (before Probe reports
+// ready), or when a pool comes up; those already bound are left alone.
+func (d *Driver) reattachBlockVolumes() error {
 	bound, err := loop.List()
 	if err != nil {
 		return err
@@ -236,7 +234,7 @@ func (d *Driver) reattachBlockVolumes(only *pool) error {
 		if v.AccessType != accessBlock || v.Phase != phaseReady {
 			continue
 		}
-		if p := d.poolOf(v.Pool); (only != nil && p != only) || (only == nil && p.get().down != nil) {
+		if d.poolOf(v.Pool).get().down != nil {
 			continue
 		}
 		path := d.volumeDataPath(v)

@@ -83,6 +83,7 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 	if err != nil {
 		return nil, err
 	}
+	st := pl.get()
 	zero := &csi.GetCapacityResponse{}
 	if len(req.GetVolumeCapabilities()) > 0 {
 		if _, err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
@@ -114,12 +115,12 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 			}
 			avail = max(avail, left)
 		}
-	} else if pl.get().down != nil {
+	} else if st.down != nil {
 		return zero, nil // a pool that is down has no room now
 	} else if avail, err = d.availableBytes(pl, all); err != nil {
 		return nil, toStatus(err, "reading pool %s's free space", pl.name)
 	}
-	if pl.get().quota == quotaNone {
+	if st.quota == quotaNone {
 		klog.V(2).InfoS("GetCapacity: directory volume sizes are accounted, not enforced (no project quotas or btrfs quota groups on the state dir)")
 	}
 	resp := &csi.GetCapacityResponse{AvailableCapacity: avail}

@@ -46,9 +46,9 @@ func (d *Driver) snapshotOptions(params map[string]string, access string, src *p
 		src = d.pools[DefaultPool]
 	}
 	dst = src
-	if name, ok := params[paramPool]; ok && name != "" {
-		if dst, ok = d.pools[name]; !ok {
-			return "", false, nil, invalid("parameter %s=%q: this node has the pools %s", paramPool, name, d.poolNames())
+	if params[paramPool] != "" {
+		if dst, err = d.choosePool(params); err != nil {
+			return "", false, nil, err
 		}
 	}
 	canReflink := dst == src && dst.get().reflink
@@ -352,7 +352,7 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 // its lock.
 func (d *Driver) deleteSnapshot(s snapshotRecord) error {
 	id := s.ID
-	if _, err := d.usable(d.poolOf(s.Pool)); err != nil {
+	if err := d.snapshotPoolUp(s); err != nil {
 		return err
 	}
 	s.Phase = phaseDeleting

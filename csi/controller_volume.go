@@ -277,10 +277,8 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	}
 	// In a pool that is down the data cannot be reached: removing the
 	// record alone would leave it owned by nothing once the disk is back.
-	if v.LocalPath == "" {
-		if _, err := d.usable(d.poolOf(v.Pool)); err != nil {
-			return nil, err
-		}
+	if err := d.volumePoolUp(v); err != nil {
+		return nil, err
 	}
 	v.Phase = phaseDeleting
 	if err := d.st.Volumes.Put(v); err != nil {

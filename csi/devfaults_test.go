@@ -331,36 +331,75 @@ func ioError(err error) bool {
 		(strings.Contains(err.Error(), "input/output error") || strings.Contains(err.Error(), "read-only file system"))
 }
 
+// faultWorld is a driver on a flakey disk with a volume holding data and a
+// snapshot of it, both made while the disk was healthy.
+type faultWorld struct {
+	f                 *flakeyDisk
+	cfg               Config
+	d                 *Driver
+	src, srcSum, snap string
+}
+
+func newFaultWorld(t *testing.T, fstype string, snapParams map[string]string) *faultWorld {
+	w := &faultWorld{f: newFlakeyDisk(t, fstype)}
+	w.cfg = deviceFaultConfig(t, w.f)
+	w.d = startDriver(t, w.cfg)
+	w.src = mustCreate(t, w.d, "pvc-src", 16<<20).GetVolumeId()
+	writeSynced(t, filepath.Join(w.d.paths.volumeDir(w.src), "data"), 4<<20)
+	w.srcSum = treeSum(t, w.d.paths.volumeDir(w.src))
+	snap, err := w.d.CreateSnapshot(ctx, snapReq("snap", w.src, snapParams))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.snap = snap.GetSnapshot().GetSnapshotId()
+	return w
+}
+
+// restart is what a failed disk or a power cut needs: the old driver
+// goes, the disk is healthy and mounted again, a new driver starts on it.
+// The source keeps its bytes and nothing half-made is listed.
+func (w *faultWorld) restart(t *testing.T) {
+	t.Helper()
+	w.d.Close()
+	w.f.powerCycle(t)
+	w.d = startDriver(t, w.cfg)
+	if got := treeSum(t, w.d.paths.volumeDir(w.src)); got != w.srcSum {
+		t.Fatal("the source volume lost data acknowledged before the disk went bad")
+	}
+	checkNothingHalfMade(t, w.d)
+}
+
+// restoreMatches restores the snapshot by req and compares the bytes.
+func (w *faultWorld) restoreMatches(t *testing.T, req *csi.CreateVolumeRequest) {
+	t.Helper()
+	r, err := w.d.CreateVolume(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := treeSum(t, w.d.paths.volumeDir(r.GetVolume().GetVolumeId())); got != w.srcSum {
+		t.Fatal("the restore differs from its snapshot")
+	}
+}
+
 // stateWriteErrors: every write to the disk fails. The requests fail
 // cleanly, Probe says the driver needs the restart a failed disk needs,
 // and after it (disk healthy, mounted again, driver started) everything
 // acknowledged before is there with its bytes, nothing half-made is
 // listed, and the same requests succeed.
 func stateWriteErrors(t *testing.T, fstype string) {
-	f := newFlakeyDisk(t, fstype)
-	cfg := deviceFaultConfig(t, f)
-	d := startDriver(t, cfg)
-	src := mustCreate(t, d, "pvc-src", 16<<20).GetVolumeId()
-	writeSynced(t, filepath.Join(d.paths.volumeDir(src), "data"), 4<<20)
-	srcSum := treeSum(t, d.paths.volumeDir(src))
-	snap, err := d.CreateSnapshot(ctx, snapReq("snap", src, map[string]string{"compression": "zstd"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sid := snap.GetSnapshot().GetSnapshotId()
-
-	f.set(t, f.whole("1 error_writes"))
-	restore := fromSnapshot("pvc-restore", sid, 64<<20)
+	w := newFaultWorld(t, fstype, map[string]string{"compression": "zstd"})
+	w.f.set(t, w.f.whole("1 error_writes"))
+	restore := fromSnapshot("pvc-restore", w.snap, 64<<20)
 	requests := []struct {
 		name string
 		call func() error
 	}{
-		{"restore", func() error { _, err := d.CreateVolume(ctx, restore); return err }},
+		{"restore", func() error { _, err := w.d.CreateVolume(ctx, restore); return err }},
 		{"snapshot", func() error {
-			_, err := d.CreateSnapshot(ctx, snapReq("snap-2", src, map[string]string{"format": "tar.gz"}))
+			_, err := w.d.CreateSnapshot(ctx, snapReq("snap-2", w.src, map[string]string{"format": "tar.gz"}))
 			return err
 		}},
-		{"create", func() error { _, err := d.CreateVolume(ctx, createReq("pvc-new", 1<<20)); return err }},
+		{"create", func() error { _, err := w.d.CreateVolume(ctx, createReq("pvc-new", 1<<20)); return err }},
 	}
 	for _, r := range requests {
 		err := r.call()
@@ -369,30 +408,16 @@ func stateWriteErrors(t *testing.T, fstype string) {
 		}
 		t.Logf("%s: %v", r.name, err)
 	}
-	_, perr := d.Probe(ctx, &csi.ProbeRequest{})
+	_, perr := w.d.Probe(ctx, &csi.ProbeRequest{})
 	t.Logf("Probe with the disk failing: %v", perr)
 
-	// The restart: the old driver goes, the disk is healthy and mounted
-	// again, a new driver starts on it.
-	d.Close()
-	f.powerCycle(t)
-	d = startDriver(t, cfg)
-	if got := treeSum(t, d.paths.volumeDir(src)); got != srcSum {
-		t.Fatal("the source volume lost data")
-	}
-	checkNothingHalfMade(t, d)
+	w.restart(t)
 	for _, r := range requests {
 		if err := r.call(); err != nil {
 			t.Fatalf("%s with the disk healthy again: %v", r.name, err)
 		}
 	}
-	r, err := d.CreateVolume(ctx, restore)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := treeSum(t, d.paths.volumeDir(r.GetVolume().GetVolumeId())); got != srcSum {
-		t.Fatal("the restore differs from its snapshot")
-	}
+	w.restoreMatches(t, restore)
 }
 
 // droppedWrites: the disk acknowledges every write and keeps none, then
@@ -400,30 +425,23 @@ func stateWriteErrors(t *testing.T, fstype string) {
 // there with its bytes; what was done on the lying disk is either wholly
 // there or not listed at all; the same requests then succeed.
 func droppedWrites(t *testing.T, fstype string) {
-	f := newFlakeyDisk(t, fstype)
-	cfg := deviceFaultConfig(t, f)
-	d := startDriver(t, cfg)
-	src := mustCreate(t, d, "pvc-src", 16<<20).GetVolumeId()
-	writeSynced(t, filepath.Join(d.paths.volumeDir(src), "data"), 4<<20)
-	srcSum := treeSum(t, d.paths.volumeDir(src))
-	snap, err := d.CreateSnapshot(ctx, snapReq("snap", src, map[string]string{"format": "tar.gz"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sid := snap.GetSnapshot().GetSnapshotId()
-	doomed := mustCreate(t, d, "pvc-doomed", 1<<20).GetVolumeId()
+	w := newFaultWorld(t, fstype, map[string]string{"format": "tar.gz"})
+	doomed := mustCreate(t, w.d, "pvc-doomed", 1<<20).GetVolumeId()
 
-	f.set(t, f.whole("1 drop_writes"))
+	w.f.set(t, w.f.whole("1 drop_writes"))
 	requests := []struct {
 		name string
 		call func() error
 	}{
-		{"restore", func() error { _, err := d.CreateVolume(ctx, fromSnapshot("pvc-restore", sid, 16<<20)); return err }},
-		{"snapshot", func() error {
-			_, err := d.CreateSnapshot(ctx, snapReq("snap-2", src, map[string]string{"compression": "zstd"}))
+		{"restore", func() error {
+			_, err := w.d.CreateVolume(ctx, fromSnapshot("pvc-restore", w.snap, 16<<20))
 			return err
 		}},
-		{"delete", func() error { _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: doomed}); return err }},
+		{"snapshot", func() error {
+			_, err := w.d.CreateSnapshot(ctx, snapReq("snap-2", w.src, map[string]string{"compression": "zstd"}))
+			return err
+		}},
+		{"delete", func() error { _, err := w.d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: doomed}); return err }},
 	}
 	for _, r := range requests {
 		if err := r.call(); err != nil {
@@ -432,19 +450,13 @@ func droppedWrites(t *testing.T, fstype string) {
 	}
 	// The power is cut: the driver is gone without a word, and what the
 	// file system writes on unmount is dropped as well.
-	d.Close()
-	f.powerCycle(t)
-	d = startDriver(t, cfg)
-	if got := treeSum(t, d.paths.volumeDir(src)); got != srcSum {
-		t.Fatal("the source volume lost data acknowledged before the disk went bad")
-	}
-	checkNothingHalfMade(t, d)
+	w.restart(t)
 	// Nothing done on the lying disk reached it: the deleted volume is
 	// back, whole, and the restore never happened.
-	if _, err := d.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: doomed}); err != nil {
+	if _, err := w.d.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: doomed}); err != nil {
 		t.Fatalf("the volume deleted while writes were dropped: %v, want it back", err)
 	}
-	if n := listedVolumes(t, d); n != 2 {
+	if n := listedVolumes(t, w.d); n != 2 {
 		t.Fatalf("%d volumes listed after the power cut, want the 2 made before the disk went bad", n)
 	}
 	for _, r := range requests {
@@ -452,14 +464,8 @@ func droppedWrites(t *testing.T, fstype string) {
 			t.Fatalf("%s again after the power cut: %v", r.name, err)
 		}
 	}
-	r, err := d.CreateVolume(ctx, fromSnapshot("pvc-restore", sid, 16<<20))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := treeSum(t, d.paths.volumeDir(r.GetVolume().GetVolumeId())); got != srcSum {
-		t.Fatal("the restore differs from its snapshot")
-	}
-	checkNothingHalfMade(t, d)
+	w.restoreMatches(t, fromSnapshot("pvc-restore", w.snap, 16<<20))
+	checkNothingHalfMade(t, w.d)
 }
 
 func listedVolumes(t *testing.T, d *Driver) int {

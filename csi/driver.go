@@ -182,7 +182,7 @@ func New(cfg Config) (*Driver, error) {
 		return nil, err
 	}
 	cfg.StateDir = root
-	if err := CheckPools(cfg.Pools, root); err != nil {
+	if err := checkPools(cfg.Pools, root); err != nil {
 		return nil, err
 	}
 	d := &Driver{cfg: cfg, paths: layout{root: root}, locks: newKeyLocks(), tag: nodeTag(cfg.NodeID), mountPoint: fsops.GetMountPoint, ops: inflight{ops: map[*operation]struct{}{}}}
@@ -216,11 +216,11 @@ func New(cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("reconciling state with %s: %w", root, err)
 	}
 	// A pool that cannot be opened is down, not fatal: the other pools
-	// serve, and it comes up when a request or health check finds it back.
+	// serve, and watchPools brings it up once its disk is back.
 	for _, p := range d.poolList()[1:] {
 		d.openPool(p)
 	}
-	if err := d.reattachBlockVolumes(nil); err != nil {
+	if err := d.reattachBlockVolumes(); err != nil {
 		d.st.Close()
 		return nil, fmt.Errorf("re-attaching block volumes: %w", err)
 	}

@@ -122,8 +122,8 @@ func (d *Driver) checkLocalPath(p string) (string, error) {
 	if err != nil || !fi.IsDir() {
 		return "", status.Errorf(codes.NotFound, "local path %q is not a directory on node %s", p, d.cfg.NodeID)
 	}
-	if d.insideStateDir(real) {
-		return "", invalid("local path %q is inside the driver's state dir", p)
+	if dir := d.ownDirHolding(real); dir != "" {
+		return "", invalid("local path %q is inside the driver's own directory %s", p, dir)
 	}
 	for _, root := range d.cfg.LocalRoots {
 		r, err := filepath.EvalSymlinks(root)

@@ -35,11 +35,9 @@ const poolMarker = ".hostpath-pool"
 
 var validPoolName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
-// CheckPools checks --pool names and paths before anything starts.
-func CheckPools(pools map[string]string, stateDir string) error {
-	if abs, err := filepath.Abs(stateDir); err == nil {
-		stateDir = abs
-	}
+// checkPools checks the --pool names and paths against each other and
+// the (absolute) state dir.
+func checkPools(pools map[string]string, stateDir string) error {
 	for name, path := range pools {
 		switch {
 		case name == DefaultPool:
@@ -202,7 +200,7 @@ func (d *Driver) openPool(p *pool) {
 	}
 	p.state.Store(st)
 	klog.InfoS("pool is up", "pool", p.name, "path", p.paths.root, "quota", st.quota.String(), "reflink", st.reflink)
-	if err := d.reattachBlockVolumes(p); err != nil {
+	if err := d.reattachBlockVolumes(); err != nil {
 		klog.ErrorS(err, "re-attaching the pool's block volumes; each is attached on publish", "pool", p.name)
 	}
 }
@@ -218,6 +216,7 @@ func (d *Driver) preparePool(p *pool) (*poolState, error) {
 	}
 	marker := filepath.Join(root, poolMarker)
 	b, err := os.ReadFile(marker)
+	fresh := false
 	switch {
 	case err == nil:
 		if got := strings.TrimSpace(string(b)); got != p.name {
@@ -238,24 +237,21 @@ func (d *Driver) preparePool(p *pool) (*poolState, error) {
 		if pdev == sdev {
 			return nil, fmt.Errorf("%s is on the state dir's file system: a pool is a file system of its own (is its disk mounted?)", root)
 		}
-		// The layout first: the marker's write fsyncs the pool's
-		// directory, and with it these entries, so a marked pool never
-		// comes back from a power loss without its volumes directory.
-		for _, dir := range []string{p.paths.volumes(), p.paths.snapshots(), p.paths.tmp()} {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				return nil, err
-			}
-		}
-		if err := fsops.WriteFileAtomic(marker, []byte(p.name+"\n"), 0o644); err != nil {
-			return nil, fmt.Errorf("marking %s as pool %s: %w", root, p.name, err)
-		}
+		fresh = true
 	default:
 		return nil, err
 	}
-	// A marked pool whose tmp/ (say) was removed by hand gets it back.
 	for _, dir := range []string{p.paths.volumes(), p.paths.snapshots(), p.paths.tmp()} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
+		}
+	}
+	// The marker after the layout: its write fsyncs the pool's directory,
+	// and with it these entries, so a marked pool never comes back from a
+	// power loss without its volumes directory.
+	if fresh {
+		if err := fsops.WriteFileAtomic(marker, []byte(p.name+"\n"), 0o644); err != nil {
+			return nil, fmt.Errorf("marking %s as pool %s: %w", root, p.name, err)
 		}
 	}
 	if err := probeWritable(p.paths.tmp(), ".write-probe"); err != nil {

@@ -249,8 +249,6 @@ func (d *Driver) checkCOPath(field, p string) (string, error) {
 	return clean, nil
 }
 
-func (d *Driver) insideStateDir(p string) bool { return d.ownDirHolding(p) != "" }
-
 // ownDirHolding is the state dir or pool directory p is in, or "".
 func (d *Driver) ownDirHolding(p string) string {
 	if within(d.paths.root, p) {

@@ -213,20 +213,34 @@ func (d *Driver) removeSnapshotData(s snapshotRecord) error {
 // away): the record is kept, and the volume serves again once the data is
 // back.
 func (d *Driver) dataPresent(v volumeRecord) error {
-	if v.LocalPath == "" {
-		if _, err := d.usable(d.poolOf(v.Pool)); err != nil {
-			return err
-		}
+	if err := d.volumePoolUp(v); err != nil {
+		return err
 	}
 	return present("volume", v.ID, v.Name, d.volumeDataPath(v))
 }
 
 // snapshotPresent is dataPresent for a snapshot.
 func (d *Driver) snapshotPresent(s snapshotRecord) error {
-	if _, err := d.usable(d.poolOf(s.Pool)); err != nil {
+	if err := d.snapshotPoolUp(s); err != nil {
 		return err
 	}
 	return present("snapshot", s.ID, s.Name, d.snapshotDataPath(s))
+}
+
+// volumePoolUp is nil when the pool holding a volume's data is up (a
+// static local volume's data is in no pool), else FailedPrecondition.
+func (d *Driver) volumePoolUp(v volumeRecord) error {
+	if v.LocalPath != "" {
+		return nil
+	}
+	_, err := d.usable(d.poolOf(v.Pool))
+	return err
+}
+
+// snapshotPoolUp is volumePoolUp for a snapshot.
+func (d *Driver) snapshotPoolUp(s snapshotRecord) error {
+	_, err := d.usable(d.poolOf(s.Pool))
+	return err
 }
 
 func present(kind, id, name, path string) error {

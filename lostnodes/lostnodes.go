@@ -19,7 +19,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -73,17 +72,16 @@ func (w *Watcher) Scan(ctx context.Context) ([]Lost, error) {
 		return nil, fmt.Errorf("listing nodes: %w", err)
 	}
 	alive := map[string]bool{}
-	var ours []string // node names carrying the key, for the reporter
-	leaderValue := map[string]string{}
+	var first, reporter string // the first node by name carrying the key, and its value
 	for _, n := range nodes.Items {
 		if v, ok := n.Labels[w.TopologyKey]; ok {
 			alive[v] = true
-			ours = append(ours, n.Name)
-			leaderValue[n.Name] = v
+			if first == "" || n.Name < first {
+				first, reporter = n.Name, v
+			}
 		}
 	}
-	slices.Sort(ours)
-	if len(ours) == 0 || leaderValue[ours[0]] != w.Self {
+	if first == "" || reporter != w.Self {
 		return nil, nil
 	}
 	pvs, err := w.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})

@@ -157,6 +157,10 @@ func (c *Credentials) Refresh(ctx context.Context) error {
 	return nil
 }
 
+// backdate is how far before its making a certificate is valid from, so
+// clocks a little behind still accept it.
+const backdate = 5 * time.Minute
+
 // Propagation is how long a new authority is given to reach every node
 // (each re-reads the store every minute) before certificates it signed are
 // presented: until then a node keeps its certificate from the authority
@@ -170,7 +174,7 @@ func (c *Credentials) keepIssuer(leaf *x509.Certificate, cas []*x509.Certificate
 	if leaf.CheckSignatureFrom(cas[0]) == nil {
 		return true
 	}
-	if now.Sub(cas[0].NotBefore) > Propagation+5*time.Minute { // NotBefore is 5 minutes early
+	if now.Sub(cas[0].NotBefore) > Propagation+backdate {
 		return false
 	}
 	for _, ca := range cas[1:] {
@@ -235,7 +239,7 @@ func newAuthority(driver string, now time.Time, life time.Duration) (*x509.Certi
 	tmpl := &x509.Certificate{
 		SerialNumber:          sn,
 		Subject:               pkix.Name{CommonName: driver + " transfer authority " + now.UTC().Format("2006-01-02T15:04:05Z")},
-		NotBefore:             now.Add(-5 * time.Minute),
+		NotBefore:             now.Add(-backdate),
 		NotAfter:              now.Add(life),
 		KeyUsage:              x509.KeyUsageCertSign,
 		BasicConstraintsValid: true,
@@ -287,7 +291,7 @@ func IssueLeaf(ca *x509.Certificate, caKey crypto.Signer, driver, node string, n
 }
 
 func issueLeaf(ca *x509.Certificate, caKey crypto.Signer, driver, node string, now time.Time, life time.Duration) (*tls.Certificate, error) {
-	return IssueLeaf(ca, caKey, driver, node, now.Add(-5*time.Minute), now.Add(life))
+	return IssueLeaf(ca, caKey, driver, node, now.Add(-backdate), now.Add(life))
 }
 
 func encodeAuthority(cas []*x509.Certificate, key crypto.Signer) (map[string][]byte, error) {

@@ -243,10 +243,7 @@ func parseFlags(args []string) (options, error) {
 		o.cfg.Capacity = capacity
 	}
 	if len(pools) > 0 {
-		if err := csi.CheckPools(pools, o.cfg.StateDir); err != nil {
-			return o, err
-		}
-		o.cfg.Pools = pools
+		o.cfg.Pools = pools // checked by csi.New, before anything starts
 	}
 	for _, r := range localRoots {
 		if !filepath.IsAbs(r) {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/csi"
@@ -17,14 +15,8 @@ import (
 // scheduler's event names only the PV's node affinity. Outside a cluster
 // it does nothing.
 func reportLostNodes(ctx context.Context, o options) {
-	cfg, err := rest.InClusterConfig()
-	if err != nil {
-		klog.V(2).InfoS("not in a cluster: pods waiting for a lost node are not told which", "reason", err)
-		return
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		klog.ErrorS(err, "pods waiting for a lost node are not told which")
+	client, ok := inClusterClient("pods waiting for a lost node are not told which")
+	if !ok {
 		return
 	}
 	w := &lostnodes.Watcher{Client: client, Driver: o.cfg.DriverName, TopologyKey: csi.TopologyKey, Self: o.cfg.NodeID}

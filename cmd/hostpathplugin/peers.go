@@ -24,14 +24,8 @@ import (
 // on another node. Outside a cluster (by hand, csi-sanity) it does
 // nothing, and such a source stays ResourceExhausted.
 func servePeers(ctx context.Context, d *csi.Driver, o options) {
-	cfg, err := rest.InClusterConfig()
-	if err != nil {
-		klog.V(2).InfoS("not in a cluster: no node-to-node transfer; sources on other nodes cannot be restored here", "reason", err)
-		return
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		klog.ErrorS(err, "no node-to-node transfer")
+	client, ok := inClusterClient("no node-to-node transfer; sources on other nodes cannot be restored here")
+	if !ok {
 		return
 	}
 	_, portStr, err := net.SplitHostPort(o.transferEndpoint)
@@ -88,4 +82,21 @@ func namespace() string {
 		return strings.TrimSpace(string(b))
 	}
 	return "default"
+}
+
+// inClusterClient is a client for the API server through the pod's
+// service account. Outside a cluster (by hand, csi-sanity) there is none;
+// without says, in the log, what the caller then leaves undone.
+func inClusterClient(without string) (kubernetes.Interface, bool) {
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		klog.V(2).InfoS("not in a cluster: "+without, "reason", err)
+		return nil, false
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		klog.ErrorS(err, without)
+		return nil, false
+	}
+	return client, true
 }
