@@ -115,6 +115,28 @@ func detachAll(path string) error {
 	return nil
 }
 
+// flushAll writes back what the loop devices bound to path hold in their
+// own page cache, so the file shows every write they took: before a copy
+// of it, and before it is judged empty.
+func flushAll(path string) error {
+	devs, err := loop.FindAll(path)
+	if err != nil {
+		return err
+	}
+	for _, dev := range devs {
+		f, err := os.Open(dev.Path())
+		if err != nil {
+			return err
+		}
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // growBlock grows the backing file and tells the loop device, so the new
 // size shows in BLKGETSIZE64 at once, also while the volume is published.
 func (d *Driver) growBlock(v volumeRecord, size int64) error {
@@ -271,7 +293,9 @@ func (d *Driver) writeBlockSnapshot(ctx context.Context, v volumeRecord, s snaps
 		return 0, "", err
 	}
 	// The device's page cache may hold writes the file has not seen.
-	flushLoop(d.volumeDataPath(v))
+	if err := flushAll(d.volumeDataPath(v)); err != nil {
+		return 0, "", err
+	}
 	var allocated int64
 	err = fsops.CreateDurable(d.snapshotDataPath(s), d.snapshotTempPath(s), 0o600, func(out *os.File) error {
 		if _, err := fsops.CopyFileData(int(out.Fd()), int(src.Fd()), size, nil, fsops.ProgressFrom(ctx)); err != nil {

@@ -237,14 +237,18 @@ func New(cfg Config) (*Driver, error) {
 }
 
 // Close checkpoints the state's journal and closes it: the next start has
-// nothing to redo. Calls after it fail to write state.
+// nothing to redo, and the previous release may start on the state dir.
+// Calls after it fail to write state.
 func (d *Driver) Close() error {
 	d.closeOnce.Do(func() {
 		if d.stopPools != nil {
 			close(d.stopPools)
 		}
 	})
-	return d.st.Close()
+	if err := d.st.Close(); err != nil {
+		return err
+	}
+	return d.lowerDowngradeGuard()
 }
 
 // prepareStateDir creates the layout and proves the directory is writable,
@@ -266,8 +270,11 @@ func (d *Driver) prepareStateDir() error {
 			return fmt.Errorf("state dir %s is not usable: %w", root, err)
 		}
 	}
-	if err := probeWritable(d.paths.tmp(), ".write-probe"); err != nil {
+	if err := probeWritable(d.paths.tmp(), ".start-probe"); err != nil {
 		return fmt.Errorf("state dir %s is not writable: %w", root, err)
+	}
+	if err := d.raiseDowngradeGuard(); err != nil {
+		return fmt.Errorf("state dir %s: %w", root, err)
 	}
 	return nil
 }

@@ -38,6 +38,8 @@ func toStatus(err error, format string, args ...any) error {
 	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT), errors.Is(err, unix.EMFILE),
 		errors.Is(err, unix.ENFILE), errors.Is(err, unix.ENOMEM):
 		return status.Error(codes.ResourceExhausted, msg)
+	case errors.Is(err, store.ErrUncertain):
+		return status.Error(codes.Internal, msg+"; until then the driver refuses every change")
 	case errors.Is(err, store.ErrNameTaken):
 		return status.Error(codes.Aborted, msg+"; retry later")
 	case errors.Is(err, errCorrupt), errors.Is(err, archive.ErrFormat):

@@ -57,3 +57,46 @@ func (d *Driver) recordStateFormat() error {
 	}
 	return fsops.WriteFileAtomic(d.paths.formatFile(), []byte(want), 0o644)
 }
+
+// downgradeGuard is a directory in the state dir's tmp/ that stands while
+// the journal may hold changes the previous release (PREVIOUS_RELEASE)
+// would misread: from start until a clean stop has checkpointed it. That
+// release reads the journal only up to the first gap between synced
+// batches, so after a crash of this driver it would apply a prefix of the
+// live epoch (a volume's "creating" without its later "ready") and its
+// reconcile would delete the data of a volume the CO was told exists.
+// Before it reads anything it proves the state dir writable by renaming a
+// file onto tmp/.write-probe: with a directory there the rename fails
+// (a non-empty directory: EEXIST), and it refuses to start, having changed nothing. After a clean
+// stop the guard is gone and that release serves the state.
+const downgradeGuard = ".write-probe"
+
+// guardNote is what a person finds in the guard.
+const guardNote = `A hostpath CSI driver newer than its previous release runs on this state
+dir, or did not stop cleanly (it was killed, or the node lost power). Its
+journal may hold changes that the previous release would misread, so that
+release refuses to start here. Start the current release once and stop it
+(SIGTERM): its clean stop removes this directory. Do not remove it by hand.
+`
+
+// raiseDowngradeGuard puts the guard in place, durably, before anything
+// is committed to the journal.
+func (d *Driver) raiseDowngradeGuard() error {
+	guard := filepath.Join(d.paths.tmp(), downgradeGuard)
+	if err := os.Mkdir(guard, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	if err := fsops.WriteFileAtomic(filepath.Join(guard, "README"), []byte(guardNote), 0o644); err != nil {
+		return err
+	}
+	return fsops.SyncDir(d.paths.tmp())
+}
+
+// lowerDowngradeGuard removes the guard once a clean stop has
+// checkpointed the journal.
+func (d *Driver) lowerDowngradeGuard() error {
+	if err := fsops.RemoveAll(filepath.Join(d.paths.tmp(), downgradeGuard)); err != nil {
+		return err
+	}
+	return fsops.SyncDir(d.paths.tmp())
+}

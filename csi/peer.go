@@ -326,7 +326,9 @@ func (d *Driver) serveVolume(id string) (transfer.Meta, func(context.Context) (i
 	if v.AccessType == accessBlock {
 		m.Format = wireExtents
 		return m, func(ctx context.Context) (io.ReadCloser, error) {
-			flushLoop(path)
+			if err := flushAll(path); err != nil {
+				return nil, err
+			}
 			return extentsOf(ctx, path)
 		}, unpin, nil
 	}
@@ -400,15 +402,4 @@ func (p *pinnedReader) Close() error {
 	err := p.c.Close()
 	p.release()
 	return err
-}
-
-// flushLoop writes back what the loop device of a block volume's file
-// holds in its page cache, so a copy of the file sees it.
-func flushLoop(path string) {
-	if dev, ok, err := loop.Find(path); err == nil && ok {
-		if f, err := os.Open(dev.Path()); err == nil {
-			_ = f.Sync()
-			f.Close()
-		}
-	}
 }

@@ -31,6 +31,9 @@ func (d *Driver) reconcile() error {
 	if err != nil {
 		return err
 	}
+	for _, note := range d.st.Notes() {
+		klog.ErrorS(nil, "repair: "+note)
+	}
 	for _, bad := range d.st.Damaged() {
 		klog.ErrorS(nil, "a state record is damaged; its data is kept and its id refused until the record is repaired: restore the file from a backup (the data is at the path named), or move the file and the data away to give up the volume or snapshot",
 			"id", bad.ID, "record", bad.Path, "problem", bad.Problem, "data", d.dataOf(bad.ID))
@@ -169,6 +172,9 @@ func (d *Driver) reconcileDirs(p *pool) error {
 		return err
 	}
 	for _, e := range entries {
+		if p.name == DefaultPool && e.Name() == downgradeGuard {
+			continue
+		}
 		path := filepath.Join(p.paths.tmp(), e.Name())
 		klog.InfoS("repair: removing unfinished temporary data", "path", path)
 		if err := fsops.RemoveAll(path); err != nil {
@@ -207,6 +213,11 @@ func (d *Driver) removeOrphans(dir string, known func(string) bool, valid func(s
 		}
 		empty := false
 		if emptyBlockFiles && e.Type().IsRegular() && strings.HasSuffix(e.Name(), blockSuffix) {
+			// A loop device still bound to it may hold writes in its own
+			// cache that the file does not show yet.
+			if err := flushAll(p); err != nil {
+				return err
+			}
 			if empty, err = fsops.HoldsNoData(p); err != nil {
 				return err
 			}
@@ -232,8 +243,12 @@ func (d *Driver) removeOrphans(dir string, known func(string) bool, valid func(s
 // blockSuffix ends the name of a block volume's backing file.
 const blockSuffix = ".img"
 
-// dataOf lists what the volumes and snapshots directories hold under id.
+// dataOf lists what the volumes and snapshots directories hold under id
+// (nothing for an id the rules do not take: it is no name to look up).
 func (d *Driver) dataOf(id string) []string {
+	if !validVolumeID(id) && !validSnapshotID(id) {
+		return nil
+	}
 	var out []string
 	for _, p := range d.poolList() {
 		for _, dir := range []string{p.paths.volumes(), p.paths.snapshots()} {

@@ -104,7 +104,8 @@ func TestReconcile(t *testing.T) {
 // TestOrphanBlockFiles: an empty block volume's file made and attached
 // beside its record's commit, and a crash before the commit: start lets
 // its loop device go and removes it, since it holds no written data. A
-// block file without a record that holds data is kept and reported.
+// block file without a record that holds data is kept and reported, also
+// when the data is still in the cache of a loop device bound to it.
 func TestOrphanBlockFiles(t *testing.T) {
 	testutil.RequireRoot(t)
 	cfg := testConfig(t)
@@ -125,9 +126,32 @@ func TestOrphanBlockFiles(t *testing.T) {
 	if err := os.WriteFile(written, make([]byte, 4096), 0o600); err != nil { // zeros, but written
 		t.Fatal(err)
 	}
+	// Written through a loop device that a writer still holds open: the
+	// write is in the device's cache, not yet in the file, whose extents
+	// say it is empty until the device is flushed.
+	held := filepath.Join(d.paths.volumes(), d.newVolumeID()+".img")
+	if err := fsops.CreateBackingFile(held, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	heldDev, err := loop.Attach(held, loop.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { loop.Detach(heldDev) })
+	w, err := os.OpenFile(heldDev.Path(), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.WriteAt([]byte("a pod's write"), 0); err != nil {
+		t.Fatal(err)
+	}
 	newDriver(t, cfg)
 	if _, err := os.Stat(bound); !os.IsNotExist(err) {
 		t.Errorf("%s survived reconcile", bound)
+	}
+	if _, err := os.Stat(held); err != nil {
+		t.Errorf("a block file whose loop device held a write was removed: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join("/sys/block", filepath.Base(dev.Path()), "loop", "backing_file")); !os.IsNotExist(err) {
 		t.Errorf("the orphan's loop device %s is still bound: %v", dev.Path(), err)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -34,9 +33,11 @@ import (
 // The journal file is written full of zeros once, so an append changes no
 // metadata and fdatasync only flushes the data. Concurrent commits share
 // one fdatasync (group commit). An append after a sync starts on a new
-// 4 KiB block, so no write ever rewrites a block holding entries already
-// acknowledged: a write torn by a power loss tears only entries nobody
-// was told were durable.
+// unit (the largest of 4 KiB, the page size and the file system's block
+// size, which is what a write of part of it may rewrite whole), and the
+// entries start on the unit after the header's: no write ever rewrites a
+// unit holding entries already acknowledged, or the header, so a write
+// torn by a power loss tears only entries nobody was told were durable.
 //
 // When the journal is full, when many record files are pending, and at
 // every start, a checkpoint fsyncs the record files written since the last
@@ -47,9 +48,11 @@ import (
 // checkpoint holds it exclusively: no epoch is raised past an entry whose
 // file is not in place yet. At start, before the tables are read, the
 // entries of the current epoch are applied again to the record files in
-// order.
+// order. A header that does not check is never taken for an empty journal
+// (see read).
 type journal struct {
 	path   string
+	unit   int64 // the append unit; entries start at the second
 	tables map[string]*tableDir
 	dirs   []*os.File // the tables' directories, fsynced by checkpoints
 
@@ -85,9 +88,13 @@ type tableDir struct {
 }
 
 const (
-	journalSize   = 4 << 20
-	journalStart  = 4096 // entries start after the header's block
-	journalBlock  = 4096 // appends after a sync start on a block of their own
+	journalSize = 4 << 20
+	// The append unit is a multiple of minUnit, at most maxUnit: a
+	// reader tries every minUnit boundary up to the next maxUnit one.
+	// (A block size above it is a network file system's transfer size,
+	// not a unit its server writes whole.)
+	minUnit       = 4096
+	maxUnit       = 64 << 10
 	journalMagic  = "HPJ1"
 	entryMagic    = "HPE1"
 	entryHeadSize = 4 + 8 + 4 + 4 // magic, epoch, payload length, crc
@@ -121,8 +128,9 @@ type entry struct {
 func (e entry) path(t *tableDir) string { return filepath.Join(t.dir, e.ID+".json") }
 
 // openJournal opens (or makes) the journal at path, applies the current
-// epoch's entries to the tables' files and checkpoints.
-func openJournal(path string, tables map[string]*tableDir) (_ *journal, retErr error) {
+// epoch's entries to the tables' files and checkpoints. What it found
+// beyond that (a damaged header, entries it could not reach) is in notes.
+func openJournal(path string, tables map[string]*tableDir) (_ *journal, notes []string, retErr error) {
 	j := &journal{path: path, tables: tables, dirty: map[string]*os.File{}}
 	defer func() {
 		if retErr != nil {
@@ -132,56 +140,80 @@ func openJournal(path string, tables map[string]*tableDir) (_ *journal, retErr e
 	for _, t := range tables {
 		d, err := os.Open(t.dir)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		j.dirs = append(j.dirs, d)
 	}
 	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	j.f = f
-	entries, epoch, ok, err := j.read()
-	if err != nil {
-		return nil, err
+	if j.unit, err = appendUnit(f); err != nil {
+		return nil, nil, &os.PathError{Op: "fstatfs", Path: path, Err: err}
 	}
-	j.epoch = epoch
-	for _, e := range entries {
+	if testUnit > 0 {
+		j.unit = testUnit
+	}
+	sc, err := j.read()
+	if err != nil {
+		return nil, nil, err
+	}
+	switch {
+	case sc.header == headerDamaged:
+		notes = append(notes, fmt.Sprintf("journal %s: its header is damaged; its entries were read by their own epochs (the newest, %d, has %d in sequence, applied again, and %d out of reach of the sequence, not applied); nothing was zeroed", path, sc.epoch, len(sc.entries), sc.unreached))
+	case sc.unreached > 0:
+		notes = append(notes, fmt.Sprintf("journal %s: %d entries of the live epoch lie beyond one that does not check and were not applied: a power loss tore a write that was never acknowledged (or the disk damaged the journal)", path, sc.unreached))
+	}
+	// The epoch the checkpoint below raises: past every epoch an entry
+	// carries, so no entry written before counts again.
+	j.epoch = sc.epoch
+	for _, e := range sc.entries {
 		if err := j.redo(e); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
+		return nil, nil, &os.PathError{Op: "fstat", Path: path, Err: err}
 	}
-	// A journal without a valid header starts at epoch 1 again: entries
-	// of an earlier life could carry that epoch, so they are zeroed.
-	from := st.Size
-	if !ok {
-		from = 0
-	}
-	if from < journalSize {
+	if st.Size < journalSize {
 		// Written, not just allocated: an overwrite of written blocks
 		// changes no metadata, so fdatasync does not commit the file
-		// system's journal.
-		if err := j.writeAt(make([]byte, journalSize-from), from); err != nil {
-			return nil, err
+		// system's journal. What is written is kept: only the part a
+		// crash during the first fill left out is written.
+		if err := j.writeAt(make([]byte, journalSize-st.Size), st.Size); err != nil {
+			return nil, nil, err
 		}
 		if err := f.Sync(); err != nil {
-			return nil, &os.PathError{Op: "fsync", Path: path, Err: err}
+			return nil, nil, &os.PathError{Op: "fsync", Path: path, Err: err}
 		}
 		if err := fsops.SyncDir(filepath.Dir(path)); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	j.mu.Lock()
 	err = j.checkpointLocked()
 	j.mu.Unlock()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return j, nil
+	return j, notes, nil
+}
+
+// testUnit, when a test sets it, is the append unit of journals opened.
+var testUnit int64
+
+// appendUnit is what a write into part of it may rewrite whole: the
+// largest of minUnit, the page size and the file system's block size,
+// rounded up to a multiple of minUnit and capped at maxUnit.
+func appendUnit(f *os.File) (int64, error) {
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &sfs); err != nil {
+		return 0, err
+	}
+	u := max(int64(minUnit), int64(unix.Getpagesize()), sfs.Bsize)
+	return min(alignUp(u, minUnit), maxUnit), nil
 }
 
 // release closes every descriptor the journal holds.
@@ -206,70 +238,15 @@ func (j *journal) forgetDirty() {
 	clear(j.dirty)
 }
 
-// read returns the entries of the current epoch, in order, and whether
-// the header is valid. Entries run on while they check; where one does
-// not, the next may start on the next block (an append after a sync), and
-// is taken only if it is the next in sequence. A missing or damaged header
-// means there is nothing to apply: the header is written only after a
-// checkpoint made every earlier entry durable in the record files.
-func (j *journal) read() ([]entry, uint64, bool, error) {
-	buf, err := io.ReadAll(io.NewSectionReader(j.f, 0, journalSize))
-	if err != nil {
-		return nil, 0, false, err
-	}
-	if len(buf) < journalStart || string(buf[:4]) != journalMagic ||
-		crc32.Checksum(buf[:12], castagnoli) != binary.LittleEndian.Uint32(buf[12:16]) {
-		return nil, 0, false, nil
-	}
-	epoch := binary.LittleEndian.Uint64(buf[4:12])
-	var out []entry
-	var last uint64
-	for off := journalStart; ; {
-		e, end, ok := parseEntry(buf, off, epoch)
-		if !ok && off%journalBlock != 0 {
-			// The rest of this block may be the padding after a sync.
-			off = alignUp(off)
-			if e, end, ok = parseEntry(buf, off, epoch); ok && e.Seq != last+1 {
-				ok = false
-			}
-		}
-		if !ok {
-			break
-		}
-		out = append(out, e)
-		last, off = e.Seq, end
-	}
-	return out, epoch, true, nil
-}
-
-// parseEntry reads the entry of epoch at off, if one is there whole.
-func parseEntry(buf []byte, off int, epoch uint64) (entry, int, bool) {
-	var e entry
-	if off+entryHeadSize > len(buf) {
-		return e, 0, false
-	}
-	h := buf[off : off+entryHeadSize]
-	if string(h[:4]) != entryMagic || binary.LittleEndian.Uint64(h[4:12]) != epoch {
-		return e, 0, false
-	}
-	end := off + entryHeadSize + int(binary.LittleEndian.Uint32(h[12:16]))
-	if end > len(buf) || entrySum(h, buf[off+entryHeadSize:end]) != binary.LittleEndian.Uint32(h[16:20]) {
-		return e, 0, false
-	}
-	if err := json.Unmarshal(buf[off+entryHeadSize:end], &e); err != nil {
-		return e, 0, false
-	}
-	return e, end, true
-}
-
-func alignUp(off int) int { return (off + journalBlock - 1) / journalBlock * journalBlock }
-
 // redo applies one entry to the record files again, not durably: the
-// checkpoint that follows makes them durable.
+// checkpoint that follows makes them durable. An entry for a table or an
+// id the driver's rules do not take (a release with other rules wrote it,
+// or a hand) is not applied: it is kept in the rejected directory, where
+// Open reports it as damage, before the checkpoint stops it counting.
 func (j *journal) redo(e entry) error {
 	t, ok := j.tables[e.Table]
 	if !ok || !t.valid(e.ID) {
-		return fmt.Errorf("journal %s: entry for %s/%q, which is not a record", j.path, e.Table, e.ID)
+		return j.reject(e)
 	}
 	f, err := placeEntry(e, t)
 	if err != nil {
@@ -278,6 +255,23 @@ func (j *journal) redo(e entry) error {
 	j.setDirty(e.path(t), f)
 	return nil
 }
+
+// reject keeps entry e, durably, under a name of its epoch and sequence
+// in the rejected directory beside the journal.
+func (j *journal) reject(e entry) error {
+	dir := rejectedDir(filepath.Dir(j.path))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	data, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	return fsops.WriteFileAtomic(filepath.Join(dir, fmt.Sprintf("%d-%d.json", j.epoch, e.Seq)), data, 0o600)
+}
+
+// rejectedDir holds the journal entries redo would not apply.
+func rejectedDir(meta string) string { return filepath.Join(meta, "rejected") }
 
 // placeEntry makes the record file say what e says: the new record put in
 // place, or the file removed. It returns the open record file.
@@ -307,11 +301,22 @@ func (j *journal) setDirty(path string, f *os.File) {
 	j.dirty[path] = f
 }
 
+// ErrUncertain is wrapped by the error of a commit whose entry was
+// written but whose sync failed: the entry may have reached the disk or
+// not, so the change may stand after the next start (which redoes it) or
+// not. The journal refuses every change after that until a restart, so a
+// caller leaves what it made in place: whichever way the start decides,
+// it finds the record and the data agreeing (a record redone as creating
+// or deleting has its data cleared; one redone as ready has its data).
+var ErrUncertain = errors.New("whether the change stands is decided at the driver's next start")
+
 // commit makes e durable and then, still before any checkpoint can start,
-// runs place, which puts the change in the record files. If the commit
-// fails place does not run, and nothing changed. If place fails after it,
-// the change stands (the next start redoes it from the journal) and the
-// journal refuses further changes until then.
+// runs place, which puts the change in the record files. If the entry
+// cannot be written place does not run, and nothing changed. If it was
+// written but its sync failed, place does not run and the change is
+// uncertain (ErrUncertain). If place fails after the sync, the change
+// stands (the next start redoes it from the journal). After either of
+// the last two the journal refuses further changes until a restart.
 func (j *journal) commit(e entry, place func() (*os.File, error)) error {
 	path := e.path(j.tables[e.Table])
 	j.gate.RLock()
@@ -329,7 +334,7 @@ func (j *journal) commit(e entry, place func() (*os.File, error)) error {
 		return err
 	}
 	if err := j.syncTo(seq); err != nil {
-		return err
+		return fmt.Errorf("%w (%w)", err, ErrUncertain)
 	}
 	f, err := place()
 	j.mu.Lock()
@@ -361,7 +366,7 @@ func (j *journal) append(e *entry) (uint64, error) {
 	}
 	rec := make([]byte, entryHeadSize+len(payload))
 	if j.off+int64(len(rec)) > journalSize || len(j.dirty) >= maxDirty {
-		if j.off == journalStart && len(j.dirty) == 0 {
+		if j.off == j.unit && len(j.dirty) == 0 {
 			return 0, fmt.Errorf("journal %s: a record of %d bytes does not fit", j.path, len(payload))
 		}
 		return 0, errCheckpointDue
@@ -396,7 +401,7 @@ func (j *journal) syncTo(seq uint64) error {
 	// What is appended from now on may not be in this sync: it starts
 	// on a block of its own, so a torn write of it cannot reach back
 	// into entries this sync acknowledges.
-	j.off = int64(alignUp(int(j.off)))
+	j.off = alignUp(j.off, j.unit)
 	j.mu.Unlock()
 	if failed != nil {
 		return failed
@@ -477,7 +482,7 @@ func (j *journal) checkpointLocked() error {
 		return poison(fmt.Errorf("journal %s: fdatasync: %w", j.path, err))
 	}
 	j.epoch++
-	j.off = journalStart
+	j.off = j.unit
 	j.seq = 0
 	j.forgetDirty()
 	return nil

@@ -457,10 +457,10 @@ func TestJournalConcurrentAndFull(t *testing.T) {
 	}
 }
 
-// TestJournalDamagedHeader: a journal whose header does not check starts
-// again at the first epoch, and the entries of its earlier life, which may
-// carry that epoch, are never applied, even where a new entry ends
-// exactly where an old one began.
+// TestJournalDamagedHeader: after a journal whose header does not check
+// is read by its entries' epochs, the next epoch is past all of them: the
+// entries of its earlier life are never applied again, even where a new
+// entry ends exactly where an old one began.
 func TestJournalDamagedHeader(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -50,11 +51,12 @@ type Table[T Record[T]] struct {
 }
 
 // Damaged is a record file that does not hold its record: empty, not
-// JSON, or another id's. Since every change is in the journal before the
-// file is replaced,
-// no crash leaves one; a disk that lost or mangled a written block, or a
-// hand, did. Its data is kept: nothing is deleted on the strength of a
-// record that cannot be read.
+// JSON, another id's, unreadable (EIO), or not a regular file. Since every
+// change is in the journal before the file is replaced, no crash leaves
+// one; a disk that lost or mangled a written block, or a hand, did. Its
+// data is kept: nothing is deleted on the strength of a record that cannot
+// be read. A journal entry the id rules refused is one too (its Path is
+// the kept copy).
 type Damaged struct {
 	ID, Path, Problem string
 }
@@ -97,9 +99,17 @@ func (t *Table[T]) load() error {
 			continue
 		}
 		p := filepath.Join(t.dir, e.Name())
+		if !e.Type().IsRegular() {
+			// The driver writes only regular files: a symlink (even one
+			// that resolves) or a directory under a record's name is
+			// not one of its records.
+			t.damaged = append(t.damaged, Damaged{ID: id, Path: p, Problem: fmt.Sprintf("it is not a regular file but a %s", fileKind(e.Type()))})
+			continue
+		}
 		data, err := os.ReadFile(p)
 		if err != nil {
-			return err
+			t.damaged = append(t.damaged, Damaged{ID: id, Path: p, Problem: "the file cannot be read: " + err.Error()})
+			continue
 		}
 		var r T
 		switch err := json.Unmarshal(data, &r); {
@@ -117,6 +127,18 @@ func (t *Table[T]) load() error {
 		t.byName[r.RecordName()] = r.RecordID()
 	}
 	return nil
+}
+
+// fileKind names a file type for a message.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeSymlink != 0:
+		return "symbolic link"
+	case m.IsDir():
+		return "directory"
+	default:
+		return "special file"
+	}
 }
 
 // Get returns a copy of the record with this id.
@@ -196,9 +218,10 @@ func (t *Table[T]) Check(f func(all map[string]T) error) error {
 
 // Put writes the record durably, then updates the index: the new file
 // staged, the change committed to the journal, the file renamed into
-// place. If it fails before the commit nothing changed; if the rename
-// fails after it, the index shows the change anyway, since the next start
-// redoes it.
+// place. If it fails before the commit nothing changed; if the journal's
+// sync fails, the change is uncertain (ErrUncertain) and the index is left
+// as it was; if the rename fails after the commit, the index shows the
+// change anyway, since the next start redoes it.
 func (t *Table[T]) Put(r T) error {
 	committed, err := t.write(r)
 	if committed {
@@ -256,7 +279,8 @@ func (t *Table[T]) write(r T) (bool, error) {
 
 // Drop removes the record durably: its removal committed to the journal,
 // then its file removed and the index entry. If it fails before the
-// commit nothing changed.
+// commit nothing changed; if the journal's sync fails, the removal is
+// uncertain (ErrUncertain) and the index is left as it was.
 func (t *Table[T]) Drop(id string) error {
 	e := entry{Table: t.name, ID: id, Drop: true}
 	placed := false
@@ -278,7 +302,18 @@ type Store struct {
 	Snapshots *Table[Snapshot]
 	Groups    *Table[Group]
 	journal   *journal
+
+	// rejected are the journal entries redo kept and did not apply.
+	rejected []Damaged
+	// notes says what Open found in the journal beyond its entries: a
+	// damaged header, entries out of reach.
+	notes []string
 }
+
+// Notes says what Open found and repaired in the journal, for the start
+// log: a damaged header read by its entries' epochs, or entries beyond a
+// torn one. Empty when the journal was as a clean run leaves it.
+func (s *Store) Notes() []string { return s.notes }
 
 // Close checkpoints the journal and closes it; the store refuses writes
 // after it.
@@ -299,7 +334,7 @@ func (s *Store) AwaitingCheckpoint() int {
 
 // Damaged lists every damaged record file, of every table.
 func (s *Store) Damaged() []Damaged {
-	return slices.Concat(s.Volumes.Damaged(), s.Snapshots.Damaged(), s.Groups.Damaged())
+	return slices.Concat(s.Volumes.Damaged(), s.Snapshots.Damaged(), s.Groups.Damaged(), s.rejected)
 }
 
 // IDRules says which file names in each table are records; anything else
@@ -334,7 +369,11 @@ func Open(dir string, ids IDRules) (*Store, error) {
 	for _, t := range []*tableDir{&s.Volumes.tableDir, &s.Snapshots.tableDir, &s.Groups.tableDir} {
 		tables[t.name] = t
 	}
-	if s.journal, err = openJournal(filepath.Join(dir, "journal"), tables); err != nil {
+	if s.journal, s.notes, err = openJournal(filepath.Join(dir, "journal"), tables); err != nil {
+		return nil, err
+	}
+	if s.rejected, err = loadRejected(dir); err != nil {
+		s.journal.close()
 		return nil, err
 	}
 	s.Volumes.journal, s.Snapshots.journal, s.Groups.journal = s.journal, s.journal, s.journal
@@ -345,4 +384,32 @@ func Open(dir string, ids IDRules) (*Store, error) {
 		}
 	}
 	return &s, nil
+}
+
+// loadRejected lists the journal entries kept in the rejected directory,
+// this start's and earlier ones', until a person moves them away.
+func loadRejected(meta string) ([]Damaged, error) {
+	dir := rejectedDir(meta)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []Damaged
+	for _, f := range entries {
+		p := filepath.Join(dir, f.Name())
+		var e entry
+		data, err := os.ReadFile(p)
+		if err == nil {
+			err = json.Unmarshal(data, &e)
+		}
+		problem := fmt.Sprintf("a journal entry for %s %q that this driver's id rules do not take: not applied, kept here", e.Table, e.ID)
+		if err != nil {
+			problem = "a kept journal entry that cannot be read: " + err.Error()
+		}
+		out = append(out, Damaged{ID: e.ID, Path: p, Problem: problem})
+	}
+	return out, nil
 }

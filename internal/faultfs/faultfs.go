@@ -1,5 +1,5 @@
 // Package faultfs mounts a FUSE file system that passes everything through
-// to a directory, except reads or writes a test has chosen to fail with
+// to a directory, except reads, writes or syncs a test has chosen to fail with
 // EIO: real I/O errors, from the kernel, for the driver's fault tests. It
 // stands in for device-mapper's error and flakey targets, which the test
 // machines' kernel lacks. For tests only.
@@ -27,6 +27,8 @@ type Op int
 const (
 	Read Op = iota
 	Write
+	// Sync is fsync(2) and fdatasync(2); its fault ignores After.
+	Sync
 )
 
 // Fault makes matching reads or writes fail with EIO: those of files whose
@@ -173,6 +175,16 @@ func (f *file) Write(ctx context.Context, data []byte, off int64) (uint32, sysca
 		return 0, syscall.EIO
 	}
 	return f.LoopbackFile.Write(ctx, data, off)
+}
+
+// Fsync fails with EIO where a fault says so: the write went through to
+// the backing file, as a sync that fails after the kernel took the pages
+// leaves it.
+func (f *file) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	if f.fs.fail(Sync, f.path, 0) {
+		return syscall.EIO
+	}
+	return f.LoopbackFile.Fsync(ctx, flags)
 }
 
 // PassthroughFd turns FUSE passthrough down: with it the kernel would

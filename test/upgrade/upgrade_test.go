@@ -145,6 +145,18 @@ func (d *driver) stop(t *testing.T) {
 	}
 }
 
+// kill ends the driver as a crash does: SIGKILL, no clean stop.
+func (d *driver) kill(t *testing.T) {
+	t.Helper()
+	d.cc.Close()
+	d.cmd.Process.Kill()
+	<-d.done
+}
+
+// downgradeGuard is the name in the state dir's tmp/ that the previous
+// release's write probe renames onto (csi.downgradeGuard).
+const downgradeGuard = ".write-probe"
+
 func (d *driver) ctl() csipb.ControllerClient { return csipb.NewControllerClient(d.cc) }
 func (d *driver) node() csipb.NodeClient      { return csipb.NewNodeClient(d.cc) }
 
@@ -397,10 +409,33 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 		t.Fatalf("the current build does not start on the previous release's state: %v", err)
 	}
 	w.check(t, cur, "current")
-	// The current one makes something of its own, then stops.
-	if _, err := cur.ctl().CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "made-by-current", VolumeCapabilities: []*csipb.VolumeCapability{mountCap},
-		CapacityRange: &csipb.CapacityRange{RequiredBytes: 1 << 20}}); err != nil {
+	// The current one makes something of its own, then is killed: its
+	// journal holds the volume's "creating" and, after a sync, its
+	// "ready". The previous release, which reads a journal only up to
+	// the first gap between synced batches, would apply the first alone
+	// and delete the volume's data: it must refuse to start instead.
+	made, err := cur.ctl().CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "made-by-current", VolumeCapabilities: []*csipb.VolumeCapability{mountCap},
+		CapacityRange: &csipb.CapacityRange{RequiredBytes: 1 << 20}})
+	if err != nil {
 		t.Fatal(err)
+	}
+	cur.kill(t)
+	crashed := start(t, previous, state, sock)
+	refusal := crashed.ready(t)
+	if refusal == nil {
+		crashed.stop(t)
+		t.Fatal("the previous release started on the state of a current driver that did not stop cleanly")
+	}
+	if !strings.Contains(refusal.Error(), downgradeGuard) {
+		t.Fatalf("the previous release after a crash of the current one: %v, want a refusal naming %s", refusal, downgradeGuard)
+	}
+	t.Logf("after a crash of the current build the previous release refuses: %v", refusal)
+	cur = start(t, current, state, sock)
+	if err := cur.ready(t); err != nil {
+		t.Fatalf("the current build after its crash: %v", err)
+	}
+	if _, err := cur.ctl().ControllerGetVolume(ctx, &csipb.ControllerGetVolumeRequest{VolumeId: made.GetVolume().GetVolumeId()}); err != nil {
+		t.Fatalf("the volume made before the crash: %v", err)
 	}
 	cur.stop(t)
 
