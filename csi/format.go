@@ -66,9 +66,9 @@ func (d *Driver) recordStateFormat() error {
 // live epoch (a volume's "creating" without its later "ready") and its
 // reconcile would delete the data of a volume the CO was told exists.
 // Before it reads anything it proves the state dir writable by renaming a
-// file onto tmp/.write-probe: with a directory there the rename fails
-// (a non-empty directory: EEXIST), and it refuses to start, having changed nothing. After a clean
-// stop the guard is gone and that release serves the state.
+// file onto tmp/.write-probe: with a non-empty directory there the rename
+// fails (EEXIST), and it refuses to start, having changed nothing. After a
+// clean stop the guard is gone and that release serves the state.
 const downgradeGuard = ".write-probe"
 
 // guardNote is what a person finds in the guard.
