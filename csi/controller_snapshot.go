@@ -362,6 +362,11 @@ func (d *Driver) deleteSnapshot(s snapshotRecord) error {
 	if err := d.removeSnapshotData(s); err != nil {
 		return toStatus(err, "removing snapshot %s", id)
 	}
+	// A disk that went away meanwhile "removed" nothing: the record
+	// stays deleting, and the pool finishes it when it is back.
+	if err := d.snapshotPoolUp(s); err != nil {
+		return err
+	}
 	if err := d.st.Snapshots.Drop(id); err != nil {
 		return toStatus(err, "removing record of snapshot %s", id)
 	}

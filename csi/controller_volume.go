@@ -287,6 +287,11 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	if err := d.removeVolumeData(v); err != nil {
 		return nil, toStatus(err, "removing data of volume %s", id)
 	}
+	// A disk that went away meanwhile "removed" nothing: the record
+	// stays deleting, and the pool finishes it when it is back.
+	if err := d.volumePoolUp(v); err != nil {
+		return nil, err
+	}
 	if err := d.st.Volumes.Drop(id); err != nil {
 		return nil, toStatus(err, "removing record of volume %s", id)
 	}

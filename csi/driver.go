@@ -177,11 +177,14 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.MaxVolumeSizeNode <= 0 {
 		cfg.MaxVolumeSizeNode = cfg.MaxVolumeSize
 	}
-	root, err := filepath.Abs(cfg.StateDir)
+	// Symlinks resolved once: every check of which file system or
+	// directory a path is, is made on what it names.
+	root, err := resolvedDir(cfg.StateDir)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("state dir %s: %w", cfg.StateDir, err)
 	}
 	cfg.StateDir = root
+	cfg.Pools = resolvePools(cfg.Pools)
 	if err := checkPools(cfg.Pools, root); err != nil {
 		return nil, err
 	}
@@ -204,7 +207,7 @@ func New(cfg Config) (*Driver, error) {
 	klog.InfoS("snapshots of directory volumes", "defaultFormat", map[bool]string{true: formatReflink, false: formatTarGz}[def.get().reflink])
 	d.pools = map[string]*pool{DefaultPool: def}
 	for name, path := range cfg.Pools {
-		p := &pool{name: name, paths: layout{root: filepath.Clean(path)}}
+		p := &pool{name: name, paths: layout{root: path}}
 		p.state.Store(&poolState{down: fmt.Errorf("not opened yet")})
 		d.pools[name] = p
 	}

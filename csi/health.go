@@ -128,7 +128,7 @@ func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStora
 		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "UnownedData", fmt.Sprintf("%d entries under the volumes and snapshots directories of the pools belong to no record; they are kept, see the driver's log for their paths", n))
 	}
 	for _, p := range d.poolList()[1:] {
-		if why := p.get().down; why != nil {
+		if why := d.recheck(p).down; why != nil {
 			bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "PoolDown", fmt.Sprintf("pool %s (%s) is down: %v; its volumes and snapshots are refused until it is back", p.name, p.paths.root, why))
 		}
 	}

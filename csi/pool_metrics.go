@@ -47,7 +47,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, p := range d.poolList() {
 		up := 1.0
-		if p.get().down != nil {
+		if d.recheck(p).down != nil {
 			up = 0
 		}
 		gauge(poolUpDesc, up, p.name, p.paths.root)

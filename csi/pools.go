@@ -1,9 +1,7 @@
 package csi
 
 import (
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -58,6 +56,23 @@ func checkPools(pools map[string]string, stateDir string) error {
 	return nil
 }
 
+// resolvePools returns the pools' paths cleaned and, where they exist,
+// with every symlink resolved. A pool whose path is missing keeps it as
+// given: it is down until it is there, and its checks follow links.
+func resolvePools(pools map[string]string) map[string]string {
+	if len(pools) == 0 {
+		return pools
+	}
+	out := make(map[string]string, len(pools))
+	for name, path := range pools {
+		out[name] = filepath.Clean(path)
+		if r, err := filepath.EvalSymlinks(path); err == nil && filepath.IsAbs(path) {
+			out[name] = r
+		}
+	}
+	return out
+}
+
 // pool is one directory holding volumes and snapshots (volumes/,
 // snapshots/, tmp/), on a file system of its own. Its state changes when a
 // pool that was down comes back.
@@ -70,12 +85,21 @@ type pool struct {
 }
 
 // poolState is what is known of a pool: up with the file system's
-// abilities, or down and why.
+// abilities and identity, or down and why.
 type poolState struct {
 	down    error
 	quota   quotaMode
 	reflink bool
+	// dev is the pool's file system; marker the identity of its marker
+	// file when it came up. A pool whose marker is no longer that file
+	// (its disk went away: an empty mount point, another disk, an I/O
+	// error) is taken down at once (recheck).
+	dev    uint64
+	marker fileID
 }
+
+// fileID is a file's device and inode.
+type fileID struct{ dev, ino uint64 }
 
 func (p *pool) get() *poolState { return p.state.Load() }
 
@@ -148,15 +172,40 @@ func recordPool(p *pool) string {
 // pool up themselves: that repairs the pool's records, which no request
 // may be using.
 func (d *Driver) usable(p *pool) (*poolState, error) {
-	st := p.get()
+	st := d.recheck(p)
 	if st.down != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "pool %s (%s) is down: %v; its volumes and snapshots are refused until it is back, which needs no restart", p.name, p.paths.root, st.down)
 	}
 	return st, nil
 }
 
-// watchPools tries, every interval until stop is closed, to bring up the
-// pools that are down.
+// recheck returns the state of pool p, first taking it down if it is up
+// and its marker is no longer the file it was when it came up: its disk
+// went away (unmounted, leaving the bare mount point; replaced; failing).
+// One stat: every request that needs the pool makes it, so none writes
+// into a mount point whose disk is gone, and none deletes a record whose
+// data it cannot reach.
+func (d *Driver) recheck(p *pool) *poolState {
+	st := p.get()
+	if st.down != nil || p.name == DefaultPool {
+		return st
+	}
+	dev, ino, err := fsops.FileID(filepath.Join(p.paths.root, poolMarker))
+	if err == nil && (fileID{dev, ino}) == st.marker {
+		return st
+	}
+	if err == nil {
+		err = fmt.Errorf("%s is another file than when the pool came up", filepath.Join(p.paths.root, poolMarker))
+	}
+	down := &poolState{down: fmt.Errorf("its disk went away while it was up: %w", err)}
+	if p.state.CompareAndSwap(st, down) {
+		klog.ErrorS(down.down, "pool is down: its volumes and snapshots are refused until it is back", "pool", p.name, "path", p.paths.root)
+	}
+	return p.get()
+}
+
+// watchPools, every interval until stop is closed, takes down the pools
+// whose disk went away and tries to bring up the pools that are down.
 func (d *Driver) watchPools(every time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -167,7 +216,7 @@ func (d *Driver) watchPools(every time.Duration, stop <-chan struct{}) {
 		case <-t.C:
 		}
 		for _, p := range d.poolList()[1:] {
-			if p.get().down != nil {
+			if d.recheck(p).down != nil {
 				d.openPool(p)
 			}
 		}
@@ -175,10 +224,9 @@ func (d *Driver) watchPools(every time.Duration, stop <-chan struct{}) {
 }
 
 // openPool brings a pool other than the default up, or records why it is
-// down. Its directory must be the pool's: the marker names it, or, the
-// first time, the directory holds no record's data, is on a file system
-// other than the state dir's (an empty mount point of a late disk is not)
-// and gets the marker. Once up, what start does for the state dir is done
+// down. Its directory must be the pool's (preparePool): the marker names
+// it, or, the first time the state dir sees the pool, it is marked. Once
+// up, what start does for the state dir is done
 // for the pool: unfinished work cleared, interrupted operations finished,
 // block volumes attached.
 func (d *Driver) openPool(p *pool) {
@@ -203,61 +251,6 @@ func (d *Driver) openPool(p *pool) {
 	if err := d.reattachBlockVolumes(); err != nil {
 		klog.ErrorS(err, "re-attaching the pool's block volumes; each is attached on publish", "pool", p.name)
 	}
-}
-
-func (d *Driver) preparePool(p *pool) (*poolState, error) {
-	root := p.paths.root
-	fi, err := os.Stat(root)
-	if err != nil {
-		return nil, fmt.Errorf("its directory: %w", err)
-	}
-	if !fi.IsDir() {
-		return nil, fmt.Errorf("%s is not a directory", root)
-	}
-	marker := filepath.Join(root, poolMarker)
-	b, err := os.ReadFile(marker)
-	fresh := false
-	switch {
-	case err == nil:
-		if got := strings.TrimSpace(string(b)); got != p.name {
-			return nil, fmt.Errorf("%s says this directory is pool %q, not %q: fix --pool", marker, got, p.name)
-		}
-	case errors.Is(err, os.ErrNotExist):
-		if d.poolHasRecords(p.name) {
-			return nil, fmt.Errorf("%s is missing, yet volumes or snapshots are recorded in this pool: is its disk mounted?", marker)
-		}
-		pdev, _, _, err := fsops.Identity(root)
-		if err != nil {
-			return nil, err
-		}
-		sdev, _, _, err := fsops.Identity(d.paths.root)
-		if err != nil {
-			return nil, err
-		}
-		if pdev == sdev {
-			return nil, fmt.Errorf("%s is on the state dir's file system: a pool is a file system of its own (is its disk mounted?)", root)
-		}
-		fresh = true
-	default:
-		return nil, err
-	}
-	for _, dir := range []string{p.paths.volumes(), p.paths.snapshots(), p.paths.tmp()} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, err
-		}
-	}
-	// The marker after the layout: its write fsyncs the pool's directory,
-	// and with it these entries, so a marked pool never comes back from a
-	// power loss without its volumes directory.
-	if fresh {
-		if err := fsops.WriteFileAtomic(marker, []byte(p.name+"\n"), 0o644); err != nil {
-			return nil, fmt.Errorf("marking %s as pool %s: %w", root, p.name, err)
-		}
-	}
-	if err := probeWritable(p.paths.tmp(), ".write-probe"); err != nil {
-		return nil, fmt.Errorf("not writable: %w", err)
-	}
-	return &poolState{quota: detectQuota(p.paths.volumes()), reflink: fsops.ReflinkSupported(p.paths.tmp())}, nil
 }
 
 // poolHasRecords reports whether any record is in pool name.

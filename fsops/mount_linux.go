@@ -242,3 +242,13 @@ func Identity(path string) (dev, ino, rdev uint64, err error) {
 	}
 	return st.Dev, st.Ino, rdev, nil
 }
+
+// FileID returns the device and inode of path, following symlinks: what
+// the path names, wherever a link points.
+func FileID(path string) (dev, ino uint64, err error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, 0, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	return st.Dev, st.Ino, nil
+}

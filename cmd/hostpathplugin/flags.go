@@ -63,6 +63,9 @@ type options struct {
 	// and the CSI socket as kubelet sees it on the host.
 	pluginRegistrationPath  string
 	kubeletRegistrationPath string
+	// markPool, when set, marks that pool's directory (a new disk for a
+	// pool the state dir knows) and exits: csi.MarkPool.
+	markPool string
 	// warnings are one line each about flags accepted for compatibility
 	// that change nothing here; main logs them at start.
 	warnings []string
@@ -161,6 +164,7 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.cfg.EnableSnapshotMetadata, "enable-snapshot-metadata", false, "serve the SnapshotMetadata service (allocated and changed ranges of block snapshots)")
 	fs.BoolVar(&o.cfg.EnableModifyVolume, "enable-controller-modify-volume", false, "offer ControllerModifyVolume (VolumeAttributesClass): mutable kind, snapshotFormat, snapshotCompression")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.StringVar(&o.markPool, "mark-pool", "", "mark the directory of --pool NAME=PATH as that pool's (a new disk for a pool this state dir already knows, which the driver never marks by itself), print what was done and exit; a running driver brings the pool up within 10 s")
 	fs.StringVar(&o.httpEndpoint, "http-endpoint", "", "address for /healthz and /metrics, e.g. :8080 (off when empty)")
 	fs.StringVar(&o.pluginRegistrationPath, "plugin-registration-path", "", "kubelet's plugins_registry dir as mounted here; with --kubelet-registration-path, register with kubelet in-process")
 	fs.StringVar(&o.kubeletRegistrationPath, "kubelet-registration-path", "", "the CSI socket path as kubelet sees it on the host")
@@ -252,7 +256,7 @@ func parseFlags(args []string) (options, error) {
 	}
 	o.cfg.LocalRoots = localRoots
 	switch {
-	case o.cfg.NodeID == "":
+	case o.cfg.NodeID == "" && o.markPool == "":
 		return o, errors.New("--nodeid is required: give the Kubernetes node name (for example --nodeid=$(hostname))")
 	case o.cfg.StateDir == "":
 		return o, errors.New("--statedir must not be empty")

@@ -59,6 +59,9 @@ func TestParseFlags(t *testing.T) {
 		{name: "bad block type", args: []string{"--nodeid=n", "--snapshot-metadata-block-type=RANDOM"}, wantErr: "FIXED_LENGTH or VARIABLE_LENGTH"},
 		{name: "disagreeing limits", args: []string{"--nodeid=n", "--attach-limit=3", "--maxvolumespernode=4"}, wantErr: "disagree"},
 		{name: "version needs no node id", args: []string{"--version"}, check: func(o options) bool { return o.showVersion }},
+		{name: "mark-pool needs no node id", args: []string{"--mark-pool=hdd", "--pool=hdd=/pools/hdd", "--statedir=/s"}, check: func(o options) bool {
+			return o.markPool == "hdd" && o.cfg.Pools["hdd"] == "/pools/hdd"
+		}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

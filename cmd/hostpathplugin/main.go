@@ -33,6 +33,15 @@ func main() {
 		fmt.Println(o.cfg.Version)
 		return
 	}
+	if o.markPool != "" {
+		msg, err := csi.MarkPool(o.cfg, o.markPool)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "hostpathplugin: %v\n", err)
+			os.Exit(1)
+		}
+		fmt.Println(msg)
+		return
+	}
 	for _, w := range o.warnings {
 		klog.Warning(w)
 	}
