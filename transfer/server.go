@@ -67,15 +67,21 @@ type Server struct {
 	Creds  *Credentials
 	Source Source
 	// MaxStreams is how many sources are read at once (more wait for
-	// nothing: they get ErrBusy); MaxConns how many connections are
-	// open at once. Zero means 4 and 64.
+	// nothing: they get ErrBusy); MaxConns how many authenticated
+	// connections are open at once. Zero means 4 and 64.
 	MaxStreams, MaxConns int
 	// StallTimeout ends a stream its reader stopped reading, which would
 	// otherwise hold its source pinned; zero means a minute.
 	StallTimeout time.Duration
-	// HeaderTimeout bounds the handshake and the request's header, so a
-	// connection that sends nothing or drips its header is closed; zero
-	// means 10 seconds.
+	// HandshakeTimeout bounds a connection's TLS handshake, before which
+	// it is not authenticated and holds none of the MaxConns slots; zero
+	// means 3 seconds. MaxPending bounds the connections in their
+	// handshake (zero: 256), MaxPendingPerPeer those of one source
+	// address (zero: 8): see gate.
+	HandshakeTimeout              time.Duration
+	MaxPending, MaxPendingPerPeer int
+	// HeaderTimeout bounds an authenticated peer's request header, so a
+	// connection that drips its header is closed; zero means 10 seconds.
 	HeaderTimeout time.Duration
 
 	once    sync.Once
@@ -95,32 +101,42 @@ func (s *Server) init() {
 // Serve answers on ln until ctx ends.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.init()
-	conns := s.MaxConns
-	if conns <= 0 {
-		conns = 64
+	or := func(v, def int) int {
+		if v <= 0 {
+			return def
+		}
+		return v
 	}
-	headerTimeout := s.HeaderTimeout
-	if headerTimeout <= 0 {
-		headerTimeout = 10 * time.Second
+	orDur := func(v, def time.Duration) time.Duration {
+		if v <= 0 {
+			return def
+		}
+		return v
 	}
+	g := newGate(ln, s.tlsConfig(), orDur(s.HandshakeTimeout, 3*time.Second),
+		or(s.MaxPendingPerPeer, 8), or(s.MaxPending, 256), or(s.MaxConns, 64))
 	srv := &http.Server{
 		Handler:           s,
-		TLSConfig:         s.tlsConfig(),
-		ReadHeaderTimeout: headerTimeout, // also bounds the TLS handshake
+		ReadHeaderTimeout: orDur(s.HeaderTimeout, 10*time.Second),
 		IdleTimeout:       30 * time.Second,
 		MaxHeaderBytes:    maxHeader,
 		// HTTP/1.1 only: one stream per connection, no window to tune.
 		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
-		// Failed handshakes (no certificate, another authority) are
-		// refused, not logged: a leaf package never logs.
-		ErrorLog:    log.New(io.Discard, "", 0),
-		BaseContext: func(net.Listener) context.Context { return ctx },
+		ErrorLog:     log.New(io.Discard, "", 0), // a leaf package never logs
+		BaseContext:  func(net.Listener) context.Context { return ctx },
+		ConnState: func(c net.Conn, st http.ConnState) {
+			if st == http.StateClosed || st == http.StateHijacked {
+				g.closed(c)
+			}
+		},
 	}
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
 	}()
-	err := srv.ServeTLS(&limitListener{Listener: ln, slots: make(chan struct{}, conns)}, "", "")
+	// The gate hands over only connections whose TLS handshake, with a
+	// client certificate of the deployment, is complete.
+	err := srv.Serve(g)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -259,31 +275,4 @@ func (d *deadlineWriter) Write(b []byte) (int, error) {
 		return 0, err
 	}
 	return d.w.Write(b)
-}
-
-// limitListener accepts at most cap(slots) connections at once; more wait
-// in the kernel's backlog.
-type limitListener struct {
-	net.Listener
-	slots chan struct{}
-}
-
-func (l *limitListener) Accept() (net.Conn, error) {
-	l.slots <- struct{}{}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.slots
-		return nil, err
-	}
-	return &limitConn{Conn: c, release: sync.OnceFunc(func() { <-l.slots })}, nil
-}
-
-type limitConn struct {
-	net.Conn
-	release func()
-}
-
-func (c *limitConn) Close() error {
-	c.release()
-	return c.Conn.Close()
 }

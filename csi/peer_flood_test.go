@@ -1,0 +1,43 @@
+package csi
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hostpath-csi/hostpath/internal/testutil"
+)
+
+// TestRestoreFromAnotherNodeUnderFlood: while pods that can reach node
+// a's transfer port hold hundreds of connections there that never
+// authenticate (idle, or a ClientHello cut short, from one address and
+// from many), node b clones a volume of node a's: it gets every byte, in
+// about the time it takes without the flood.
+func TestRestoreFromAnotherNodeUnderFlood(t *testing.T) {
+	a, b, _ := newPeerPair(t, "")
+	src := mustCreate(t, a.d, "src", 100<<20)
+	fillVolume(t, a.d.paths.volumeDir(src.GetVolumeId()))
+	want := treeSum(t, a.d.paths.volumeDir(src.GetVolumeId()))
+	for i, flood := range []struct {
+		peers, each int
+		hello       bool
+	}{{1, 300, false}, {1, 300, true}, {40, 12, false}} {
+		open, stop := testutil.Flood(a.addr, flood.peers, flood.each, flood.hello)
+		time.Sleep(500 * time.Millisecond)
+		start := time.Now()
+		v, err := b.d.CreateVolume(ctx, fromVolume(filepath.Base(t.Name())+string(rune('a'+i)), src.GetVolumeId(), 100<<20))
+		took := time.Since(start)
+		n := open()
+		stop()
+		if err != nil {
+			t.Fatalf("clone from node a under %d unauthenticated connections: %v", n, err)
+		}
+		if got := treeSum(t, b.d.paths.volumeDir(v.GetVolume().GetVolumeId())); got != want {
+			t.Fatal("the clone differs from its source")
+		}
+		if took > 3*time.Second {
+			t.Fatalf("the clone under %d unauthenticated connections took %v", n, took)
+		}
+		t.Logf("cloned from node a in %v under %d unauthenticated connections", took.Round(time.Millisecond), n)
+	}
+}

@@ -1,0 +1,233 @@
+package transfer
+
+import (
+	"container/list"
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// gate is the listener the HTTP server takes its connections from. It
+// accepts TCP connections itself and completes their TLS handshakes (which
+// require a client certificate of the deployment) before the server sees
+// them, so a connection that has not authenticated never holds one of the
+// server's connection slots. Until its handshake completes a connection
+// holds a pending slot, for at most the handshake deadline: at most
+// perPeer of them per source address (a pod has one), and at most pending
+// in all. When every pending slot is taken, a newcomer evicts the oldest
+// pending connection of the address that holds the most, if that address
+// holds at least two more than the newcomer's: a flood cannot keep a peer
+// with few connections (a node's driver needs one, for milliseconds) from
+// its turn unless it comes from about as many addresses as there are
+// pending slots.
+type gate struct {
+	ln        net.Listener
+	tls       *tls.Config
+	handshake time.Duration
+	perPeer   int
+	pending   int
+	// slots are the authenticated connections' (the server's limit);
+	// an authenticated connection waits at most the handshake deadline
+	// for one, then is closed.
+	slots chan struct{}
+	// release frees the slot of an authenticated connection, by the
+	// connection, when the HTTP server is done with it.
+	release sync.Map
+
+	ready chan net.Conn
+	done  chan struct{}
+	stop  sync.Once
+
+	mu     sync.Mutex
+	total  int
+	byPeer map[netip.Addr]*list.List // of *waiting, oldest first
+}
+
+// waiting is a connection in its handshake.
+type waiting struct {
+	conn net.Conn
+	peer netip.Addr
+	el   *list.Element
+	done bool // its slot is released
+}
+
+func newGate(ln net.Listener, cfg *tls.Config, handshake time.Duration, perPeer, pending, conns int) *gate {
+	g := &gate{ln: ln, tls: cfg, handshake: handshake, perPeer: perPeer, pending: pending,
+		slots: make(chan struct{}, conns), ready: make(chan net.Conn), done: make(chan struct{}),
+		byPeer: map[netip.Addr]*list.List{}}
+	go g.acceptLoop()
+	return g
+}
+
+// Accept returns the next authenticated connection (a *tls.Conn whose
+// handshake is complete).
+func (g *gate) Accept() (net.Conn, error) {
+	select {
+	case c := <-g.ready:
+		return c, nil
+	case <-g.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close stops accepting; connections in their handshake are closed.
+func (g *gate) Close() error {
+	err := g.ln.Close()
+	g.stop.Do(func() {
+		close(g.done)
+		g.mu.Lock()
+		for _, l := range g.byPeer {
+			for e := l.Front(); e != nil; e = e.Next() {
+				e.Value.(*waiting).conn.Close()
+			}
+		}
+		g.mu.Unlock()
+	})
+	return err
+}
+
+// Addr is the listener's.
+func (g *gate) Addr() net.Addr { return g.ln.Addr() }
+
+func (g *gate) acceptLoop() {
+	var backoff time.Duration
+	for {
+		c, err := g.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				g.Close()
+				return
+			}
+			// Out of descriptors, say: wait a little, as net/http does.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			select {
+			case <-time.After(backoff):
+				continue
+			case <-g.done:
+				return
+			}
+		}
+		backoff = 0
+		w := g.admit(c)
+		if w == nil {
+			c.Close()
+			continue
+		}
+		go g.handshakeOf(w)
+	}
+}
+
+// admit gives c a pending slot, evicting one if every slot is taken (see
+// gate); nil if there is none for it.
+func (g *gate) admit(c net.Conn) *waiting {
+	peer := netip.Addr{}
+	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
+		peer = ap.Addr().Unmap()
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	mine := g.byPeer[peer]
+	have := 0
+	if mine != nil {
+		have = mine.Len()
+	}
+	if have >= g.perPeer {
+		return nil
+	}
+	if g.total >= g.pending {
+		var most *list.List
+		for _, l := range g.byPeer {
+			if most == nil || l.Len() > most.Len() {
+				most = l
+			}
+		}
+		if most.Len() < have+2 {
+			return nil
+		}
+		oldest := most.Front().Value.(*waiting)
+		g.releaseLocked(oldest)
+		oldest.conn.Close()
+	}
+	if mine = g.byPeer[peer]; mine == nil {
+		mine = list.New()
+		g.byPeer[peer] = mine
+	}
+	w := &waiting{conn: c, peer: peer}
+	w.el = mine.PushBack(w)
+	g.total++
+	return w
+}
+
+func (g *gate) releaseLocked(w *waiting) {
+	if w.done {
+		return
+	}
+	w.done = true
+	g.total--
+	l := g.byPeer[w.peer]
+	l.Remove(w.el)
+	if l.Len() == 0 {
+		delete(g.byPeer, w.peer)
+	}
+}
+
+// handshakeOf completes w's TLS handshake within the deadline and hands
+// the connection to Accept once it has a slot.
+func (g *gate) handshakeOf(w *waiting) {
+	deadline := time.Now().Add(g.handshake)
+	w.conn.SetDeadline(deadline)
+	tc := tls.Server(w.conn, g.tls)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	err := tc.HandshakeContext(ctx)
+	cancel()
+	g.mu.Lock()
+	g.releaseLocked(w)
+	g.mu.Unlock()
+	if err != nil {
+		answerPlainHTTP(err)
+		tc.Close()
+		return
+	}
+	select {
+	case g.slots <- struct{}{}:
+	case <-time.After(time.Until(deadline)):
+		tc.Close()
+		return
+	case <-g.done:
+		tc.Close()
+		return
+	}
+	w.conn.SetDeadline(time.Time{})
+	g.release.Store(tc, sync.OnceFunc(func() { <-g.slots }))
+	select {
+	case g.ready <- tc:
+	case <-g.done:
+		g.closed(tc)
+		tc.Close()
+	}
+}
+
+// closed frees the slot of an authenticated connection the server is done
+// with (http.Server.ConnState: closed or hijacked).
+func (g *gate) closed(c net.Conn) {
+	if f, ok := g.release.LoadAndDelete(c); ok {
+		f.(func())()
+	}
+}
+
+// answerPlainHTTP tells a client that spoke plain HTTP to the TLS port
+// what it did, as net/http's own TLS server does.
+func answerPlainHTTP(err error) {
+	var re tls.RecordHeaderError
+	if !errors.As(err, &re) || re.Conn == nil {
+		return
+	}
+	switch string(re.RecordHeader[:]) {
+	case "GET /", "HEAD ", "POST ", "PUT /", "OPTIO":
+		_, _ = re.Conn.Write([]byte("HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n"))
+	}
+}
