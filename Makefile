@@ -259,7 +259,8 @@ lint:
 	! grep -rln --include='*.go' -e '"os/exec"' . | grep -v '_test\.go$$' | grep -v '^\./bench/' 
 
 # The tests in QEMU guests booting Debian's stock kernels (test/kernel):
-# each suite's linux-image-amd64 is downloaded and unpacked under
+# each suite's linux-image-amd64 is downloaded, through the mirrors this
+# machine's apt is configured with (test/kernel/apt-mirrors), and unpacked under
 # $(KERNEL_CACHE), never installed; TCG, since there is no /dev/kvm.
 # KERNEL_SUITES=bookworm runs one kernel, KERNEL_TESTS=csi one package,
 # KERNEL_RUN=<pattern> only the tests it matches. Ends with "N passed, M failed".
@@ -272,9 +273,10 @@ kernel-deps: deps
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null)
 	set -e; for s in $(KERNEL_SUITES); do \
 	  test -d $(KERNEL_CACHE)/$$s/boot && continue; \
+	  m=$$(test/kernel/apt-mirrors); main=$$(echo "$$m" | sed -n 1p); sec=$$(echo "$$m" | sed -n 2p); \
 	  a=$(KERNEL_CACHE)/apt-$$s; mkdir -p $$a/lists/partial $$a/cache; \
 	  k='[signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]'; \
-	  printf 'deb %s http://deb.debian.org/debian %s main\ndeb %s http://deb.debian.org/debian-security %s-security main\n' "$$k" $$s "$$k" $$s > $$a/sources.list; \
+	  printf 'deb %s %s %s main\ndeb %s %s %s-security main\n' "$$k" $$main $$s "$$k" $$sec $$s > $$a/sources.list; \
 	  o="-o Dir::Etc::SourceList=$$a/sources.list -o Dir::Etc::SourceParts=- -o Dir::State::Lists=$$a/lists -o Dir::Cache=$$a/cache -o APT::Get::List-Cleanup=0"; \
 	  apt-get $$o update -qq; \
 	  pkg=$$(apt-cache $$o depends linux-image-amd64 | awk '/Depends: linux-image-/ {print $$2; exit}'); \
