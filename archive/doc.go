@@ -11,7 +11,8 @@
 // names, "..", or links that lead out cannot write outside it.
 //
 // It knows nothing of CSI, never logs, and returns errors that unwrap to
-// the errno; a stream that is not a valid archive gives ErrFormat.
+// the errno; a stream that is not a valid archive gives ErrFormat, one
+// larger than allowed ErrTooLarge.
 package archive
 
 import "errors"
@@ -19,3 +20,7 @@ import "errors"
 // ErrFormat marks a stream that is not a complete, valid tar.gz archive:
 // corrupt, truncated, or with an entry this package refuses.
 var ErrFormat = errors.New("invalid or truncated archive")
+
+// ErrTooLarge marks a stream that declares more than the caller allows:
+// nothing of it was written.
+var ErrTooLarge = errors.New("the archive is larger than allowed")

@@ -83,11 +83,21 @@ func WriteExtents(ctx context.Context, f *os.File, size int64, w io.Writer) (Sta
 	return st, bw.Flush()
 }
 
+// ExtentsLimit bounds what ExtractExtents writes: an image that declares
+// more than Max bytes (when Max > 0) is ErrTooLarge before anything is
+// written, or, with Clip, is written only up to Max (what lies beyond is
+// read and dropped) and has that size.
+type ExtentsLimit struct {
+	Max  int64
+	Clip bool
+}
+
 // ExtractExtents writes an extents stream into f, which should be empty:
 // data where the stream has it (runs of zeros left as holes), the size it
-// declares. It returns that size. A stream whose ranges overlap, go
-// backwards or beyond the size, or that ends early, is ErrFormat.
-func ExtractExtents(ctx context.Context, r io.Reader, f *os.File) (int64, Stats, error) {
+// declares (or the limit it is clipped to). It returns that size. A
+// stream whose ranges overlap, go backwards or beyond the size, or that
+// ends early, is ErrFormat.
+func ExtractExtents(ctx context.Context, r io.Reader, f *os.File, limit ExtentsLimit) (int64, Stats, error) {
 	var st Stats
 	br := bufio.NewReaderSize(r, extentChunk)
 	head := make([]byte, len(extentsMagic)+8)
@@ -100,6 +110,13 @@ func ExtractExtents(ctx context.Context, r io.Reader, f *os.File) (int64, Stats,
 	size := binary.BigEndian.Uint64(head[len(extentsMagic):])
 	if size > 1<<62 {
 		return 0, st, fmt.Errorf("%w: size %d", ErrFormat, size)
+	}
+	keep := size // what is written of the image
+	if limit.Max > 0 && size > uint64(limit.Max) {
+		if !limit.Clip {
+			return 0, st, fmt.Errorf("%w: an image of %d bytes, %d allowed", ErrTooLarge, size, limit.Max)
+		}
+		keep = uint64(limit.Max)
 	}
 	p := fsops.ProgressFrom(ctx)
 	buf := make([]byte, extentChunk)
@@ -128,19 +145,21 @@ func ExtractExtents(ctx context.Context, r io.Reader, f *os.File) (int64, Stats,
 			if _, err := io.ReadFull(br, buf[:c]); err != nil {
 				return 0, st, fmt.Errorf("%w: cut inside an extent: %v", ErrFormat, err)
 			}
-			if _, err := fsops.WriteSparseAt(int(f.Fd()), buf[:c], int64(off+done)); err != nil {
-				return 0, st, err
+			if at := off + done; at < keep {
+				if _, err := fsops.WriteSparseAt(int(f.Fd()), buf[:min(c, keep-at)], int64(at)); err != nil {
+					return 0, st, err
+				}
 			}
 			done += c
 			st.Bytes += int64(c)
 			p.AddBytes(int64(c))
 		}
 	}
-	if err := f.Truncate(int64(size)); err != nil {
+	if err := f.Truncate(int64(keep)); err != nil {
 		return 0, st, err
 	}
 	st.DataBytes, st.Files = st.Bytes, 1
-	return int64(size), st, nil
+	return int64(keep), st, nil
 }
 
 // zeroBlock is the unit below which zeros are sent as they are.

@@ -42,6 +42,8 @@ func toStatus(err error, format string, args ...any) error {
 		return status.Error(codes.Internal, msg+"; until then the driver refuses every change")
 	case errors.Is(err, store.ErrNameTaken):
 		return status.Error(codes.Aborted, msg+"; retry later")
+	case errors.Is(err, archive.ErrTooLarge):
+		return status.Error(codes.Aborted, msg+" (the source grew since its size was asked for; retry)")
 	case errors.Is(err, errCorrupt), errors.Is(err, archive.ErrFormat):
 		return status.Error(codes.DataLoss, msg)
 	case errors.Is(err, unix.EROFS):

@@ -160,18 +160,19 @@ func (d *Driver) buildFrom(ctx context.Context, v volumeRecord, m transfer.Meta,
 		}
 		tmp := filepath.Join(tmpBeside(path), filepath.Base(path)+".partial")
 		err := fsops.CreateDurable(path, tmp, 0o600, func(out *os.File) error {
-			size, st, err := extractExtents(ctx, body, out)
+			// The volume's size, never the source's. A live source's
+			// size was asked for with another request, unpinned in
+			// between: one grown since is refused before a byte is
+			// written (never written in full past the capacity reserved
+			// and then cut). A snapshot, which cannot change, is cut to
+			// the new volume's size as a local restore is (copyBacking):
+			// a block snapshot's recorded size may be less than its
+			// image's length.
+			limit := archive.ExtentsLimit{Max: v.CapacityBytes, Clip: v.SourceSnapshot != ""}
+			_, st, err := extractExtents(ctx, body, out, limit)
 			d.metrics.moved("restore", st.Bytes)
 			if err != nil {
 				return err
-			}
-			// As a local restore (copyBacking): the new volume's size,
-			// never the source's; a block snapshot's recorded size is the
-			// data it holds, which may be less than the image's length.
-			if size > v.CapacityBytes {
-				if err := out.Truncate(v.CapacityBytes); err != nil {
-					return err
-				}
 			}
 			return fsops.AllocateFile(int(out.Fd()), v.CapacityBytes)
 		})
@@ -205,8 +206,8 @@ func (d *Driver) buildFrom(ctx context.Context, v volumeRecord, m transfer.Meta,
 	return nil
 }
 
-func extractExtents(ctx context.Context, r io.Reader, out *os.File) (int64, archive.Stats, error) {
-	size, st, err := archive.ExtractExtents(ctx, r, out)
+func extractExtents(ctx context.Context, r io.Reader, out *os.File, limit archive.ExtentsLimit) (int64, archive.Stats, error) {
+	size, st, err := archive.ExtractExtents(ctx, r, out, limit)
 	if err != nil {
 		return 0, st, err
 	}
