@@ -226,6 +226,16 @@ type peerSource Driver
 // Open pins the source and returns it in the form it travels in. Only
 // well-formed ids of this node are looked up.
 func (p *peerSource) Open(ctx context.Context, peer, kind, id string, statOnly bool) (transfer.Meta, io.ReadCloser, error) {
+	m, rc, err := p.open(ctx, peer, kind, id, statOnly)
+	if err != nil {
+		// The peer is told only the kind of refusal; the reason, which
+		// may name this node's paths, is here.
+		klog.InfoS("a source was refused to another node", "peer", peer, "kind", kind, "id", id, "err", err)
+	}
+	return m, rc, err
+}
+
+func (p *peerSource) open(ctx context.Context, peer, kind, id string, statOnly bool) (transfer.Meta, io.ReadCloser, error) {
 	d := (*Driver)(p)
 	switch {
 	case kind == sourceSnapshot && validSnapshotID(id), kind == sourceVolume && validVolumeID(id):

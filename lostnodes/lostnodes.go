@@ -5,7 +5,9 @@
 // scan it finds the driver's bound PersistentVolumes whose node (the value
 // of the topology key in their node affinity) no Node carries any more,
 // and puts a Warning event naming that node on each unscheduled pod that
-// uses one and on its claim.
+// uses one and on its claim (a Node by that name that lacks the key is
+// not gone: its events say the driver is not running there). An event it
+// cannot write is reported, and the scan goes on.
 //
 // It knows nothing of CSI beyond a driver name and a topology key. One
 // driver of the deployment reports (the one on the first node, by name,
@@ -18,6 +20,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 
@@ -27,8 +30,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// Reason is the reason of the events it puts.
-const Reason = "VolumeNodeGone"
+// Reason is the reason of the events it puts for a node that is gone;
+// ReasonNoDriver of those for a node that is in the cluster but does not
+// carry the topology key (the driver is not registered there: its pod is
+// not running, or is starting), whose data is there all the same.
+const (
+	Reason         = "VolumeNodeGone"
+	ReasonNoDriver = "VolumeNodeWithoutDriver"
+)
 
 // Watcher scans for pods waiting for a node that is gone.
 type Watcher struct {
@@ -39,11 +48,13 @@ type Watcher struct {
 	Now         func() time.Time
 }
 
-// Lost is one pod or claim told about a volume whose node is gone.
+// Lost is one pod or claim told about a volume whose node is gone, or
+// without the driver.
 type Lost struct {
 	Object corev1.ObjectReference
 	Volume string // the PersistentVolume
 	Node   string // its node, by the topology key's value
+	Reason string // Reason or ReasonNoDriver
 }
 
 // Run scans every interval until ctx ends; report gets what each scan
@@ -72,8 +83,10 @@ func (w *Watcher) Scan(ctx context.Context) ([]Lost, error) {
 		return nil, fmt.Errorf("listing nodes: %w", err)
 	}
 	alive := map[string]bool{}
+	named := map[string]bool{} // every Node, by name: one without the key is not gone
 	var first, reporter string // the first node by name carrying the key, and its value
 	for _, n := range nodes.Items {
+		named[n.Name] = true
 		if v, ok := n.Labels[w.TopologyKey]; ok {
 			alive[v] = true
 			if first == "" || n.Name < first {
@@ -88,7 +101,10 @@ func (w *Watcher) Scan(ctx context.Context) ([]Lost, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing persistent volumes: %w", err)
 	}
-	type gone struct{ pv, node string }
+	type gone struct {
+		pv, node string
+		there    bool // a Node by that name is in the cluster, without the key
+	}
 	claims := map[string]gone{} // namespace/name
 	var claimRefs []corev1.ObjectReference
 	for _, pv := range pvs.Items {
@@ -100,7 +116,7 @@ func (w *Watcher) Scan(ctx context.Context) ([]Lost, error) {
 			continue
 		}
 		ref := *pv.Spec.ClaimRef
-		claims[ref.Namespace+"/"+ref.Name] = gone{pv.Name, node}
+		claims[ref.Namespace+"/"+ref.Name] = gone{pv.Name, node, named[node]}
 		claimRefs = append(claimRefs, corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: ref.Namespace, Name: ref.Name, UID: ref.UID})
 	}
 	if len(claims) == 0 {
@@ -111,6 +127,7 @@ func (w *Watcher) Scan(ctx context.Context) ([]Lost, error) {
 		return nil, fmt.Errorf("listing pending pods: %w", err)
 	}
 	var told []Lost
+	var errs []error             // events that could not be written: the scan goes on
 	waiting := map[string]bool{} // claims some pod waits for
 	for _, p := range pods.Items {
 		if p.Spec.NodeName != "" || p.Status.Phase != corev1.PodPending {
@@ -127,12 +144,17 @@ func (w *Watcher) Scan(ctx context.Context) ([]Lost, error) {
 			}
 			waiting[key] = true
 			ref := corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: p.Namespace, Name: p.Name, UID: p.UID}
-			msg := fmt.Sprintf("waits for node %s, which is no longer in the cluster: its volume %s (claim %s) lives on that node's disk only. The pod stays Pending until %s comes back; to give up the data, delete the claim (and the pod, if a controller does not make a new claim)",
+			reason, msg := Reason, fmt.Sprintf("waits for node %s, which is no longer in the cluster: its volume %s (claim %s) lives on that node's disk only. The pod stays Pending until %s comes back; to give up the data, delete the claim (and the pod, if a controller does not make a new claim)",
 				g.node, g.pv, v.PersistentVolumeClaim.ClaimName, g.node)
-			if err := w.event(ctx, ref, g.node, msg); err != nil {
-				return told, err
+			if g.there {
+				reason, msg = ReasonNoDriver, fmt.Sprintf("waits for node %s, which is in the cluster but does not offer driver %s (its driver pod is not running or not registered there): its volume %s (claim %s) lives on that node's disk. The pod stays Pending until the driver runs on %s again",
+					g.node, w.Driver, g.pv, v.PersistentVolumeClaim.ClaimName, g.node)
 			}
-			told = append(told, Lost{Object: ref, Volume: g.pv, Node: g.node})
+			if err := w.event(ctx, ref, g.node, reason, msg); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			told = append(told, Lost{Object: ref, Volume: g.pv, Node: g.node, Reason: reason})
 		}
 	}
 	for _, ref := range claimRefs {
@@ -141,13 +163,17 @@ func (w *Watcher) Scan(ctx context.Context) ([]Lost, error) {
 			continue
 		}
 		g := claims[key]
-		msg := fmt.Sprintf("is bound to volume %s on node %s, which is no longer in the cluster: pods using this claim stay Pending until %s comes back with its disk", g.pv, g.node, g.node)
-		if err := w.event(ctx, ref, g.node, msg); err != nil {
-			return told, err
+		reason, msg := Reason, fmt.Sprintf("is bound to volume %s on node %s, which is no longer in the cluster: pods using this claim stay Pending until %s comes back with its disk", g.pv, g.node, g.node)
+		if g.there {
+			reason, msg = ReasonNoDriver, fmt.Sprintf("is bound to volume %s on node %s, which is in the cluster but does not offer driver %s: pods using this claim stay Pending until the driver runs there again", g.pv, g.node, w.Driver)
 		}
-		told = append(told, Lost{Object: ref, Volume: g.pv, Node: g.node})
+		if err := w.event(ctx, ref, g.node, reason, msg); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		told = append(told, Lost{Object: ref, Volume: g.pv, Node: g.node, Reason: reason})
 	}
-	return told, nil
+	return told, errors.Join(errs...)
 }
 
 // nodeOf is the node a PV's required node affinity names by the key.
@@ -168,7 +194,7 @@ func (w *Watcher) nodeOf(pv *corev1.PersistentVolume) string {
 // event creates the Warning event for (object, node), or counts one more
 // of it: one event per pair, named after it, as the kubelet's event
 // aggregation would leave it.
-func (w *Watcher) event(ctx context.Context, ref corev1.ObjectReference, node, msg string) error {
+func (w *Watcher) event(ctx context.Context, ref corev1.ObjectReference, node, reason, msg string) error {
 	now := metav1.NewTime(time.Now())
 	if w.Now != nil {
 		now = metav1.NewTime(w.Now())
@@ -181,7 +207,7 @@ func (w *Watcher) event(ctx context.Context, ref corev1.ObjectReference, node, m
 	case apierrors.IsNotFound(err):
 		_, err = events.Create(ctx, &corev1.Event{
 			ObjectMeta:     metav1.ObjectMeta{Name: name, Namespace: ref.Namespace},
-			InvolvedObject: ref, Reason: Reason, Message: msg, Type: corev1.EventTypeWarning,
+			InvolvedObject: ref, Reason: reason, Message: msg, Type: corev1.EventTypeWarning,
 			Source:         corev1.EventSource{Component: w.Driver, Host: w.Self},
 			FirstTimestamp: now, LastTimestamp: now, Count: 1,
 			ReportingController: w.Driver, ReportingInstance: w.Self,

@@ -2,6 +2,7 @@ package lostnodes
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 const (
@@ -79,6 +81,10 @@ func TestScan(t *testing.T) {
 		{"claim no pod waits for", "node-1", []runtime.Object{
 			node("node-1"), pv("pv-a", "node-2", "data-web-1", driver),
 		}, nil},
+		{"node there without the driver", "node-1", []runtime.Object{
+			node("node-1"), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-2"}},
+			pv("pv-a", "node-2", "data-web-1", driver), pod("web-1", "data-web-1", "", corev1.PodPending),
+		}, []string{"Pod/web-1@node-2:" + ReasonNoDriver, "PersistentVolumeClaim/data-web-1@node-2:" + ReasonNoDriver}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			client := fake.NewClientset(tc.objects...)
@@ -90,7 +96,11 @@ func TestScan(t *testing.T) {
 				}
 				var got []string
 				for _, l := range told {
-					got = append(got, l.Object.Kind+"/"+l.Object.Name+"@"+l.Node)
+					o := l.Object.Kind + "/" + l.Object.Name + "@" + l.Node
+					if l.Reason != Reason {
+						o += ":" + l.Reason
+					}
+					got = append(got, o)
 				}
 				if strings.Join(got, " ") != strings.Join(tc.want, " ") {
 					t.Fatalf("scan %d told %v, want %v", scan, got, tc.want)
@@ -104,10 +114,44 @@ func TestScan(t *testing.T) {
 				t.Fatalf("%d events, want %d", len(events.Items), len(tc.want))
 			}
 			for _, e := range events.Items {
-				if e.Count != 2 || e.Type != corev1.EventTypeWarning || e.Reason != Reason || !strings.Contains(e.Message, "node-2, which is no longer in the cluster") {
-					t.Fatalf("event %+v: want a Warning %s counted twice naming node-2", e, Reason)
+				reason, says := Reason, "node-2, which is no longer in the cluster"
+				if strings.HasSuffix(tc.want[0], ReasonNoDriver) {
+					reason, says = ReasonNoDriver, "node-2, which is in the cluster but does not offer driver"
+				}
+				if e.Count != 2 || e.Type != corev1.EventTypeWarning || e.Reason != reason || !strings.Contains(e.Message, says) {
+					t.Fatalf("event %+v: want a Warning %s counted twice saying %q", e, reason, says)
+				}
+				if reason == ReasonNoDriver && strings.Contains(e.Message, "delete the claim") {
+					t.Fatalf("a node that is there is said to be gone: %s", e.Message)
 				}
 			}
 		})
+	}
+}
+
+// TestScanGoesOnPastAFailedEvent: an event that cannot be written is
+// reported, and the other pods and claims are still told (the first
+// version stopped the scan at it).
+func TestScanGoesOnPastAFailedEvent(t *testing.T) {
+	client := fake.NewClientset(node("node-1"),
+		pv("pv-a", "node-2", "data-a", driver), pod("a", "data-a", "", corev1.PodPending),
+		pv("pv-b", "node-2", "data-b", driver), pod("b", "data-b", "", corev1.PodPending))
+	client.PrependReactor("create", "events", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if ev := action.(k8stesting.CreateAction).GetObject().(*corev1.Event); ev.InvolvedObject.Name == "a" {
+			return true, nil, errors.New("the API server refused it")
+		}
+		return false, nil, nil
+	})
+	w := &Watcher{Client: client, Driver: driver, TopologyKey: key, Self: "node-1"}
+	told, err := w.Scan(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "Pod app/a") {
+		t.Fatalf("scan error %v, want the failed event named", err)
+	}
+	var got []string
+	for _, l := range told {
+		got = append(got, l.Object.Kind+"/"+l.Object.Name)
+	}
+	if strings.Join(got, " ") != "Pod/b PersistentVolumeClaim/data-a PersistentVolumeClaim/data-b" {
+		t.Fatalf("told %v, want every other pod and claim", got)
 	}
 }

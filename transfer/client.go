@@ -21,8 +21,10 @@ import (
 type Client struct {
 	Creds *Credentials
 	// Timeout bounds connecting and waiting for the answer's header (not
-	// the stream); zero means 10 seconds.
-	Timeout time.Duration
+	// the stream); zero means 10 seconds. IdleTimeout ends a stream from
+	// which nothing arrives for that long (ErrIncomplete); zero means a
+	// minute.
+	Timeout, IdleTimeout time.Duration
 }
 
 // Open asks the node named node, at addr (host:port), for a source: its
@@ -37,6 +39,10 @@ func (c *Client) Open(ctx context.Context, addr, node, kind, id string, statOnly
 	timeout := c.Timeout
 	if timeout <= 0 {
 		timeout = 10 * time.Second
+	}
+	idle := c.IdleTimeout
+	if idle <= 0 {
+		idle = time.Minute
 	}
 	driver := c.Creds.Driver
 	tr := &http.Transport{
@@ -55,7 +61,13 @@ func (c *Client) Open(ctx context.Context, addr, node, kind, id string, statOnly
 				return nil
 			},
 		},
-		DialContext:            (&net.Dialer{Timeout: timeout}).DialContext,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{Timeout: timeout}).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &idleConn{Conn: c, idle: idle}, nil
+		},
 		TLSHandshakeTimeout:    timeout,
 		ResponseHeaderTimeout:  timeout,
 		DisableCompression:     true,
@@ -139,6 +151,20 @@ func (b *checkedBody) Close() error {
 	err := b.resp.Body.Close()
 	b.tr.CloseIdleConnections()
 	return err
+}
+
+// idleConn fails a read that waits longer than idle: a peer that stops
+// sending ends the stream rather than holding the restore for ever.
+type idleConn struct {
+	net.Conn
+	idle time.Duration
+}
+
+func (c *idleConn) Read(b []byte) (int, error) {
+	if err := c.Conn.SetReadDeadline(time.Now().Add(c.idle)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Read(b)
 }
 
 // Peers opens sources on the node a key names (for the CSI driver, the

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net"
 	"net/url"
 	"sync"
 	"time"
@@ -272,12 +273,18 @@ func IssueLeaf(ca *x509.Certificate, caKey crypto.Signer, driver, node string, n
 	tmpl := &x509.Certificate{
 		SerialNumber: sn,
 		Subject:      pkix.Name{CommonName: node},
-		DNSNames:     []string{node},
 		URIs:         []*url.URL{Identity(driver, node)},
 		NotBefore:    notBefore,
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	// The client checks the server's name as it dials it: a node named by
+	// an IP address (some clusters name their Nodes so) needs an IP SAN.
+	if ip := net.ParseIP(node); ip != nil {
+		tmpl.IPAddresses = []net.IP{ip}
+	} else {
+		tmpl.DNSNames = []string{node}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, key.Public(), caKey)
 	if err != nil {

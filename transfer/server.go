@@ -71,8 +71,12 @@ type Server struct {
 	// connections are open at once. Zero means 4 and 64.
 	MaxStreams, MaxConns int
 	// StallTimeout ends a stream its reader stopped reading, which would
-	// otherwise hold its source pinned; zero means a minute.
+	// otherwise hold its source pinned; zero means a minute. MinRate
+	// ends one that its reader reads too slowly to end in any useful
+	// time: every StallTimeout, at least MinRate bytes a second must have
+	// moved (zero means 64 KiB/s).
 	StallTimeout time.Duration
+	MinRate      int64
 	// HandshakeTimeout bounds a connection's TLS handshake, before which
 	// it is not authenticated and holds none of the MaxConns slots; zero
 	// means 3 seconds. MaxPending bounds the connections in their
@@ -144,9 +148,12 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 }
 
 func (s *Server) tlsConfig() *tls.Config {
+	// No session tickets: a resumed session would skip checking the
+	// client's certificate against the authorities trusted now.
 	return &tls.Config{
-		MinVersion: tls.VersionTLS13,
-		NextProtos: []string{"http/1.1"},
+		MinVersion:             tls.VersionTLS13,
+		NextProtos:             []string{"http/1.1"},
+		SessionTicketsDisabled: true,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 			roots, leaf, err := s.Creds.current()
 			if err != nil {
@@ -159,6 +166,8 @@ func (s *Server) tlsConfig() *tls.Config {
 				Certificates: []tls.Certificate{*leaf},
 				ClientAuth:   tls.RequireAndVerifyClientCert,
 				ClientCAs:    roots,
+
+				SessionTicketsDisabled: true,
 			}, nil
 		},
 	}
@@ -216,7 +225,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	meta, rc, err := s.Source.Open(r.Context(), peer, parts[1], parts[2], r.Method == http.MethodHead)
 	if err != nil {
-		http.Error(w, err.Error(), statusOf(err))
+		// The peer learns the kind of refusal only: the Source's own
+		// words may name this node's paths (its log has them).
+		code := statusOf(err)
+		http.Error(w, publicMessage(code), code)
 		return
 	}
 	if rc != nil {
@@ -240,12 +252,37 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if stall <= 0 {
 		stall = time.Minute
 	}
-	out := &deadlineWriter{w: w, rc: http.NewResponseController(w), stall: stall}
+	rate := s.MinRate
+	if rate <= 0 {
+		rate = 64 << 10
+	}
+	out := &deadlineWriter{w: w, rc: http.NewResponseController(w), stall: stall, minRate: rate}
+	// The description goes out before the first byte of data, which may
+	// take a while to come (an archive being made): the peer waits for
+	// the stream, not for the header.
+	if err := out.rc.Flush(); err != nil {
+		panic(http.ErrAbortHandler)
+	}
 	if _, err := io.CopyBuffer(io.MultiWriter(out, h), rc, make([]byte, copyBuffer)); err != nil {
 		// No trailer: the peer sees a stream without its checksum.
 		panic(http.ErrAbortHandler)
 	}
 	w.Header().Set(sumTrailer, strconv.FormatUint(uint64(h.Sum32()), 16))
+}
+
+// publicMessage is what a peer is told of a refusal with this status.
+func publicMessage(code int) string {
+	switch code {
+	case http.StatusNotFound:
+		return ErrNotFound.Error()
+	case http.StatusBadRequest:
+		return ErrInvalid.Error()
+	case http.StatusServiceUnavailable:
+		return ErrBusy.Error()
+	case http.StatusForbidden:
+		return ErrRefused.Error()
+	}
+	return "the source could not be opened on that node (its driver's log says why)"
 }
 
 func statusOf(err error) int {
@@ -263,16 +300,36 @@ func statusOf(err error) int {
 }
 
 // deadlineWriter gives every write stall to complete, so a reader that
-// stops reading ends its stream instead of holding the source.
+// stops reading ends its stream instead of holding the source, and ends
+// the stream of a reader slower than minRate over any window of stall.
 type deadlineWriter struct {
-	w     io.Writer
-	rc    *http.ResponseController
-	stall time.Duration
+	w       io.Writer
+	rc      *http.ResponseController
+	stall   time.Duration
+	minRate int64 // bytes a second
+
+	since time.Time // the window's start
+	moved int64     // bytes written in it
 }
 
+// errTooSlow ends a stream read slower than the rate floor.
+var errTooSlow = errors.New("the peer reads slower than the transfer's rate floor")
+
 func (d *deadlineWriter) Write(b []byte) (int, error) {
-	if err := d.rc.SetWriteDeadline(time.Now().Add(d.stall)); err != nil {
+	now := time.Now()
+	if d.since.IsZero() {
+		d.since = now
+	}
+	if el := now.Sub(d.since); el >= d.stall {
+		if float64(d.moved) < el.Seconds()*float64(d.minRate) {
+			return 0, errTooSlow
+		}
+		d.since, d.moved = now, 0
+	}
+	if err := d.rc.SetWriteDeadline(now.Add(d.stall)); err != nil {
 		return 0, err
 	}
-	return d.w.Write(b)
+	n, err := d.w.Write(b)
+	d.moved += int64(n)
+	return n, err
 }

@@ -23,6 +23,7 @@ type manifests struct {
 	daemonSets    []appsv1.DaemonSet
 	accounts      map[string]bool
 	roles         map[string]bool
+	rules         []rbacv1.PolicyRule // of the Roles (namespaced)
 	bindings      []rbacv1.RoleRef
 	subjects      []rbacv1.Subject
 	drivers       []storagev1.CSIDriver
@@ -78,6 +79,9 @@ func load(t *testing.T) manifests {
 				var r rbacv1.ClusterRole
 				strict(&r)
 				m.roles[head.Kind+"/"+r.Name] = true
+				if head.Kind == "Role" {
+					m.rules = append(m.rules, r.Rules...)
+				}
 			case "ClusterRoleBinding", "RoleBinding":
 				var b rbacv1.ClusterRoleBinding
 				strict(&b)
@@ -188,6 +192,17 @@ func TestManifests(t *testing.T) {
 	o, err := parseFlags(args)
 	if err != nil {
 		t.Fatalf("the driver refuses the DaemonSet's args: %v", err)
+	}
+	// The Secret the drivers keep the transfer's authority in is the one
+	// the Role lets them get and update.
+	secretOK := false
+	for _, r := range m.rules {
+		if contains(r.Resources, "secrets") && contains(r.Verbs, "update") && contains(r.ResourceNames, o.transferSecret) {
+			secretOK = true
+		}
+	}
+	if !secretOK {
+		t.Errorf("--transfer-secret=%s, but no Role lets the driver get and update a Secret of that name", o.transferSecret)
 	}
 	for _, c := range m.classes {
 		if c.Provisioner != o.cfg.DriverName || c.VolumeBindingMode == nil || *c.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {

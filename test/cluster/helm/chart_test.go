@@ -149,6 +149,7 @@ func TestChartValues(t *testing.T) {
 			[]string{`"nodeSelector":{"disk":"nvme"}`, `"tolerations":[{"operator":"Exists"}]`, `"memory":"1Gi"`}, ""},
 		{"sidecar versions", []string{"--set", "sidecars.provisioner.tag=v9.0.0"}, []string{`"registry.k8s.io/sig-storage/csi-provisioner:v9.0.0"`}, ""},
 		{"metrics port", []string{"--set", "metrics.port=9999"}, []string{`"--http-endpoint=:9999"`, `"containerPort":9999`}, ""},
+		{"transfer secret", []string{"--set", "transfer.secretName=my-authority"}, []string{`"--transfer-secret=my-authority"`, `"resourceNames":["my-authority"]`}, ""},
 		{"snapshot class", []string{"--set", "snapshotClass.parameters.compression=zstd"}, []string{`"compression":"zstd"`}, ""},
 		{"no classes", []string{"--set", "storageClass.create=false", "--set", "snapshotClass.create=false", "--set", "pools=null"}, nil, ""},
 	} {
