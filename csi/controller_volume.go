@@ -62,11 +62,20 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		}
 	}
 
+	if err := d.pulling(name); err != nil {
+		return nil, err
+	}
 	unlock, err := d.locks.lock(fmt.Sprintf("volume %q", name), volNameKey(name))
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	// The lock goes with a pull from another node, which outlives this
+	// request (provisionPulled): then unlock is nil here.
+	defer func() {
+		if unlock != nil {
+			unlock()
+		}
+	}()
 	// The source may not be deleted or changed while it is copied; it may
 	// be published, read or copied by others meanwhile.
 	var src volumeRecord // the pinned source volume: ready, its data present
@@ -136,7 +145,13 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return d.existingVolume(old, rec, req.GetCapacityRange())
 	}
 
-	rec, err = d.provisionVolume(ctx, rec)
+	if remote.tag != "" {
+		handed := unlock
+		unlock = nil
+		rec, err = d.provisionPulled(ctx, rec, handed)
+	} else {
+		rec, err = d.provisionVolume(ctx, rec)
+	}
 	if err != nil {
 		return nil, err
 	}

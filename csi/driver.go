@@ -131,6 +131,10 @@ type Driver struct {
 	// replace it to make inspection fail.
 	mountPoint func(path string) (*fsops.MountPoint, error)
 
+	// bg is the work that outlives requests (pulls from other nodes),
+	// stopped by Close before the state is.
+	bg *background
+
 	// stopPools ends watchPools (Close).
 	stopPools chan struct{}
 	closeOnce sync.Once
@@ -191,6 +195,7 @@ func New(cfg Config) (*Driver, error) {
 	d := &Driver{cfg: cfg, paths: layout{root: root}, locks: newKeyLocks(), tag: nodeTag(cfg.NodeID), mountPoint: fsops.GetMountPoint, ops: inflight{ops: map[*operation]struct{}{}}}
 	d.metrics = newMetrics(d)
 	d.heavy = make(chan struct{}, cfg.MaxHeavyOps)
+	d.bg = newBackground()
 	if err := d.prepareStateDir(); err != nil {
 		return nil, err
 	}
@@ -247,6 +252,9 @@ func (d *Driver) Close() error {
 		if d.stopPools != nil {
 			close(d.stopPools)
 		}
+		// A pull cut here has undone what it made; the provisioner's
+		// retry starts it again on the next driver.
+		d.bg.stop()
 	})
 	if err := d.st.Close(); err != nil {
 		return err

@@ -65,6 +65,20 @@ func (d *Driver) track(ctx context.Context, kind, id string, expected int64) (co
 	})
 }
 
+// progressOf is the bytes moved so far and expected by the operation
+// writing id, if one runs.
+func (o *inflight) progressOf(id string) (done, expected int64, ok bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for op := range o.ops {
+		if op.id == id {
+			b, _ := op.p.Done()
+			return b, op.expected, true
+		}
+	}
+	return 0, 0, false
+}
+
 func (op *operation) log(state string) {
 	b, f := op.p.Done()
 	elapsed := time.Since(op.start)

@@ -1,0 +1,120 @@
+package csi
+
+import (
+	"context"
+	"crypto/rand"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hostpath-csi/hostpath/transfer"
+)
+
+// slowPeers lets each stream through at about rate bytes a second and
+// counts the streams opened.
+type slowPeers struct {
+	Peers
+	rate    int64
+	streams atomic.Int64
+}
+
+func (s *slowPeers) Open(ctx context.Context, tag, kind, id string, statOnly bool) (transfer.Meta, io.ReadCloser, string, error) {
+	m, rc, node, err := s.Peers.Open(ctx, tag, kind, id, statOnly)
+	if rc != nil {
+		s.streams.Add(1)
+		rc = &slowReader{ReadCloser: rc, rate: s.rate}
+	}
+	return m, rc, node, err
+}
+
+type slowReader struct {
+	io.ReadCloser
+	rate int64
+}
+
+func (r *slowReader) Read(b []byte) (int, error) {
+	b = b[:min(len(b), 64<<10)]
+	time.Sleep(time.Duration(int64(len(b)) * int64(time.Second) / r.rate))
+	return r.ReadCloser.Read(b)
+}
+
+// TestPullOutlivesTheRequest: a clone from another node that takes longer
+// than the request's deadline (the provisioner's --timeout) goes on past
+// it: the request, and every retry while it runs, is answered Aborted
+// saying the volume is being pulled (and how far), and once it is done a
+// retry returns the volume, every byte there, the source streamed once.
+// In the first version the pull was cancelled at the deadline and each
+// retry started from nothing, so a pull longer than the timeout never
+// finished. A pull cut by the driver's stop leaves nothing behind.
+func TestPullOutlivesTheRequest(t *testing.T) {
+	a, b, bp := newPeerPair(t, "")
+	src := mustCreate(t, a.d, "src", 100<<20)
+	dir := a.d.paths.volumeDir(src.GetVolumeId())
+	data := make([]byte, 24<<20) // random: the stream is as big compressed
+	rand.Read(data)
+	os.WriteFile(filepath.Join(dir, "data"), data, 0o644)
+	want := treeSum(t, dir)
+	slow := &slowPeers{Peers: bp, rate: 16 << 20} // about 1.5 s for the data
+	b.d.SetPeers(slow)
+
+	var answers []string
+	var cloneID string
+	start := time.Now()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		v, err := b.d.CreateVolume(rctx, fromVolume("clone", src.GetVolumeId(), 100<<20))
+		cancel()
+		if err == nil {
+			cloneID = v.GetVolume().GetVolumeId()
+			if got := treeSum(t, b.d.paths.volumeDir(v.GetVolume().GetVolumeId())); got != want {
+				t.Fatal("the pulled volume differs from its source")
+			}
+			break
+		}
+		if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "being pulled") {
+			t.Fatalf("a request while the pull runs: %v, want Aborted saying it is being pulled", err)
+		}
+		answers = append(answers, status.Convert(err).Message())
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("the pull did not finish in 30 s: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := slow.streams.Load(); n != 1 {
+		t.Fatalf("the source was streamed %d times, want once", n)
+	}
+	if len(answers) < 2 || !strings.Contains(strings.Join(answers, "\n"), "moved)") {
+		t.Fatalf("answers while pulling: %q, want several, one with the bytes moved", answers)
+	}
+	t.Logf("pulled in %v across %d requests", time.Since(start).Round(10*time.Millisecond), len(answers)+1)
+
+	// A pull the driver's stop cuts leaves nothing.
+	slow.rate = 1 << 20
+	rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err := b.d.CreateVolume(rctx, fromVolume("cut", src.GetVolumeId(), 100<<20))
+	cancel()
+	if status.Code(err) != codes.Aborted {
+		t.Fatalf("a slow pull: %v", err)
+	}
+	if err := b.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := b.d.st.Volumes.ByName("cut"); ok {
+		t.Fatalf("the cut pull left its record: %+v", v)
+	}
+	for _, dir := range []string{b.d.paths.volumes(), b.d.paths.tmp()} {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if !strings.HasPrefix(e.Name(), ".") && e.Name() != cloneID {
+				t.Fatalf("the cut pull left %s in %s", e.Name(), dir)
+			}
+		}
+	}
+}
