@@ -74,6 +74,33 @@ type row struct {
 	sizeRatio                float64 // our archive / theirs (0 if none)
 	peakRSS                  float64
 	runs                     int
+	goal                     float64 // the ratio the project aims for, 0 if none
+}
+
+// oursVariants are the variants that are the driver's: each is compared
+// with the others of its case.
+var oursVariants = []string{"ours", "ours-reflink", "ours-zstd", "ours-api", "from-peer"}
+
+// goals are the ratios the project has set itself (the issues and the
+// README say where each comes from): benchmark, our variant, theirs.
+var goals = []struct {
+	bench, ours, theirs string
+	goal                float64
+}{
+	{"Snapshot", "ours-zstd", "tar-zstd-T0-3", 1.5},
+	{"Restore", "ours-zstd", "tar-I-zstd-xf", 1.3},
+	{"Clone", "ours", "cp-a", 1.5},
+	{"BlockCreateAPI", "ours-api", "fallocate+losetup", 3},
+	{"RestoreFromPeer", "from-peer", "local", 0.8},
+}
+
+func goalOf(bench, ours, theirs string) float64 {
+	for _, g := range goals {
+		if g.bench == bench && g.ours == ours && g.theirs == theirs {
+			return g.goal
+		}
+	}
+	return 0
 }
 
 func rows(results []result) []row {
@@ -103,7 +130,10 @@ func rows(results []result) []row {
 		if strings.HasPrefix(k.variant, "ours") {
 			continue
 		}
-		for _, ours := range []string{"ours", "ours-reflink", "ours-zstd"} {
+		for _, ours := range oursVariants {
+			if ours == k.variant {
+				continue
+			}
 			// zstd against zstd, gzip against gzip; the uncompressed
 			// ceiling against both.
 			if strings.Contains(k.variant, "zstd") != (ours == "ours-zstd") && !strings.Contains(k.variant, "uncompressed") {
@@ -114,7 +144,8 @@ func rows(results []result) []row {
 				continue
 			}
 			r := row{bench: k.bench, cse: k.cse, ours: ours, theirs: k.variant,
-				oursMBs: med(ok, "MB/s"), theirsMBs: med(k, "MB/s"), peakRSS: med(ok, "peakRSS-MiB"), runs: len(group[ok])}
+				oursMBs: med(ok, "MB/s"), theirsMBs: med(k, "MB/s"), peakRSS: med(ok, "peakRSS-MiB"), runs: len(group[ok]),
+				goal: goalOf(k.bench, ours, k.variant)}
 			if t, o := med(k, "ns/op"), med(ok, "ns/op"); o > 0 {
 				r.ratio = t / o
 			}
@@ -129,15 +160,44 @@ func rows(results []result) []row {
 
 func markdown(rs []row) string {
 	var b strings.Builder
-	b.WriteString("| benchmark | case | ours | MB/s | vs | MB/s | speed ratio | archive size vs | peak RSS MiB | runs |\n")
-	b.WriteString("|---|---|---|---:|---|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| benchmark | case | ours | MB/s | vs | MB/s | speed ratio | goal | archive size vs | peak RSS MiB | runs |\n")
+	b.WriteString("|---|---|---|---:|---|---:|---:|---|---:|---:|---:|\n")
 	for _, r := range rs {
 		size := ""
 		if r.sizeRatio > 0 {
 			size = fmt.Sprintf("%+.1f%%", (r.sizeRatio-1)*100)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %s | %.0f | **%.2fx** | %s | %.1f | %d |\n",
-			r.bench, r.cse, r.ours, r.oursMBs, r.theirs, r.theirsMBs, r.ratio, size, r.peakRSS, r.runs)
+		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %s | %.0f | **%.2fx** | %s | %s | %.1f | %d |\n",
+			r.bench, r.cse, r.ours, r.oursMBs, r.theirs, r.theirsMBs, r.ratio, verdict(r), size, r.peakRSS, r.runs)
+	}
+	return b.String()
+}
+
+// verdict says how a row stands against its goal: "" without one.
+func verdict(r row) string {
+	switch {
+	case r.goal == 0:
+		return ""
+	case r.ratio >= r.goal:
+		return fmt.Sprintf("%.1fx: met", r.goal)
+	default:
+		return fmt.Sprintf("%.1fx: **short by %.0f%%**", r.goal, (1-r.ratio/r.goal)*100)
+	}
+}
+
+// goalLines is one line per row that has a goal, for the terminal: a
+// regression is seen the day it lands.
+func goalLines(rs []row) string {
+	var b strings.Builder
+	for _, r := range rs {
+		if r.goal == 0 {
+			continue
+		}
+		state := "met"
+		if r.ratio < r.goal {
+			state = fmt.Sprintf("SHORT by %.0f%%", (1-r.ratio/r.goal)*100)
+		}
+		fmt.Fprintf(&b, "goal %s %s: %s vs %s %.2fx, goal %.1fx: %s\n", r.bench, r.cse, r.ours, r.theirs, r.ratio, r.goal, state)
 	}
 	return b.String()
 }
@@ -187,6 +247,7 @@ func main() {
 	}
 	md := markdown(rs)
 	fmt.Print(md)
+	fmt.Print("\n" + goalLines(rs))
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

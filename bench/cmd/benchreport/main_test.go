@@ -50,3 +50,29 @@ PASS`
 		t.Fatalf("pairs: %s\nwant:  %s", strings.Join(got, ", "), want)
 	}
 }
+
+// TestGoals: the rows with a goal say whether they meet it, on the table
+// and in one line each, for block creates and restores from a peer too.
+func TestGoals(t *testing.T) {
+	in := `BenchmarkSnapshot/ext4/mixed/ours-zstd-2	1	100 ns/op
+BenchmarkSnapshot/ext4/mixed/tar-zstd-T0-3-2	1	120 ns/op
+BenchmarkBlockCreateAPI/size=64MiB/ours-api-2	1	100 ns/op
+BenchmarkBlockCreateAPI/size=64MiB/fallocate+losetup-2	1	400 ns/op
+BenchmarkRestoreFromPeer/ext4/small/tar.gz/local-2	1	90 ns/op
+BenchmarkRestoreFromPeer/ext4/small/tar.gz/from-peer-2	1	100 ns/op
+PASS`
+	rs := rows(parse(strings.NewReader(in)))
+	lines := goalLines(rs)
+	for _, want := range []string{
+		"goal Snapshot ext4/mixed: ours-zstd vs tar-zstd-T0-3 1.20x, goal 1.5x: SHORT by 20%",
+		"goal BlockCreateAPI size=64MiB: ours-api vs fallocate+losetup 4.00x, goal 3.0x: met",
+		"goal RestoreFromPeer ext4/small/tar.gz: from-peer vs local 0.90x, goal 0.8x: met",
+	} {
+		if !strings.Contains(lines, want) {
+			t.Errorf("goal lines lack %q:\n%s", want, lines)
+		}
+	}
+	if md := markdown(rs); !strings.Contains(md, "short by 20%") {
+		t.Errorf("the table does not say the snapshot is short:\n%s", md)
+	}
+}
