@@ -83,6 +83,9 @@ type Config struct {
 	// PoolRetryInterval is how often a pool that is down is looked at
 	// again (default 10 s).
 	PoolRetryInterval time.Duration
+	// JournalSize is the state journal's length (0: 4 MiB); tests make
+	// it small to cross many checkpoints.
+	JournalSize int64
 }
 
 // controllerExpansion and nodeExpansion say which sides of expansion are
@@ -216,7 +219,8 @@ func New(cfg Config) (*Driver, error) {
 		p.state.Store(&poolState{down: fmt.Errorf("not opened yet")})
 		d.pools[name] = p
 	}
-	if d.st, err = store.Open(d.paths.meta(), store.IDRules{Volume: validVolumeID, Snapshot: validSnapshotID, Group: validGroupID}); err != nil {
+	if d.st, err = store.Open(d.paths.meta(), store.IDRules{Volume: validVolumeID, Snapshot: validSnapshotID, Group: validGroupID},
+		store.Options{JournalSize: cfg.JournalSize}); err != nil {
 		return nil, fmt.Errorf("state dir %s: %w", root, err)
 	}
 	if err := d.reconcile(); err != nil {

@@ -109,7 +109,9 @@ func (d *Driver) removeVolumeData(v volumeRecord) error {
 	if v.AccessType == accessBlock {
 		return d.removeBlockData(v)
 	}
-	if err := fsops.RemoveAll(d.volumeDataPath(v)); err != nil {
+	// Durable before the record goes: a removal a power loss undid would
+	// bring the data back owned by nothing.
+	if err := fsops.RemoveAllDurable(d.volumeDataPath(v)); err != nil {
 		return err
 	}
 	if d.poolOf(v.Pool).get().quota == quotaProject && v.ProjectID != 0 {
@@ -205,7 +207,9 @@ func (d *Driver) removeSnapshotData(s snapshotRecord) error {
 	if err := fsops.RemoveAll(d.snapshotTempPath(s)); err != nil {
 		return err
 	}
-	return fsops.RemoveAll(d.snapshotDataPath(s))
+	// Durable before the record goes (see removeVolumeData); what is
+	// left in tmp/ is cleared at start.
+	return fsops.RemoveAllDurable(d.snapshotDataPath(s))
 }
 
 // dataPresent answers FailedPrecondition, naming the path, when a ready

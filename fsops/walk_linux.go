@@ -83,6 +83,27 @@ func RemoveAll(path string) error {
 	return removeAt(pfd, name, path)
 }
 
+// RemoveAllDurable is RemoveAll whose removal is durable when it returns:
+// the parent directory is fsynced, through the descriptor the removal
+// went through, so a power loss after it cannot bring the tree back (a
+// record dropped after it would otherwise leave the data owned by
+// nothing).
+func RemoveAllDurable(path string) error {
+	parent, name := filepath.Split(filepath.Clean(path))
+	pfd, err := unix.Open(parent, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: parent, Err: err}
+	}
+	defer unix.Close(pfd)
+	if err := removeAt(pfd, name, path); err != nil {
+		return err
+	}
+	if err := unix.Fsync(pfd); err != nil {
+		return &os.PathError{Op: "fsync", Path: parent, Err: err}
+	}
+	return nil
+}
+
 func removeAt(dirfd int, name, path string) error {
 	err := unix.Unlinkat(dirfd, name, 0)
 	if err == nil || err == unix.ENOENT {

@@ -175,6 +175,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.cfg.MaxHeavyOps, "max-heavy-operations", 4, "clones, snapshots and restores that may run at once")
 	fs.DurationVar(&o.cfg.ProgressInterval, "progress-interval", 10*time.Second, "how often a snapshot, restore or clone in flight logs its bytes and files done, rate and time left")
 	fs.DurationVar(&o.cfg.ShutdownGrace, "shutdown-grace", 25*time.Second, "how long calls in flight may finish after SIGTERM")
+	fs.Var(quantityFlag{&o.cfg.JournalSize}, "journal-size", "for tests: the state journal's length (default 4Mi); a small one checkpoints every few changes")
 
 	// The reference driver's other flags, so its manifests keep working.
 	var attachLimit int64

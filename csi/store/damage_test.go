@@ -116,7 +116,7 @@ func TestJournalNeverHeadered(t *testing.T) {
 	if err := s.Volumes.Put(Volume{ID: "id-1", Name: "a", Phase: Ready}); err != nil {
 		t.Fatal(err)
 	}
-	if fi, _ := os.Stat(filepath.Join(dir, "journal")); fi.Size() != journalSize {
+	if fi, _ := os.Stat(filepath.Join(dir, "journal")); fi.Size() != DefaultJournalSize {
 		t.Fatalf("journal of %d bytes", fi.Size())
 	}
 }
@@ -313,5 +313,32 @@ func TestJournalAppendUnit(t *testing.T) {
 		if _, ok := s2.Volumes.Get(id); !ok {
 			t.Errorf("%s, acknowledged, is lost", id)
 		}
+	}
+}
+
+// TestSmallJournal: a journal made small checkpoints every few commits,
+// its changes all survive a loss of every record file since the last
+// checkpoint, and a start with the default size reads and keeps it.
+func TestSmallJournal(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, IDRules{Volume: anyID, Snapshot: anyID, Group: anyID}, Options{JournalSize: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		if err := s.Volumes.Put(Volume{ID: "id-1", Name: "a", Phase: Ready, CapacityBytes: int64(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.journal.mu.Lock()
+	epoch := s.journal.epoch
+	s.journal.mu.Unlock()
+	if epoch < 5 {
+		t.Fatalf("epoch %d after 100 commits in a 64 KiB journal", epoch)
+	}
+	os.Remove(filepath.Join(dir, "volumes", "id-1.json"))
+	s2 := open(t, dir)
+	if v, ok := s2.Volumes.Get("id-1"); !ok || v.CapacityBytes != 99 {
+		t.Fatalf("after the loss: %+v %v", v, ok)
 	}
 }

@@ -53,6 +53,7 @@ import (
 type journal struct {
 	path   string
 	unit   int64 // the append unit; entries start at the second
+	size   int64 // the file's length, written full of zeros once
 	tables map[string]*tableDir
 	dirs   []*os.File // the tables' directories, fsynced by checkpoints
 
@@ -88,7 +89,8 @@ type tableDir struct {
 }
 
 const (
-	journalSize = 4 << 20
+	// DefaultJournalSize is the journal's length unless Options say.
+	DefaultJournalSize = 4 << 20
 	// The append unit is a multiple of minUnit, at most maxUnit: a
 	// reader tries every minUnit boundary up to the next maxUnit one.
 	// (A block size above it is a network file system's transfer size,
@@ -130,7 +132,7 @@ func (e entry) path(t *tableDir) string { return filepath.Join(t.dir, e.ID+".jso
 // openJournal opens (or makes) the journal at path, applies the current
 // epoch's entries to the tables' files and checkpoints. What it found
 // beyond that (a damaged header, entries it could not reach) is in notes.
-func openJournal(path string, tables map[string]*tableDir) (_ *journal, notes []string, retErr error) {
+func openJournal(path string, tables map[string]*tableDir, size int64) (_ *journal, notes []string, retErr error) {
 	j := &journal{path: path, tables: tables, dirty: map[string]*os.File{}}
 	defer func() {
 		if retErr != nil {
@@ -155,6 +157,13 @@ func openJournal(path string, tables map[string]*tableDir) (_ *journal, notes []
 	if testUnit > 0 {
 		j.unit = testUnit
 	}
+	// A journal made longer than size (by a start with another size) is
+	// read and used whole: its entries may lie anywhere in it.
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, nil, &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	j.size = max(size, st.Size, 4*j.unit)
 	sc, err := j.read()
 	if err != nil {
 		return nil, nil, err
@@ -173,16 +182,12 @@ func openJournal(path string, tables map[string]*tableDir) (_ *journal, notes []
 			return nil, nil, err
 		}
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, nil, &os.PathError{Op: "fstat", Path: path, Err: err}
-	}
-	if st.Size < journalSize {
+	if st.Size < j.size {
 		// Written, not just allocated: an overwrite of written blocks
 		// changes no metadata, so fdatasync does not commit the file
 		// system's journal. What is written is kept: only the part a
 		// crash during the first fill left out is written.
-		if err := j.writeAt(make([]byte, journalSize-st.Size), st.Size); err != nil {
+		if err := j.writeAt(make([]byte, j.size-st.Size), st.Size); err != nil {
 			return nil, nil, err
 		}
 		if err := f.Sync(); err != nil {
@@ -365,7 +370,7 @@ func (j *journal) append(e *entry) (uint64, error) {
 		return 0, err
 	}
 	rec := make([]byte, entryHeadSize+len(payload))
-	if j.off+int64(len(rec)) > journalSize || len(j.dirty) >= maxDirty {
+	if j.off+int64(len(rec)) > j.size || len(j.dirty) >= maxDirty {
 		if j.off == j.unit && len(j.dirty) == 0 {
 			return 0, fmt.Errorf("journal %s: a record of %d bytes does not fit", j.path, len(payload))
 		}

@@ -51,7 +51,7 @@ type scan struct {
 // carries is the live one, or one whose every change a checkpoint already
 // made durable (and applying its changes again in order changes nothing).
 func (j *journal) read() (scan, error) {
-	buf, err := io.ReadAll(io.NewSectionReader(j.f, 0, journalSize))
+	buf, err := io.ReadAll(io.NewSectionReader(j.f, 0, j.size))
 	if err != nil {
 		return scan{}, err
 	}

@@ -343,10 +343,23 @@ type IDRules struct {
 	Volume, Snapshot, Group func(id string) bool
 }
 
+// Options tune a store. JournalSize is the journal's length (zero:
+// DefaultJournalSize); a small one checkpoints often, for tests that
+// cross many checkpoints and epochs.
+type Options struct {
+	JournalSize int64
+}
+
 // Open makes the tables under dir (volumes/, snapshots/, groups/), redoes
 // the journal's changes (dir/journal) that a power loss may have taken
 // from the record files, and loads every record.
-func Open(dir string, ids IDRules) (*Store, error) {
+func Open(dir string, ids IDRules, opts ...Options) (*Store, error) {
+	size := int64(DefaultJournalSize)
+	for _, o := range opts {
+		if o.JournalSize > 0 {
+			size = o.JournalSize
+		}
+	}
 	var s Store
 	var err error
 	if s.Volumes, err = newTable[Volume]("volume", filepath.Join(dir, "volumes"), ids.Volume); err != nil {
@@ -369,7 +382,7 @@ func Open(dir string, ids IDRules) (*Store, error) {
 	for _, t := range []*tableDir{&s.Volumes.tableDir, &s.Snapshots.tableDir, &s.Groups.tableDir} {
 		tables[t.name] = t
 	}
-	if s.journal, s.notes, err = openJournal(filepath.Join(dir, "journal"), tables); err != nil {
+	if s.journal, s.notes, err = openJournal(filepath.Join(dir, "journal"), tables, size); err != nil {
 		return nil, err
 	}
 	if s.rejected, err = loadRejected(dir); err != nil {

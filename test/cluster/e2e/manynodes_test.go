@@ -214,6 +214,7 @@ func manyNodes(t *testing.T, k *kube, nodes []string) {
 		}
 	})
 	crossNode(t, k, first, placed["web-0"])
+	bigPull(t, k, largest, nodes[1])
 	lost := placed["web-1"]
 	step(t, "node "+lost+" lost: its CSINode and capacity go, its PV stays, its pod waits for it", func() {
 		pv := k.jsonpath(ns, "pvc/data-web-1", "{.spec.volumeName}")
@@ -371,6 +372,46 @@ spec:
 		k.must("delete", "statefulset", "replica", "-n", ns)
 		k.must("delete", "pvc", "data-replica-0", "-n", ns, "--wait=false")
 		k.must("delete", "volumesnapshot", "web0snap", "-n", ns)
+	})
+}
+
+// bigPull clones a volume of several GiB, written by a pod on node from,
+// into a pod kept on node to: the pull takes longer than the
+// provisioner's --timeout (10 s, its default; deploy/ leaves it), whose
+// calls are answered that the volume is being pulled while the pull goes
+// on, and the claim is bound once it is done, with the same bytes.
+func bigPull(t *testing.T, k *kube, from, to string) {
+	const size = 5 << 29 // 2.5 GiB
+	step(t, fmt.Sprintf("a %.1f GiB clone pulled from %s to %s outlives the provisioner's timeout", float64(size)/(1<<30), from, to), func() {
+		var want string
+		k.apply(pvc("big", "2816Mi", "Filesystem", ""))
+		k.apply(onNode(pod("big", "big", "", fmt.Sprintf("head -c %d /dev/urandom > /data/big && sync && sha256sum /data/big > /data/sum", size)), from))
+		k.waitPod(ns, "big", "Running", 180*time.Second)
+		k.waitFor("the big file written", 10*time.Minute, func() (bool, string) {
+			out, err := k.run("", "exec", "-n", ns, "big", "--", "cat", "/data/sum")
+			if err != nil || len(strings.Fields(out)) == 0 {
+				return false, out
+			}
+			want = strings.Fields(out)[0]
+			return true, ""
+		})
+		start := time.Now()
+		k.apply(pvc("big-clone", "2816Mi", "Filesystem", "{kind: PersistentVolumeClaim, name: big}"))
+		k.apply(onNode(pod("big-clone", "big-clone", "", "true"), to))
+		k.waitPod(ns, "big-clone", "Running", 15*time.Minute)
+		took := time.Since(start)
+		if on := k.jsonpath(ns, "pod/big-clone", "{.spec.nodeName}"); on != to {
+			t.Fatalf("big-clone runs on %s, want %s", on, to)
+		}
+		if ev := k.describe(ns, "pvc/big-clone"); !strings.Contains(ev, "being pulled") {
+			t.Fatalf("the provisioner was never told the volume is being pulled (the pull took %v): is it shorter than the provisioner's timeout?\n%s", took, ev)
+		}
+		if got := strings.Fields(k.exec(ns, "big-clone", "sha256sum", "/data/big"))[0]; got != want {
+			t.Fatalf("big-clone reads sha256 %s, the source %s", got, want)
+		}
+		fmt.Printf("e2e      %.1f GiB cloned from %s to %s in %v, across provisioner timeouts, the same bytes\n", float64(size)/(1<<30), from, to, took.Round(time.Second))
+		k.must("delete", "pod", "big", "big-clone", "-n", ns, "--grace-period=1")
+		k.must("delete", "pvc", "big", "big-clone", "-n", ns)
 	})
 }
 

@@ -43,8 +43,11 @@ const MarkPowerloss = Mark + " powerloss "
 type Op struct {
 	Mark string `json:"mark"`
 	// Kind is create, delete, snapshot, delete-snapshot, expand, modify,
-	// publish, unpublish or write; issue-delete and issue-delete-snapshot
-	// mark a delete sent (it may finish at start after a power loss).
+	// publish, unpublish, write (the writer's) or write-block;
+	// issue-delete, issue-delete-snapshot and issue-unpublish mark a
+	// request sent (it may finish at start after a power loss); epoch
+	// reports the journal's epoch, and restart a crash of the driver
+	// (SIGKILL) and its start again.
 	Kind   string `json:"kind"`
 	ID     string `json:"id,omitempty"`
 	Access string `json:"access,omitempty"` // mount or block, for a volume
@@ -54,6 +57,14 @@ type Op struct {
 	File   string `json:"file,omitempty"`   // the writer's file, relative to the state dir
 	Bytes  int64  `json:"bytes,omitempty"`  // the writer's bytes fsynced
 	Target string `json:"target,omitempty"` // a publish's target path
+	Pool   string `json:"pool,omitempty"`   // a volume's or snapshot's pool, when not the default
+	// Offset, Length and Sum (sha256, hex) name bytes of a block volume
+	// that must be there: written and fsynced through its device
+	// (write-block), or, on a create, what its source held.
+	Offset int64  `json:"offset,omitempty"`
+	Length int64  `json:"length,omitempty"`
+	Sum    string `json:"sum,omitempty"`
+	Epoch  uint64 `json:"epoch,omitempty"` // the journal's epoch (kind epoch)
 }
 
 // RecordSize is what the power-loss writer appends and fsyncs at a time.
@@ -67,5 +78,36 @@ func Record(n int) []byte {
 		b[i] = byte(n*131 + i*7)
 	}
 	copy(b, fmt.Sprintf("record %08d\n", n))
+	return b
+}
+
+// What the power-loss recorder (test/powerloss/guest) and the host's
+// replay (test/kernel's TestPowerLoss) share.
+const (
+	// PoolImage is the pool's file system (ext4), an image in the data
+	// disk's root made by the host; PoolName is the pool.
+	PoolImage = "pool.img"
+	PoolName  = "fast"
+	// JournalSize is the state journal's length in the run: small, so
+	// the workload crosses many checkpoints and epochs.
+	JournalSize = "64Ki"
+	// BlockOffset is where BlockData lies in a block volume.
+	BlockOffset = 3 << 20
+)
+
+// DriverArgs are the flags the driver runs with on a state dir and a pool
+// directory, in the guest and on the host's replay alike.
+func DriverArgs(sock, state, pool string) []string {
+	return []string{"--endpoint=unix://" + sock, "--nodeid=powerloss", "--statedir=" + state,
+		"--enable-controller-modify-volume", "--journal-size=" + JournalSize, "--pool=" + PoolName + "=" + pool}
+}
+
+// BlockData is what round r writes through its block volume's device at
+// BlockOffset, and fsyncs, before it snapshots and clones the volume.
+func BlockData(r int) []byte {
+	b := make([]byte, 1<<20)
+	for i := range b {
+		b[i] = byte(r*37 + i*13 + i/4096)
+	}
 	return b
 }

@@ -1,13 +1,17 @@
 // Package guest records the power-loss workload in a kernel-matrix guest
 // (make test-powerloss): the state dir on a file system over a
-// dm-log-writes target, the real driver binary serving a workload through
-// the CSI API, and a mark in the log after every acknowledged operation
-// and every fsynced write, each also printed on the console for the host,
-// which replays the log (test/kernel's TestPowerLoss).
+// dm-log-writes target, a pool on a file system of its own (an image on
+// that same disk, loop-mounted, so one log orders both), the real driver
+// binary serving a workload through the CSI API, and a mark in the log
+// after every acknowledged operation and every fsynced write, each also
+// printed on the console for the host, which replays the log (test/kernel's
+// TestPowerLoss). TestRecover records, the same way, the driver's start on
+// disks a first power loss left, for the host to cut the power again
+// during that recovery.
 package guest
 
 import (
-	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -18,7 +22,6 @@ import (
 	"testing"
 	"time"
 
-	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -34,8 +37,23 @@ const (
 	EnvFS      = "POWERLOSS_FS"       // ext4 or xfs: the data disk's file system, made by the host
 	EnvData    = "POWERLOSS_DATA"     // serial of the data disk
 	EnvLog     = "POWERLOSS_LOG"      // serial of the log disk
+	EnvRecover = "POWERLOSS_RECOVER"  // TestRecover: serials data:log:name, space-separated
 	WriterFile = "volumes/%s/journal" // the writer's file in its volume
 )
+
+// Epoch reads the epoch of the journal in state (0 if it cannot).
+func Epoch(state string) uint64 {
+	b := make([]byte, 12)
+	f, err := os.Open(filepath.Join(state, "meta", "journal"))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	if _, err := f.ReadAt(b, 0); err != nil || string(b[:4]) != "HPJ1" {
+		return 0
+	}
+	return binary.LittleEndian.Uint64(b[4:12])
+}
 
 func diskBySerial(serial string) (string, error) {
 	ents, _ := filepath.Glob("/sys/block/vd*/serial")
@@ -77,6 +95,57 @@ func (r *recorder) ack(t *testing.T, op plan.Op) {
 	fmt.Printf("%s%s\n", plan.MarkPowerloss, b)
 }
 
+// logged is a disk under dm-log-writes, its file system mounted and the
+// pool's image on it mounted too.
+type logged struct {
+	name, mnt, pool string
+	poolDev         loop.Device
+}
+
+// mountLogged puts data under a dm-log-writes target named name logging
+// to logDev, mounts it, and mounts the pool image on it.
+func mountLogged(t *testing.T, name, data, logDev, fstype string) *logged {
+	n, err := sectors(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := dm.Create(name, []dm.Target{{Start: 0, Length: n, Type: "log-writes", Params: data + " " + logDev}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &logged{name: name, mnt: "/mnt/" + name, pool: "/mnt/" + name + "-pool"}
+	os.MkdirAll(l.mnt, 0o755)
+	if err := unix.Mount(dev, l.mnt, fstype, 0, ""); err != nil {
+		dm.Remove(name)
+		t.Fatalf("mount %s (%s): %v", dev, fstype, err)
+	}
+	if l.poolDev, err = loop.Attach(filepath.Join(l.mnt, plan.PoolImage), loop.Options{}); err != nil {
+		l.unmount(t)
+		t.Fatal(err)
+	}
+	os.MkdirAll(l.pool, 0o755)
+	if err := unix.Mount(l.poolDev.Path(), l.pool, "ext4", 0, ""); err != nil {
+		l.unmount(t)
+		t.Fatalf("mount the pool: %v", err)
+	}
+	return l
+}
+
+// unmount undoes mountLogged: what was mounted and attached goes.
+func (l *logged) unmount(t *testing.T) {
+	unix.Unmount(l.pool, 0)
+	if l.poolDev.Path() != "" {
+		loop.Detach(l.poolDev)
+	}
+	if err := unix.Unmount(l.mnt, 0); err != nil {
+		t.Errorf("unmount %s: %v", l.mnt, err)
+		unix.Unmount(l.mnt, unix.MNT_DETACH)
+	}
+	if err := dm.Remove(l.name); err != nil {
+		t.Errorf("removing the log-writes device: %v", err)
+	}
+}
+
 func TestRecord(t *testing.T) {
 	if !testutil.InGuest() || os.Getenv(EnvFS) == "" {
 		t.Skip("records the power-loss workload in a guest of make test-powerloss")
@@ -90,190 +159,90 @@ func TestRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := sectors(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := "plw-" + fstype
-	dev, err := dm.Create(name, []dm.Target{{Start: 0, Length: n, Type: "log-writes", Params: data + " " + logDev}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	removed := false
-	mnt := "/mnt/powerloss-" + fstype
-	defer func() {
-		if !removed {
-			unix.Unmount(mnt, unix.MNT_DETACH)
-			dm.Remove(name)
-		}
-	}()
-	os.MkdirAll(mnt, 0o755)
-	if err := unix.Mount(dev, mnt, fstype, 0, ""); err != nil {
-		t.Fatalf("mount %s (%s): %v", dev, fstype, err)
-	}
-	rec := &recorder{dev: name}
-	workload(t, rec, filepath.Join(mnt, "state"))
-	if err := unix.Unmount(mnt, 0); err != nil {
-		t.Errorf("unmount: %v", err)
-	}
-	if err := dm.Remove(name); err != nil {
-		t.Errorf("removing the log-writes device: %v", err)
-	}
-	removed = true
+	l := mountLogged(t, "plw-"+fstype, data, logDev, fstype)
+	rec := &recorder{dev: l.name}
+	workload(t, rec, filepath.Join(l.mnt, "state"), l.pool)
+	l.unmount(t)
 	fmt.Printf("%s{\"kind\":\"end\",\"mark\":\"end\"}\n", plan.MarkPowerloss)
 }
 
-var (
-	mountCap = &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}},
-		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
-	blockCap = &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Block{Block: &csipb.VolumeCapability_BlockVolume{}},
-		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
-)
+// driver is one run of the driver binary.
+type driver struct {
+	cmd  *exec.Cmd
+	cc   *grpc.ClientConn
+	logs string
+}
 
-// workload runs the real driver on state and drives it: creates (empty,
-// from snapshot, from volume; directory and block), snapshots (tar.gz,
-// zstd, block), publish and unpublish, expansion, modify and deletes, with
-// a writer appending and fsyncing to a file in a volume meanwhile.
-func workload(t *testing.T, rec *recorder, state string) {
+func startDriver(t *testing.T, state, pool, logs string) *driver {
 	sock := "/tmp/powerloss.sock"
-	cmd := exec.Command("/bin/hostpathplugin", "--endpoint=unix://"+sock, "--nodeid=powerloss", "--statedir="+state,
-		"--enable-controller-modify-volume", "-v=1")
-	logs, _ := os.Create("/tmp/powerloss-driver.log")
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
+	os.Remove(sock)
+	d := &driver{cmd: exec.Command("/bin/hostpathplugin", append(plan.DriverArgs(sock, state, pool), "-v=1")...), logs: logs}
+	f, _ := os.OpenFile(logs, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	d.cmd.Stdout, d.cmd.Stderr = f, f
+	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		cmd.Process.Signal(unix.SIGTERM)
-		cmd.Wait()
-		// The driver leaves block volumes attached when it stops (as
-		// across a restart); their loop devices hold the file system.
-		files, _ := filepath.Glob(filepath.Join(state, "volumes", "*.img"))
-		for _, f := range files {
-			devs, _ := loop.FindAll(f)
-			for _, d := range devs {
-				loop.Detach(d)
-			}
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile("/tmp/powerloss-driver.log")
-			t.Logf("driver log:\n%s", b)
-		}
-	}()
-	cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
+	f.Close()
+	var err error
+	if d.cc, err = grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
 		t.Fatal(err)
 	}
-	defer cc.Close()
-	ctx := context.Background()
-	if !testutil.WaitReady(cc, 30*time.Second, nil) {
-		t.Fatal("the driver is not ready in 30 s")
+	if !testutil.WaitReady(d.cc, 60*time.Second, nil) {
+		b, _ := os.ReadFile(logs)
+		t.Fatalf("the driver is not ready in 60 s:\n%s", b)
 	}
-	ctl, node := csipb.NewControllerClient(cc), csipb.NewNodeClient(cc)
-	must := func(what string, err error) {
+	return d
+}
+
+// stop ends the driver: SIGTERM (a clean stop) or SIGKILL (a crash).
+func (d *driver) stop(sig unix.Signal) {
+	d.cc.Close()
+	d.cmd.Process.Signal(sig)
+	d.cmd.Wait()
+}
+
+// detachBlock lets go of the loop devices of the block volumes under a
+// pool's directory, which the driver leaves attached when it stops.
+func detachBlock(dir string) {
+	files, _ := filepath.Glob(filepath.Join(dir, "volumes", "*.img"))
+	for _, f := range files {
+		devs, _ := loop.FindAll(f)
+		for _, d := range devs {
+			loop.Detach(d)
+		}
+	}
+}
+
+// TestRecover starts the driver, as a boot after a power loss does, on
+// each disk the host hands it (the state a first power loss left), under
+// dm-log-writes, and marks "recovered" once the driver is ready; then it
+// is killed (no clean stop). The host replays each log to cut the power
+// again during that recovery.
+func TestRecover(t *testing.T) {
+	if !testutil.InGuest() || os.Getenv(EnvRecover) == "" {
+		t.Skip("records recoveries in a guest of make test-powerloss")
+	}
+	fstype := os.Getenv(EnvFS)
+	for _, spec := range strings.Fields(os.Getenv(EnvRecover)) {
+		parts := strings.Split(spec, ":")
+		data, err := diskBySerial(parts[0])
 		if err != nil {
-			t.Fatalf("%s: %v", what, err)
+			t.Fatal(err)
 		}
-	}
-	create := func(name string, c *csipb.VolumeCapability, size int64, src *csipb.VolumeContentSource, source string) string {
-		r, err := ctl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csipb.VolumeCapability{c},
-			CapacityRange: &csipb.CapacityRange{RequiredBytes: size}, VolumeContentSource: src})
-		must("CreateVolume "+name, err)
-		access := "mount"
-		if c == blockCap {
-			access = "block"
-		}
-		rec.ack(t, plan.Op{Kind: "create", ID: r.GetVolume().GetVolumeId(), Access: access, Source: source, Size: r.GetVolume().GetCapacityBytes()})
-		return r.GetVolume().GetVolumeId()
-	}
-	snapshot := func(name, vol string, params map[string]string, format string) string {
-		r, err := ctl.CreateSnapshot(ctx, &csipb.CreateSnapshotRequest{Name: name, SourceVolumeId: vol, Parameters: params})
-		must("CreateSnapshot "+name, err)
-		rec.ack(t, plan.Op{Kind: "snapshot", ID: r.GetSnapshot().GetSnapshotId(), Source: vol, Format: format})
-		return r.GetSnapshot().GetSnapshotId()
-	}
-	fromSnap := func(id string) *csipb.VolumeContentSource {
-		return &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{Snapshot: &csipb.VolumeContentSource_SnapshotSource{SnapshotId: id}}}
-	}
-	fromVol := func(id string) *csipb.VolumeContentSource {
-		return &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Volume{Volume: &csipb.VolumeContentSource_VolumeSource{VolumeId: id}}}
-	}
-
-	// The writer's volume, then the writer: a record appended and
-	// fdatasynced every 100 ms until the workload ends.
-	wvol := create("writer", mountCap, 16<<20, nil, "")
-	file := fmt.Sprintf(WriterFile, wvol)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		f, err := os.OpenFile(filepath.Join(state, file), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		logDev, err := diskBySerial(parts[1])
 		if err != nil {
-			t.Errorf("writer: %v", err)
-			return
+			t.Fatal(err)
 		}
-		defer f.Close()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			if _, err := f.Write(plan.Record(i)); err != nil {
-				t.Errorf("writer: %v", err)
-				return
-			}
-			if err := unix.Fdatasync(int(f.Fd())); err != nil {
-				t.Errorf("writer: fdatasync: %v", err)
-				return
-			}
-			rec.ack(t, plan.Op{Kind: "write", ID: wvol, File: file, Bytes: int64(i+1) * plan.RecordSize})
-		}
-	}()
-
-	for round := 0; round < 3; round++ {
-		p := fmt.Sprintf("r%d-", round)
-		dir := create(p+"dir", mountCap, 8<<20, nil, "")
-		// Data in the directory volume, as a pod writes it, made durable
-		// before the snapshot (a snapshot archives what is there).
-		must("data", os.WriteFile(filepath.Join(state, "volumes", dir, "data"), []byte(strings.Repeat(p+"data ", 20000)), 0o644))
-		blk := create(p+"blk", blockCap, 8<<20, nil, "")
-		gz := snapshot(p+"gz", dir, map[string]string{"format": "tar.gz"}, "tar.gz")
-		zst := snapshot(p+"zst", dir, map[string]string{"compression": "zstd"}, "tar.zst")
-		img := snapshot(p+"img", blk, nil, "img")
-		create(p+"from-gz", mountCap, 8<<20, fromSnap(gz), gz)
-		create(p+"from-zst", mountCap, 8<<20, fromSnap(zst), zst)
-		clone := create(p+"clone", mountCap, 8<<20, fromVol(dir), dir)
-		create(p+"from-img", blockCap, 16<<20, fromSnap(img), img)
-		create(p+"blk-clone", blockCap, 16<<20, fromVol(blk), blk)
-
-		target := filepath.Join("/mnt", p+"target")
-		os.MkdirAll(target, 0o755)
-		_, err := node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: dir, TargetPath: target, VolumeCapability: mountCap})
-		must("NodePublishVolume", err)
-		rec.ack(t, plan.Op{Kind: "publish", ID: dir, Target: target})
-		_, err = ctl.ControllerExpandVolume(ctx, &csipb.ControllerExpandVolumeRequest{VolumeId: dir, CapacityRange: &csipb.CapacityRange{RequiredBytes: 12 << 20}})
-		must("ControllerExpandVolume", err)
-		rec.ack(t, plan.Op{Kind: "expand", ID: dir, Size: 12 << 20})
-		_, err = ctl.ControllerModifyVolume(ctx, &csipb.ControllerModifyVolumeRequest{VolumeId: dir, MutableParameters: map[string]string{"snapshotFormat": "tar.gz"}})
-		must("ControllerModifyVolume", err)
-		rec.ack(t, plan.Op{Kind: "modify", ID: dir})
-		_, err = node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: dir, TargetPath: target})
-		must("NodeUnpublishVolume", err)
-		rec.ack(t, plan.Op{Kind: "unpublish", ID: dir, Target: target})
-
-		// A delete in flight at a power loss may finish at start or not:
-		// the host allows either once it was issued.
-		rec.ack(t, plan.Op{Kind: "issue-delete", ID: clone})
-		_, err = ctl.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: clone})
-		must("DeleteVolume", err)
-		rec.ack(t, plan.Op{Kind: "delete", ID: clone})
-		rec.ack(t, plan.Op{Kind: "issue-delete-snapshot", ID: zst})
-		_, err = ctl.DeleteSnapshot(ctx, &csipb.DeleteSnapshotRequest{SnapshotId: zst})
-		must("DeleteSnapshot", err)
-		rec.ack(t, plan.Op{Kind: "delete-snapshot", ID: zst})
+		fmt.Printf("%s{\"kind\":\"recovery\",\"mark\":%q}\n", plan.MarkPowerloss, parts[2])
+		l := mountLogged(t, "plr-"+parts[2], data, logDev, fstype)
+		rec := &recorder{dev: l.name}
+		state := filepath.Join(l.mnt, "state")
+		d := startDriver(t, state, l.pool, "/tmp/powerloss-recover.log")
+		rec.ack(t, plan.Op{Kind: "recovered", Epoch: Epoch(state)})
+		d.stop(unix.SIGKILL)
+		detachBlock(state)
+		detachBlock(l.pool)
+		l.unmount(t)
 	}
-	close(stop)
-	wg.Wait()
+	fmt.Printf("%s{\"kind\":\"end\",\"mark\":\"end\"}\n", plan.MarkPowerloss)
 }

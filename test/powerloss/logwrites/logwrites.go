@@ -125,3 +125,25 @@ func zero(dev *os.File, at, n int64) error {
 	}
 	return nil
 }
+
+// ApplyTorn does entry e to dev as a write torn by a power loss: only the
+// sectors keep chooses (by their index in the write) reach dev, in no
+// order a reader could tell. A discard is applied whole.
+func (l *Log) ApplyTorn(e Entry, dev *os.File, keep func(sector int) bool) error {
+	if e.Flags&Discard != 0 || e.NrSectors == 0 {
+		return l.Apply(e, dev)
+	}
+	buf := make([]byte, l.SectorSize)
+	for i := 0; i < int(e.NrSectors); i++ {
+		if !keep(i) {
+			continue
+		}
+		if _, err := l.f.ReadAt(buf, e.dataOffset+int64(i)*l.SectorSize); err != nil {
+			return err
+		}
+		if _, err := dev.WriteAt(buf, (int64(e.Sector)+int64(i))*l.SectorSize); err != nil {
+			return err
+		}
+	}
+	return nil
+}
