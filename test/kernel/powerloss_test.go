@@ -124,10 +124,10 @@ func epochs(fs string, ops []plan.Op) {
 
 // guestRun boots the power-loss guest.
 type guestRun struct {
-	t                            *testing.T
-	qemu                         string
-	k                            kernelPackage
-	bin, recorder, work          string
+	t                   *testing.T
+	qemu                string
+	k                   kernelPackage
+	bin, recorder, work string
 }
 
 // disk is a drive of the guest.
