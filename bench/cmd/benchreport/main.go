@@ -84,19 +84,21 @@ var oursVariants = []string{"ours", "ours-reflink", "ours-zstd", "ours-api", "fr
 // goals are the ratios the project has set itself (the issues and the
 // README say where each comes from): benchmark, our variant, theirs.
 var goals = []struct {
-	bench, ours, theirs string
-	goal                float64
+	bench, cse, ours, theirs string // cse: a prefix of the case, or ""
+	goal                     float64
 }{
-	{"Snapshot", "ours-zstd", "tar-zstd-T0-3", 1.5},
-	{"Restore", "ours-zstd", "tar-I-zstd-xf", 1.3},
-	{"Clone", "ours", "cp-a", 1.5},
-	{"BlockCreateAPI", "ours-api", "fallocate+losetup", 3},
-	{"RestoreFromPeer", "from-peer", "local", 0.8},
+	{"Snapshot", "", "ours-zstd", "tar-zstd-T0-3", 1.5},
+	{"Restore", "", "ours-zstd", "tar-I-zstd-xf", 1.3},
+	{"ZstdAPI", "snapshot/", "ours-zstd", "tar-zstd-T0-3", 1.5},
+	{"ZstdAPI", "restore/", "ours-zstd", "tar-I-zstd-xf", 1.3},
+	{"Clone", "", "ours", "cp-a", 1.5},
+	{"BlockCreateAPI", "", "ours-api", "fallocate+losetup", 3},
+	{"RestoreFromPeer", "", "from-peer", "local", 0.8},
 }
 
-func goalOf(bench, ours, theirs string) float64 {
+func goalOf(bench, cse, ours, theirs string) float64 {
 	for _, g := range goals {
-		if g.bench == bench && g.ours == ours && g.theirs == theirs {
+		if g.bench == bench && strings.HasPrefix(cse, g.cse) && g.ours == ours && g.theirs == theirs {
 			return g.goal
 		}
 	}
@@ -145,7 +147,7 @@ func rows(results []result) []row {
 			}
 			r := row{bench: k.bench, cse: k.cse, ours: ours, theirs: k.variant,
 				oursMBs: med(ok, "MB/s"), theirsMBs: med(k, "MB/s"), peakRSS: med(ok, "peakRSS-MiB"), runs: len(group[ok]),
-				goal: goalOf(k.bench, ours, k.variant)}
+				goal: goalOf(k.bench, k.cse, ours, k.variant)}
 			if t, o := med(k, "ns/op"), med(ok, "ns/op"); o > 0 {
 				r.ratio = t / o
 			}
