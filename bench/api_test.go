@@ -3,12 +3,10 @@ package bench
 import (
 	"context"
 	"fmt"
-	"io"
 	"path/filepath"
 	"testing"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
-	"k8s.io/klog/v2"
 
 	hcsi "github.com/hostpath-csi/hostpath/csi"
 	"github.com/hostpath-csi/hostpath/fsops"
@@ -26,8 +24,6 @@ import (
 // snapshot 1.5x and the restore 1.3x the plain tools.
 func BenchmarkZstdAPI(b *testing.B) {
 	testutil.RequireRoot(b)
-	klog.LogToStderr(false)
-	klog.SetOutput(io.Discard)
 	mount := &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}},
 		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
 	ctx := context.Background()

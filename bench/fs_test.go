@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/loop"
 )
@@ -30,6 +32,11 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	// The driver's log lines (hcsi.New logs the kernel at start) would
+	// land inside the result lines on the same terminal and break them
+	// for benchreport: a case whose line is broken is no result.
+	klog.LogToStderr(false)
+	klog.SetOutput(io.Discard)
 	code := m.Run()
 	for i := len(cleanup) - 1; i >= 0; i-- {
 		cleanup[i]()

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,7 +14,6 @@ import (
 	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 	"github.com/hostpath-csi/hostpath/transfer"
-	"k8s.io/klog/v2"
 )
 
 // BenchmarkRestoreFromPeer: CreateVolume from a directory snapshot (tar.gz
@@ -27,9 +25,6 @@ import (
 // write the same disk. Goal: from-peer at least 0.8x local.
 func BenchmarkRestoreFromPeer(b *testing.B) {
 	testutil.RequireRoot(b)
-	// The driver logs each send; here that would split the result lines.
-	klog.LogToStderr(false)
-	klog.SetOutput(io.Discard)
 	mount := &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}},
 		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
 	ctx := context.Background()
