@@ -62,6 +62,7 @@ func TestBlockCloneFromGrownSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { b.d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.GetVolume().GetVolumeId()}) })
 	if v.GetVolume().GetCapacityBytes() != 32<<20 {
 		t.Fatalf("the clone has %d bytes, want the grown source's", v.GetVolume().GetCapacityBytes())
 	}
