@@ -79,11 +79,13 @@ func (d *Driver) provisionPulled(ctx context.Context, rec volumeRecord, unlock f
 	d.bg.wg.Add(1)
 	go func() {
 		defer d.bg.wg.Done()
-		defer unlock()
 		job.rec, job.err = d.provisionVolume(d.bg.ctx, rec)
 		d.bg.mu.Lock()
 		delete(d.bg.pulls, rec.Name)
 		d.bg.mu.Unlock()
+		// The name is free before anyone hears of the end: a retry
+		// right after the answer must not find it still held.
+		unlock()
 		close(job.done)
 	}()
 	select {

@@ -53,7 +53,7 @@ func TestTransferSurvivesUnauthenticatedFlood(t *testing.T) {
 				if err != nil || !bytes.Equal(got, payload) {
 					t.Fatalf("fetch %d under the flood (%d connections): %d bytes, %v", i, n, len(got), err)
 				}
-				if took := time.Since(start); took > time.Second {
+				if took := time.Since(start); took > 2*time.Second {
 					t.Fatalf("fetch %d under the flood (%d connections) took %v: it waited for attackers' handshakes", i, n, took)
 				}
 			}
