@@ -2,11 +2,10 @@ package csi
 
 import (
 	"context"
+	"fmt"
 	"sort"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"k8s.io/klog/v2"
 
@@ -44,14 +43,14 @@ func (d *Driver) checkCapacity(v *volumeRecord, all map[string]volumeRecord) err
 				return nil
 			}
 		}
-		return status.Errorf(codes.ResourceExhausted, "no simulated capacity left for %d bytes (kinds %v)", v.CapacityBytes, kinds)
+		return storageErr(ErrNoCapacity, "no simulated capacity left for %d bytes (kinds %v)", v.CapacityBytes, kinds)
 	}
 	avail, err := d.availableBytes(p, all)
 	if err != nil {
-		return toStatus(err, "reading pool %s's free space", p.name)
+		return fmt.Errorf("reading pool %s's free space: %w", p.name, err)
 	}
 	if v.CapacityBytes > avail {
-		return status.Errorf(codes.ResourceExhausted, "%d bytes requested but only %d are free in pool %s (%s) after what existing volumes reserve", v.CapacityBytes, avail, p.name, p.paths.root)
+		return storageErr(ErrNoCapacity, "%d bytes requested but only %d are free in pool %s (%s) after what existing volumes reserve", v.CapacityBytes, avail, p.name, p.paths.root)
 	}
 	return nil
 }
@@ -78,7 +77,8 @@ func (d *Driver) availableBytes(p *pool, all map[string]volumeRecord) (int64, er
 // space of the pool's file system (the StorageClass's pool parameter, else
 // the state dir's) less what its volumes reserved, or the rest of a
 // simulated --capacity kind.
-func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
+func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (_ *csi.GetCapacityResponse, err error) {
+	defer edge(&err)
 	kind, pl, err := d.checkVolumeParameters(req.GetParameters())
 	if err != nil {
 		return nil, err

@@ -14,7 +14,8 @@ import (
 // volume can only be attached to the node it lives on; the attachment is
 // recorded so ListVolumes can report it and a conflicting read-only flag is
 // caught, as the spec asks.
-func (d *Driver) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
+func (d *Driver) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (_ *csi.ControllerPublishVolumeResponse, err error) {
+	defer edge(&err)
 	if !d.cfg.EnableAttach {
 		return nil, status.Error(codes.Unimplemented, "attach is disabled (start with --enable-attach)")
 	}
@@ -99,7 +100,8 @@ func attachedNodes(v volumeRecord) []string {
 }
 
 // ControllerUnpublishVolume detaches; what is not attached is success.
-func (d *Driver) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
+func (d *Driver) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (_ *csi.ControllerUnpublishVolumeResponse, err error) {
+	defer edge(&err)
 	if !d.cfg.EnableAttach {
 		return nil, status.Error(codes.Unimplemented, "attach is disabled (start with --enable-attach)")
 	}

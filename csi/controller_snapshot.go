@@ -114,7 +114,8 @@ func (d *Driver) snapshotOptions(params map[string]string, access string, src *p
 // and recorded ready: a snapshot is listed only when it is complete and
 // durable. A retry while the first request still runs gets Aborted and
 // never starts a second archive.
-func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
+func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (_ *csi.CreateSnapshotResponse, err error) {
+	defer edge(&err)
 	name, srcID := req.GetName(), req.GetSourceVolumeId()
 	if err := checkName("name", name); err != nil {
 		return nil, err
@@ -329,7 +330,8 @@ func (d *Driver) csiSnapshot(s snapshotRecord) *csi.Snapshot {
 }
 
 // DeleteSnapshot removes a snapshot; unknown or malformed ids are success.
-func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
+func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (_ *csi.DeleteSnapshotResponse, err error) {
+	defer edge(&err)
 	id := req.GetSnapshotId()
 	s, unlock, err := lockForDelete(d, "snapshot", id, validSnapshotID, snapIDKey, d.st.Snapshots)
 	if err != nil {
@@ -376,7 +378,8 @@ func (d *Driver) deleteSnapshot(s snapshotRecord) error {
 // ListSnapshots pages through ready snapshots in id order, filtered by
 // snapshot id or source volume (every match), with the same tokens as
 // ListVolumes.
-func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
+func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (_ *csi.ListSnapshotsResponse, err error) {
+	defer edge(&err)
 	if d.cfg.DisableListSnapshots {
 		return nil, status.Error(codes.Unimplemented, "ListSnapshots is disabled (--enable-list-snapshots=false)")
 	}
@@ -405,7 +408,8 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 }
 
 // GetSnapshot reports one snapshot.
-func (d *Driver) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (*csi.GetSnapshotResponse, error) {
+func (d *Driver) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (_ *csi.GetSnapshotResponse, err error) {
+	defer edge(&err)
 	if err := d.checkIDHere("snapshot_id", req.GetSnapshotId()); err != nil {
 		return nil, err
 	}

@@ -14,7 +14,8 @@ import (
 
 // CreateVolume makes a directory or block volume, empty or filled from a
 // snapshot or another volume. It is idempotent by name.
-func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (_ *csi.CreateVolumeResponse, err error) {
+	defer edge(&err)
 	name := req.GetName()
 	if err := checkName("name", name); err != nil {
 		return nil, err
@@ -273,7 +274,8 @@ func (d *Driver) csiVolume(v volumeRecord) *csi.Volume {
 
 // DeleteVolume removes a volume. An unknown or malformed id is success and
 // touches nothing; a volume still mounted on this node is refused.
-func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (_ *csi.DeleteVolumeResponse, err error) {
+	defer edge(&err)
 	id := req.GetVolumeId()
 	v, unlock, err := lockForDelete(d, "volume", id, validVolumeID, volIDKey, d.st.Volumes)
 	if err != nil {
@@ -315,7 +317,8 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 
 // ValidateVolumeCapabilities confirms the capabilities only if this volume
 // can really honour them.
-func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (_ *csi.ValidateVolumeCapabilitiesResponse, err error) {
+	defer edge(&err)
 	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
@@ -346,7 +349,8 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 // ListVolumes pages through the ready volumes in id order. The token is
 // the last id of the previous page, so it stays valid when volumes before
 // it are deleted; anything else is answered with Aborted.
-func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (_ *csi.ListVolumesResponse, err error) {
+	defer edge(&err)
 	all := d.st.Volumes.All()
 	ready := all[:0]
 	for _, v := range all {
@@ -393,7 +397,8 @@ func paginate[T any](items []T, token string, maxEntries int32, valid func(strin
 }
 
 // ControllerGetVolume reports one volume and the nodes it is attached to.
-func (d *Driver) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
+func (d *Driver) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (_ *csi.ControllerGetVolumeResponse, err error) {
+	defer edge(&err)
 	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
@@ -448,7 +453,8 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 
 // ControllerExpandVolume grows a volume. A request below the current size
 // is already satisfied; a limit below it would be a shrink and is refused.
-func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (_ *csi.ControllerExpandVolumeResponse, err error) {
+	defer edge(&err)
 	if !d.cfg.controllerExpansion() {
 		return nil, status.Error(codes.Unimplemented, "controller expansion is disabled (--enable-volume-expansion=false or --disable-controller-expansion)")
 	}

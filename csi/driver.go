@@ -13,8 +13,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/csi/store"
@@ -374,6 +372,6 @@ func (d *Driver) heavySlot(ctx context.Context) (func(), error) {
 	case d.heavy <- struct{}{}:
 		return func() { <-d.heavy }, nil
 	case <-ctx.Done():
-		return nil, status.Errorf(codes.Aborted, "%d clones, snapshots or restores are running; this one waited until its deadline: %v", cap(d.heavy), ctx.Err())
+		return nil, storageErr(ErrBusy, "%d clones, snapshots or restores are running; this one waited until its deadline: %v", cap(d.heavy), ctx.Err())
 	}
 }

@@ -12,11 +12,21 @@ import (
 
 	"github.com/hostpath-csi/hostpath/archive"
 	"github.com/hostpath-csi/hostpath/csi/store"
+	"github.com/hostpath-csi/hostpath/transfer"
 )
 
 // errCorrupt marks a snapshot whose content does not match what was
 // recorded when it was taken.
 var errCorrupt = errors.New("snapshot content is corrupt")
+
+// edge is what every CSI handler's error goes through as it returns (a
+// deferred call on its named result): whatever the storage side answered
+// becomes a gRPC status here, and a status a handler chose is kept.
+func edge(err *error) {
+	if *err != nil {
+		*err = toStatus(*err, "")
+	}
+}
 
 // toStatus is the one place where errors from the leaf packages become gRPC
 // codes. Handlers pass every non-status error through it with a sentence
@@ -29,7 +39,32 @@ func toStatus(err error, format string, args ...any) error {
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
-	msg := fmt.Sprintf(format, args...) + ": " + err.Error()
+	// The storage side's sentences stand alone; the handler adds its step
+	// only where it has one to add.
+	msg := err.Error()
+	if format != "" {
+		msg = fmt.Sprintf(format, args...) + ": " + msg
+	}
+	var down *PoolDownError
+	switch {
+	case errors.As(err, &down):
+		return status.Error(codes.FailedPrecondition, msg)
+	case errors.Is(err, ErrBusy):
+		return status.Error(codes.Aborted, msg)
+	case errors.Is(err, ErrNotFound):
+		return status.Error(codes.NotFound, msg)
+	case errors.Is(err, ErrNoCapacity):
+		return status.Error(codes.ResourceExhausted, msg)
+	case errors.Is(err, ErrDamaged), errors.Is(err, ErrDataMissing):
+		return status.Error(codes.FailedPrecondition, msg)
+	// A peer's answer for a source on its node.
+	case errors.Is(err, transfer.ErrNotFound):
+		return status.Error(codes.NotFound, msg)
+	case errors.Is(err, transfer.ErrUnreachable), errors.Is(err, transfer.ErrBusy), errors.Is(err, transfer.ErrIncomplete):
+		return status.Error(codes.ResourceExhausted, msg+"; the node cannot give it now, retry later")
+	case errors.Is(err, transfer.ErrRefused), errors.Is(err, transfer.ErrInvalid):
+		return status.Error(codes.FailedPrecondition, msg+"; the node refused it")
+	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, msg)

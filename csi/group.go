@@ -48,7 +48,8 @@ func (d *Driver) csiGroup(g groupRecord) *csi.VolumeGroupSnapshot {
 
 // CreateVolumeGroupSnapshot snapshots every source volume, or none: a
 // failure half-way removes the member snapshots already made.
-func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateVolumeGroupSnapshotRequest) (*csi.CreateVolumeGroupSnapshotResponse, error) {
+func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateVolumeGroupSnapshotRequest) (_ *csi.CreateVolumeGroupSnapshotResponse, err error) {
+	defer edge(&err)
 	name := req.GetName()
 	if err := checkName("name", name); err != nil {
 		return nil, err
@@ -119,7 +120,8 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 }
 
 // GetVolumeGroupSnapshot reports a group snapshot.
-func (d *Driver) GetVolumeGroupSnapshot(ctx context.Context, req *csi.GetVolumeGroupSnapshotRequest) (*csi.GetVolumeGroupSnapshotResponse, error) {
+func (d *Driver) GetVolumeGroupSnapshot(ctx context.Context, req *csi.GetVolumeGroupSnapshotRequest) (_ *csi.GetVolumeGroupSnapshotResponse, err error) {
+	defer edge(&err)
 	if err := d.checkIDHere("group_snapshot_id", req.GetGroupSnapshotId()); err != nil {
 		return nil, err
 	}
@@ -137,7 +139,8 @@ func (d *Driver) GetVolumeGroupSnapshot(ctx context.Context, req *csi.GetVolumeG
 
 // DeleteVolumeGroupSnapshot removes a group snapshot and its members.
 // Unknown or malformed ids are success.
-func (d *Driver) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteVolumeGroupSnapshotRequest) (*csi.DeleteVolumeGroupSnapshotResponse, error) {
+func (d *Driver) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteVolumeGroupSnapshotRequest) (_ *csi.DeleteVolumeGroupSnapshotResponse, err error) {
+	defer edge(&err)
 	id := req.GetGroupSnapshotId()
 	if err := d.checkIDHere("group_snapshot_id", id); err != nil {
 		return nil, err

@@ -6,7 +6,6 @@ import (
 	"os"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/hostpath-csi/hostpath/fsops"
@@ -55,7 +54,8 @@ func (d *Driver) volumeHealth(v volumeRecord) *csi.VolumeHealth {
 }
 
 // ControllerGetVolumeHealth reports one volume's health.
-func (d *Driver) ControllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (*csi.ControllerGetVolumeHealthResponse, error) {
+func (d *Driver) ControllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (_ *csi.ControllerGetVolumeHealthResponse, err error) {
+	defer edge(&err)
 	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
@@ -67,7 +67,8 @@ func (d *Driver) ControllerGetVolumeHealth(ctx context.Context, req *csi.Control
 }
 
 // ControllerListVolumeHealth pages through every volume's health.
-func (d *Driver) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
+func (d *Driver) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (_ *csi.ControllerListVolumeHealthResponse, err error) {
+	defer edge(&err)
 	var ready []volumeRecord
 	for _, v := range d.st.Volumes.All() {
 		if v.Phase == phaseReady {
@@ -87,7 +88,8 @@ func (d *Driver) ControllerListVolumeHealth(ctx context.Context, req *csi.Contro
 
 // NodeGetVolumeHealth reports a volume's health on this node, and whether
 // it is really mounted where the CO says it published or staged it.
-func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
+func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (_ *csi.NodeGetVolumeHealthResponse, err error) {
+	defer edge(&err)
 	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
@@ -113,7 +115,8 @@ func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolume
 
 // NodeGetStorageHealth reports the state dir's health (gone, read-only, or
 // nearly full) and every pool that is down.
-func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStorageHealthRequest) (*csi.NodeGetStorageHealthResponse, error) {
+func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStorageHealthRequest) (_ *csi.NodeGetStorageHealthResponse, err error) {
+	defer edge(&err)
 	resp := &csi.NodeGetStorageHealthResponse{}
 	bad := func(t csi.StorageHealthErrorType, reason, msg string) {
 		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{Status: t, Reason: reason, Message: msg})
@@ -156,7 +159,7 @@ func (d *Driver) notFoundVolume(id string) error {
 	if err := d.damagedRecord("volume", id); err != nil {
 		return err
 	}
-	return status.Errorf(codes.NotFound, "volume %q does not exist", id)
+	return storageErr(ErrNotFound, "volume %q does not exist", id)
 }
 
 // damagedRecord answers a request for an id whose record start found
@@ -165,7 +168,7 @@ func (d *Driver) notFoundVolume(id string) error {
 func (d *Driver) damagedRecord(kind, id string) error {
 	for _, bad := range d.st.Damaged() {
 		if bad.ID == id {
-			return status.Errorf(codes.FailedPrecondition, "the record of %s %s at %s is damaged (%s); its data is kept: restore the record from a backup and restart the driver, or move the record and the data away to give it up", kind, id, bad.Path, bad.Problem)
+			return storageErr(ErrDamaged, "the record of %s %s at %s is damaged (%s); its data is kept: restore the record from a backup and restart the driver, or move the record and the data away to give it up", kind, id, bad.Path, bad.Problem)
 		}
 	}
 	return nil

@@ -4,9 +4,6 @@ import (
 	"sync"
 
 	"github.com/hostpath-csi/hostpath/csi/store"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // keyLocks serialises operations per key (a volume name, a volume id, a
@@ -62,7 +59,7 @@ func (k *keyLocks) unlock(keys ...string) {
 // function releases them.
 func (k *keyLocks) lock(what string, keys ...string) (func(), error) {
 	if !k.tryLock(false, keys...) {
-		return nil, status.Errorf(codes.Aborted, "an operation on %s is already in progress; retry later", what)
+		return nil, storageErr(ErrBusy, "an operation on %s is already in progress; retry later", what)
 	}
 	return func() { k.unlock(keys...) }, nil
 }
@@ -71,7 +68,7 @@ func (k *keyLocks) lock(what string, keys ...string) (func(), error) {
 // snapshot or clone is reading is busy too.
 func (k *keyLocks) lockUnpinned(what string, keys ...string) (func(), error) {
 	if !k.tryLock(true, keys...) {
-		return nil, status.Errorf(codes.Aborted, "an operation on %s is in progress, or it is the source of a snapshot, clone or restore being made; retry later", what)
+		return nil, storageErr(ErrBusy, "an operation on %s is in progress, or it is the source of a snapshot, clone or restore being made; retry later", what)
 	}
 	return func() { k.unlock(keys...) }, nil
 }

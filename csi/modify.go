@@ -71,7 +71,8 @@ func applyMutable(v *volumeRecord, params map[string]string) {
 }
 
 // ControllerModifyVolume changes a volume's mutable parameters.
-func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
+func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (_ *csi.ControllerModifyVolumeResponse, err error) {
+	defer edge(&err)
 	if !d.cfg.EnableModifyVolume {
 		return nil, status.Error(codes.Unimplemented, "volume modification is disabled (start with --enable-controller-modify-volume)")
 	}

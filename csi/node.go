@@ -54,7 +54,8 @@ func (d *Driver) mountSource(v volumeRecord, readOnly bool) (string, *loop.Devic
 
 // NodeStageVolume bind-mounts a directory volume at the staging path. A
 // block volume needs no staging mount: its loop device already exists.
-func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (_ *csi.NodeStageVolumeResponse, err error) {
+	defer edge(&err)
 	v, staging, unlock, err := d.lockForMount(ctx, req.GetVolumeId(), "staging_target_path", req.GetStagingTargetPath(), req.GetVolumeCapability(), req.GetVolumeContext())
 	if err != nil {
 		return nil, err
@@ -176,7 +177,8 @@ func (d *Driver) bindVolume(v volumeRecord, path string, flags uintptr, dir bool
 
 // NodeUnstageVolume undoes NodeStageVolume. A staging path that is not
 // mounted is already unstaged.
-func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
+func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (_ *csi.NodeUnstageVolumeResponse, err error) {
+	defer edge(&err)
 	staging, err := d.checkUnmount(req.GetVolumeId(), "staging_target_path", req.GetStagingTargetPath())
 	if err != nil {
 		return nil, err
@@ -231,7 +233,8 @@ func (d *Driver) unbindVolume(v volumeRecord, path string, remove bool) error {
 
 // NodePublishVolume bind-mounts the volume at the target path, read-only
 // and with the capability's mount flags where asked.
-func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (_ *csi.NodePublishVolumeResponse, err error) {
+	defer edge(&err)
 	if req.GetStagingTargetPath() != "" {
 		if _, err := d.checkCOPath("staging_target_path", req.GetStagingTargetPath()); err != nil {
 			return nil, err
@@ -284,13 +287,14 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 
 // NodeUnpublishVolume unmounts the target and removes it. A target that
 // is not mounted is already unpublished.
-func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (_ *csi.NodeUnpublishVolumeResponse, err error) {
+	defer edge(&err)
 	target, err := d.checkUnmount(req.GetVolumeId(), "target_path", req.GetTargetPath())
 	if err != nil {
 		return nil, err
 	}
 	v, unlock, err := d.nodeVolume(req.GetVolumeId())
-	if status.Code(err) == codes.NotFound {
+	if status.Code(toStatus(err, "")) == codes.NotFound {
 		// The volume is gone; so must its mount be. Clean up an empty
 		// target, refuse to touch a mounted one.
 		if mp, inspectErr := d.mountPoint(target); mp != nil || (inspectErr != nil && !os.IsNotExist(inspectErr)) {
@@ -353,7 +357,8 @@ func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRe
 // NodeGetVolumeStats reports this volume's own usage (not the host file
 // system's): the bytes and inodes in its tree against its capacity, or a
 // block volume's device size.
-func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (_ *csi.NodeGetVolumeStatsResponse, err error) {
+	defer edge(&err)
 	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
@@ -401,7 +406,8 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 // nothing to do on the node. With controller expansion switched off
 // (--disable-controller-expansion) it grows the volume itself, up to
 // --max-volume-size-node.
-func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (_ *csi.NodeExpandVolumeResponse, err error) {
+	defer edge(&err)
 	if !d.cfg.nodeExpansion() {
 		return nil, status.Error(codes.Unimplemented, "node expansion is disabled (--enable-volume-expansion=false or --disable-node-expansion)")
 	}

@@ -11,8 +11,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/archive"
@@ -83,23 +81,15 @@ func (d *Driver) statRemote(ctx context.Context, tag, kind, id, access string) (
 	return m.Size, nil
 }
 
-// peerStatus is the answer when a peer could not give a source: NotFound
-// if it has none, ResourceExhausted naming the node while it cannot be
-// reached or the stream breaks (the same request succeeds once it is
-// back), FailedPrecondition if it refuses.
+// peerStatus is the answer when a peer could not give a source: toStatus
+// chooses the code by the transfer's refusal (NotFound if the peer has
+// none, ResourceExhausted while it cannot be reached or the stream breaks,
+// FailedPrecondition if it refuses), this names the source and the node.
 func peerStatus(err error, kind, id, node string) error {
 	if node == "" {
 		node = "(not found among the cluster's nodes)"
 	}
-	switch {
-	case errors.Is(err, transfer.ErrNotFound):
-		return status.Errorf(codes.NotFound, "source %s %s does not exist on node %s: %v", kind, id, node, err)
-	case errors.Is(err, transfer.ErrUnreachable), errors.Is(err, transfer.ErrBusy), errors.Is(err, transfer.ErrIncomplete):
-		return status.Errorf(codes.ResourceExhausted, "source %s %s lives on node %s, which cannot give it now: %v; retry later", kind, id, node, err)
-	case errors.Is(err, transfer.ErrRefused), errors.Is(err, transfer.ErrInvalid):
-		return status.Errorf(codes.FailedPrecondition, "node %s refused source %s %s: %v", node, kind, id, err)
-	}
-	return toStatus(err, "fetching source %s %s from node %s", kind, id, node)
+	return toStatus(err, "source %s %s from node %s", kind, id, node)
 }
 
 // pullVolumeData makes a volume's data from a source on another node. The
@@ -286,11 +276,11 @@ func (p *peerSource) open(ctx context.Context, peer, kind, id string, statOnly b
 
 // servable maps a pin's refusal onto what a peer is told.
 func servable(err error, kind, id string) error {
-	switch status.Code(err) {
-	case codes.NotFound:
-		return fmt.Errorf("%w: %s", transfer.ErrNotFound, status.Convert(err).Message())
-	case codes.Aborted:
-		return fmt.Errorf("%w: %s", transfer.ErrBusy, status.Convert(err).Message())
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return fmt.Errorf("%w: %v", transfer.ErrNotFound, err)
+	case errors.Is(err, ErrBusy):
+		return fmt.Errorf("%w: %v", transfer.ErrBusy, err)
 	}
 	return fmt.Errorf("serving %s %s: %w", kind, id, err)
 }

@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/fsops"
@@ -174,7 +172,7 @@ func recordPool(p *pool) string {
 func (d *Driver) usable(p *pool) (*poolState, error) {
 	st := d.recheck(p)
 	if st.down != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "pool %s (%s) is down: %v; its volumes and snapshots are refused until it is back, which needs no restart", p.name, p.paths.root, st.down)
+		return nil, &PoolDownError{Pool: p.name, Path: p.paths.root, Cause: st.down}
 	}
 	return st, nil
 }

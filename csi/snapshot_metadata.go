@@ -82,7 +82,8 @@ func sendExtents(exts []fsops.Extent, n int, fixed bool, send func([]*csi.BlockM
 }
 
 // GetMetadataAllocated streams the allocated ranges of a block snapshot.
-func (d *Driver) GetMetadataAllocated(req *csi.GetMetadataAllocatedRequest, stream csi.SnapshotMetadata_GetMetadataAllocatedServer) error {
+func (d *Driver) GetMetadataAllocated(req *csi.GetMetadataAllocatedRequest, stream csi.SnapshotMetadata_GetMetadataAllocatedServer) (err error) {
+	defer edge(&err)
 	s, err := d.blockSnapshot(req.GetSnapshotId())
 	if err != nil {
 		return err
@@ -108,7 +109,8 @@ func (d *Driver) GetMetadataAllocated(req *csi.GetMetadataAllocatedRequest, stre
 
 // GetMetadataDelta streams the ranges that differ between two block
 // snapshots of the same volume.
-func (d *Driver) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, stream csi.SnapshotMetadata_GetMetadataDeltaServer) error {
+func (d *Driver) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, stream csi.SnapshotMetadata_GetMetadataDeltaServer) (err error) {
+	defer edge(&err)
 	// Both ids are checked before either is looked up: an id of another
 	// node gets the same answer whichever field holds it.
 	if err := d.checkIDHere("base_snapshot_id", req.GetBaseSnapshotId()); err != nil {

@@ -2,6 +2,9 @@ package csi
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -248,8 +251,12 @@ func (d *Driver) snapshotPoolUp(s snapshotRecord) error {
 }
 
 func present(kind, id, name, path string) error {
-	if _, err := os.Lstat(path); err != nil {
-		return status.Errorf(codes.FailedPrecondition, "the data of %s %s (%s) is missing at %s: %v; mount or restore it there and retry", kind, id, name, path, err)
+	_, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return storageErr(ErrDataMissing, "the data of %s %s (%s) is missing at %s: %v; mount or restore it there and retry", kind, id, name, path, err)
+	case err != nil:
+		return fmt.Errorf("the data of %s %s (%s) at %s cannot be looked at: %w", kind, id, name, path, err)
 	}
 	return nil
 }

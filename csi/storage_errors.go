@@ -1,0 +1,53 @@
+package csi
+
+import (
+	"errors"
+	"fmt"
+)
+
+// The storage side (records, pools, locks, data: what becomes the
+// engine) answers in errors of its own; toStatus maps them onto gRPC codes,
+// once, and the transfer server onto its refusals (servable). Each is
+// a sentence a person can act on; the kinds say what it means.
+var (
+	// ErrBusy: another operation holds what is asked for (Aborted).
+	ErrBusy = errors.New("busy")
+	// ErrNotFound: no such volume or snapshot here (NotFound).
+	ErrNotFound = errors.New("not found")
+	// ErrNoCapacity: no room for what is asked (ResourceExhausted).
+	ErrNoCapacity = errors.New("no capacity")
+	// ErrDamaged: the record is damaged; its data is kept until a person
+	// looks (FailedPrecondition).
+	ErrDamaged = errors.New("damaged record")
+	// ErrDataMissing: the record is there, its data is not, at its path
+	// (ENOENT only: an EIO is an EIO) (FailedPrecondition).
+	ErrDataMissing = errors.New("data missing")
+)
+
+// storageError is a sentence of one kind.
+type storageError struct {
+	kind error
+	msg  string
+}
+
+func (e *storageError) Error() string { return e.msg }
+func (e *storageError) Unwrap() error { return e.kind }
+
+// storageErr makes a sentence of kind.
+func storageErr(kind error, format string, args ...any) error {
+	return &storageError{kind: kind, msg: fmt.Sprintf(format, args...)}
+}
+
+// PoolDownError is the answer for a pool that is down: its disk is
+// missing, went away, or cannot be written (FailedPrecondition).
+type PoolDownError struct {
+	Pool, Path string
+	Cause      error
+}
+
+func (e *PoolDownError) Error() string {
+	return fmt.Sprintf("pool %s (%s) is down: %v; its volumes and snapshots are refused until it is back, which needs no restart", e.Pool, e.Path, e.Cause)
+}
+
+// Unwrap gives the cause.
+func (e *PoolDownError) Unwrap() error { return e.Cause }
