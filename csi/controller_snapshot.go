@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
-	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/archive"
 	"github.com/hostpath-csi/hostpath/fsops"
@@ -182,40 +181,29 @@ func (d *Driver) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 		Phase: phaseCreating, CreatedAt: time.Now().UTC(), VolumeBytes: v.CapacityBytes, Format: format, Group: group,
 		Pool: recordPool(dst),
 	}
-	if err := d.st.Snapshots.Reserve(&s, nil); err != nil {
-		return snapshotRecord{}, toStatus(err, "reserving snapshot %q", name)
-	}
-	if err := d.st.Snapshots.Put(s); err != nil {
-		// The atomic write left no record; only the reservation is undone.
-		d.st.Snapshots.Unreserve(s.ID)
-		return snapshotRecord{}, toStatus(err, "recording snapshot %s", s.ID)
-	}
-	release, err := d.heavySlot(ctx)
-	if err != nil {
-		if dropErr := d.st.Snapshots.Drop(s.ID); dropErr != nil {
-			klog.ErrorS(dropErr, "removing the record of a snapshot that never ran; the next start clears it", "snapshot_id", s.ID)
+	return d.snapshots().create(s, nil, func(s snapshotRecord) (snapshotRecord, error) {
+		release, err := d.heavySlot(ctx)
+		if err != nil {
+			return snapshotRecord{}, err
 		}
-		return snapshotRecord{}, err
-	}
-	size, sum, err := d.writeSnapshot(ctx, v, s, compact)
-	release()
-	if err != nil {
-		if rmErr := d.removeSnapshotData(s); rmErr != nil {
-			klog.ErrorS(rmErr, "cleaning up after failed snapshot", "snapshot_id", s.ID)
-			return snapshotRecord{}, toStatus(err, "snapshotting volume %s", srcID)
+		size, sum, err := d.writeSnapshot(ctx, v, s, compact)
+		release()
+		if err != nil {
+			return snapshotRecord{}, fmt.Errorf("snapshotting volume %s: %w", srcID, err)
 		}
-		_ = d.st.Snapshots.Drop(s.ID)
-		return snapshotRecord{}, toStatus(err, "snapshotting volume %s", srcID)
-	}
-	s.Phase, s.SizeBytes, s.SHA256 = phaseReady, size, sum
-	if s.AccessType == accessBlock {
-		// A block restore needs the whole device, whatever is allocated.
-		s.SizeBytes = s.VolumeBytes
-	}
-	if err := d.st.Snapshots.Put(s); err != nil {
-		return snapshotRecord{}, toStatus(err, "recording snapshot %s", s.ID)
-	}
-	return s, nil
+		s.Phase, s.SizeBytes, s.SHA256 = phaseReady, size, sum
+		if s.AccessType == accessBlock {
+			// A block restore needs the whole device, whatever is
+			// allocated.
+			s.SizeBytes = s.VolumeBytes
+		}
+		return s, nil
+	})
+}
+
+// snapshots is the create protocol of snapshots (creation.create).
+func (d *Driver) snapshots() creation[snapshotRecord] {
+	return creation[snapshotRecord]{table: d.st.Snapshots, kind: "snapshot", undo: d.removeSnapshotData}
 }
 
 // createdSnapshot leaves accessible_topology (optional) out of the

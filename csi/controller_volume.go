@@ -9,7 +9,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"k8s.io/klog/v2"
 )
 
 // CreateVolume makes a directory or block volume, empty or filled from a
@@ -171,37 +170,25 @@ func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord) (volumeR
 	// first gets it (settleBlock), not here: that spares a create an
 	// fsync.
 	rec.Fresh = rec.AccessType == accessBlock && rec.SourceSnapshot == "" && rec.SourceVolume == ""
-	if err := d.st.Volumes.Reserve(&rec, d.checkCapacity); err != nil {
-		return volumeRecord{}, toStatus(err, "reserving volume %q", rec.Name)
-	}
 	if rec.Fresh {
 		return d.provisionFreshBlock(ctx, rec)
 	}
-	// Durable before any data exists: start removes the data of a
-	// create that a crash interrupted on the strength of this record, and
-	// keeps data that no record owns.
-	if err := d.st.Volumes.Put(rec); err != nil {
-		// Nothing was written; only the reservation is undone.
-		d.st.Volumes.Unreserve(rec.ID)
-		return volumeRecord{}, toStatus(err, "recording volume %s", rec.ID)
-	}
-	err := d.createVolumeData(ctx, rec)
-	if err == nil {
-		err = d.syncVolumeData(rec)
-	}
-	if err != nil {
-		if rmErr := d.removeVolumeData(rec); rmErr != nil {
-			klog.ErrorS(rmErr, "cleaning up after failed create", "volume_id", rec.ID)
-		} else {
-			_ = d.st.Volumes.Drop(rec.ID)
+	return d.volumes().create(rec, d.checkCapacity, func(rec volumeRecord) (volumeRecord, error) {
+		err := d.createVolumeData(ctx, rec)
+		if err == nil {
+			err = d.syncVolumeData(rec)
 		}
-		return volumeRecord{}, toStatus(err, "creating volume %q", rec.Name)
-	}
-	rec.Phase = phaseReady
-	if err := d.st.Volumes.Put(rec); err != nil {
-		return volumeRecord{}, toStatus(err, "recording volume %s", rec.ID)
-	}
-	return rec, nil
+		if err != nil {
+			return volumeRecord{}, fmt.Errorf("creating volume %q: %w", rec.Name, err)
+		}
+		rec.Phase = phaseReady
+		return rec, nil
+	})
+}
+
+// volumes is the create protocol of volumes (creation.create).
+func (d *Driver) volumes() creation[volumeRecord] {
+	return creation[volumeRecord]{table: d.st.Volumes, kind: "volume", undo: d.removeVolumeData}
 }
 
 // provisionFreshBlock makes an empty block volume. It needs no
@@ -212,6 +199,9 @@ func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord) (volumeR
 // the record's journal commit and the file's creation and loop attach run
 // side by side, and the record is shown only once both are done.
 func (d *Driver) provisionFreshBlock(ctx context.Context, rec volumeRecord) (volumeRecord, error) {
+	if err := d.st.Volumes.Reserve(&rec, d.checkCapacity); err != nil {
+		return volumeRecord{}, fmt.Errorf("reserving volume %q: %w", rec.Name, err)
+	}
 	rec.Phase = phaseReady
 	recorded := make(chan error, 1)
 	go func() { recorded <- d.st.Volumes.PutUnindexed(rec) }()
@@ -221,16 +211,16 @@ func (d *Driver) provisionFreshBlock(ctx context.Context, rec volumeRecord) (vol
 		d.st.Volumes.Index(rec)
 		return rec, nil
 	}
-	if rmErr := d.removeVolumeData(rec); rmErr != nil {
-		// The record stays for DeleteVolume (or the next start) to finish.
-		klog.ErrorS(rmErr, "cleaning up after failed create", "volume_id", rec.ID)
-	} else if err := d.st.Volumes.Drop(rec.ID); err != nil {
+	// With its data gone, a record that could not be dropped (or was
+	// never written) gives its name back; with the data left, the record
+	// stays for DeleteVolume or the next start to finish.
+	if d.volumes().takeBack(rec) {
 		d.st.Volumes.Unreserve(rec.ID)
 	}
 	if dataErr != nil {
-		return volumeRecord{}, toStatus(dataErr, "creating volume %q", rec.Name)
+		return volumeRecord{}, fmt.Errorf("creating volume %q: %w", rec.Name, dataErr)
 	}
-	return volumeRecord{}, toStatus(putErr, "recording volume %s", rec.ID)
+	return volumeRecord{}, fmt.Errorf("recording volume %s: %w", rec.ID, putErr)
 }
 
 // existingVolume answers a repeated CreateVolume: the same volume if the

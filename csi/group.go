@@ -10,7 +10,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
-	"k8s.io/klog/v2"
 )
 
 // The GroupController service: VolumeGroupSnapshots, all or nothing. The
@@ -90,31 +89,29 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 		defer unpin()
 	}
 	g := groupRecord{ID: newID(groupIDPrefix, d.tag), Name: name, Phase: phaseCreating, CreatedAt: time.Now().UTC(), Volumes: slices.Clone(srcs)}
-	if err := d.st.Groups.Put(g); err != nil {
-		return nil, toStatus(err, "recording group snapshot %s", g.ID)
-	}
 	var made []snapshotRecord
-	fail := func(err error) (*csi.CreateVolumeGroupSnapshotResponse, error) {
+	groups := creation[groupRecord]{table: d.st.Groups, kind: "group snapshot", undo: func(groupRecord) error {
 		for _, s := range made {
-			if rmErr := d.deleteSnapshot(s); rmErr != nil {
-				klog.ErrorS(rmErr, "removing a member of a failed group snapshot", "snapshot_id", s.ID)
-				return nil, err // the group stays "creating": the next start clears it
+			if err := d.deleteSnapshot(s); err != nil {
+				return fmt.Errorf("removing member %s: %w", s.ID, err)
 			}
 		}
-		_ = d.st.Groups.Drop(g.ID)
-		return nil, err
-	}
-	for _, id := range srcs {
-		s, err := d.takeSnapshot(ctx, fmt.Sprintf("%s/%s", g.ID, id), id, req.GetParameters(), g.ID)
-		if err != nil {
-			return fail(err)
+		return nil
+	}}
+	g, err = groups.create(g, nil, func(g groupRecord) (groupRecord, error) {
+		for _, id := range srcs {
+			s, err := d.takeSnapshot(ctx, fmt.Sprintf("%s/%s", g.ID, id), id, req.GetParameters(), g.ID)
+			if err != nil {
+				return groupRecord{}, err
+			}
+			made = append(made, s)
+			g.Snapshots = append(g.Snapshots, s.ID)
 		}
-		made = append(made, s)
-		g.Snapshots = append(g.Snapshots, s.ID)
-	}
-	g.Phase = phaseReady
-	if err := d.st.Groups.Put(g); err != nil {
-		return fail(toStatus(err, "recording group snapshot %s", g.ID))
+		g.Phase = phaseReady
+		return g, nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: d.csiGroup(g)}, nil
 }

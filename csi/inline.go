@@ -92,15 +92,10 @@ func (d *Driver) provisionOnNode(ctx context.Context, id string, vctx map[string
 		if access != accessMount {
 			return volumeRecord{}, invalid("local volumes are directories; a block capability cannot be served")
 		}
+		// The data is the operator's directory: nothing to make, the record
+		// is ready as it is written.
 		rec := volumeRecord{ID: d.newVolumeID(), Name: localPrefix + id, AccessType: accessMount, Phase: phaseReady, CreatedAt: time.Now().UTC(), LocalPath: path}
-		if err := d.st.Volumes.Reserve(&rec, nil); err != nil {
-			return volumeRecord{}, toStatus(err, "reserving local volume %s", id)
-		}
-		if err := d.st.Volumes.Put(rec); err != nil {
-			d.st.Volumes.Unreserve(rec.ID)
-			return volumeRecord{}, toStatus(err, "recording local volume %s", id)
-		}
-		return rec, nil
+		return d.volumes().create(rec, nil, nil)
 	}
 	return volumeRecord{}, status.Errorf(codes.NotFound, "volume %q does not exist on this node", id)
 }
