@@ -97,7 +97,7 @@ func statePool(t *testing.T) (cfg Config, fast, disk string) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	cfg = testConfig(t)
-	cfg.StateDir = filepath.Join(testfs.FileSystem(t, run, "ext4", 64<<20, nil, ""), "state")
+	cfg.StateDir = filepath.Join(testfs.FileSystem(t, run, "ext4", 300<<20, nil, ""), "state")
 	fast, disk = poolDir(t, "ext4")
 	cfg.Pools = map[string]string{"fast": fast}
 	return cfg, fast, disk
@@ -132,7 +132,7 @@ func TestPoolNeverMarkedTwice(t *testing.T) {
 	}
 
 	// A new disk for the pool, marked by a person while the driver runs.
-	newDisk := testfs.FileSystem(t, run, "ext4", 64<<20, nil, "")
+	newDisk := testfs.FileSystem(t, run, "ext4", 300<<20, nil, "")
 	bindPool(t, newDisk, fast)
 	msg, err := MarkPool(cfg, "fast")
 	if err != nil || !strings.Contains(msg, "marked as pool fast") {
