@@ -42,116 +42,27 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if req.GetVolumeContentSource() != nil && srcSnap == nil && srcVol == nil {
 		return nil, invalid("volume_content_source names neither a snapshot nor a volume")
 	}
+	spec := volumeSpec{name: name, access: access, kind: kind, params: req.GetParameters(), pool: pl,
+		capacity: req.GetCapacityRange(), mutable: req.GetMutableParameters()}
 	// A source on another node is pulled from there when peers can be
-	// reached (remote names it); otherwise it must be on this node.
-	var remote struct{ tag, kind, id string }
-	if srcSnap != nil {
-		id := srcSnap.GetSnapshotId()
-		if tag, ok := d.remoteSource(id); ok {
-			remote.tag, remote.kind, remote.id = tag, sourceSnapshot, id
-		} else if err := d.checkIDHere("volume_content_source.snapshot.snapshot_id", id); err != nil {
-			return nil, err
-		}
-	}
-	if srcVol != nil {
-		id := srcVol.GetVolumeId()
-		if tag, ok := d.remoteSource(id); ok {
-			remote.tag, remote.kind, remote.id = tag, sourceVolume, id
-		} else if err := d.checkIDHere("volume_content_source.volume.volume_id", id); err != nil {
-			return nil, err
-		}
-	}
-
-	if err := d.pulling(name); err != nil {
-		return nil, err
-	}
-	unlock, err := d.locks.lock(fmt.Sprintf("volume %q", name), volNameKey(name))
-	if err != nil {
-		return nil, err
-	}
-	// The lock goes with a pull from another node, which outlives this
-	// request (provisionPulled): then unlock is nil here.
-	defer func() {
-		if unlock != nil {
-			unlock()
-		}
-	}()
-	// The source may not be deleted or changed while it is copied; it may
-	// be published, read or copied by others meanwhile.
-	var src volumeRecord // the pinned source volume: ready, its data present
-	if srcVol != nil && remote.tag == "" {
-		var unpin func()
-		if src, unpin, err = d.pinVolume(srcVol.GetVolumeId()); err != nil {
-			return nil, err
-		}
-		defer unpin()
-	}
-	if srcSnap != nil && remote.tag == "" {
-		unpin, err := d.pinSnapshot(srcSnap.GetSnapshotId())
-		if err != nil {
-			return nil, err
-		}
-		defer unpin()
-	}
-
-	// The floor is the source's size: a restore or clone is never smaller.
-	var floor int64
-	rec := volumeRecord{Name: name, AccessType: access, Kind: kind, Parameters: req.GetParameters(), Pool: recordPool(pl)}
+	// reached: decided here, once; otherwise it must be on this node.
 	switch {
-	case remote.tag != "":
-		// The source's node pins it while it is sent; here it is only
-		// asked what it is, and not at all when the volume exists.
-		if remote.kind == sourceSnapshot {
-			rec.SourceSnapshot = remote.id
-		} else {
-			rec.SourceVolume = remote.id
-		}
-		if old, ok := d.st.Volumes.ByName(name); ok {
-			return d.existingVolume(old, rec, req.GetCapacityRange())
-		}
-		if floor, err = d.statRemote(ctx, remote.tag, remote.kind, remote.id, access); err != nil {
-			return nil, err
-		}
 	case srcSnap != nil:
-		s, ok := d.st.Snapshots.Get(srcSnap.GetSnapshotId())
-		if !validSnapshotID(srcSnap.GetSnapshotId()) || !ok || s.Phase != phaseReady {
-			return nil, status.Errorf(codes.NotFound, "source snapshot %q does not exist", srcSnap.GetSnapshotId())
+		spec.source = d.sourceOf(sourceSnapshot, srcSnap.GetSnapshotId())
+		if spec.source.tag == "" {
+			if err := d.checkIDHere("volume_content_source.snapshot.snapshot_id", spec.source.id); err != nil {
+				return nil, err
+			}
 		}
-		if s.AccessType != access {
-			return nil, invalid("source snapshot %s is of a %s volume; it cannot restore a %s volume", s.ID, s.AccessType, access)
-		}
-		if err := d.snapshotPresent(s); err != nil {
-			return nil, err
-		}
-		// A restore needs room for what the snapshot holds.
-		floor, rec.SourceSnapshot = s.SizeBytes, s.ID
 	case srcVol != nil:
-		if src.AccessType != access {
-			return nil, invalid("source volume %s is a %s volume; it cannot be cloned into a %s volume", src.ID, src.AccessType, access)
+		spec.source = d.sourceOf(sourceVolume, srcVol.GetVolumeId())
+		if spec.source.tag == "" {
+			if err := d.checkIDHere("volume_content_source.volume.volume_id", spec.source.id); err != nil {
+				return nil, err
+			}
 		}
-		floor, rec.SourceVolume = src.CapacityBytes, src.ID
 	}
-	if req.GetCapacityRange().GetRequiredBytes() > 0 && req.GetCapacityRange().GetRequiredBytes() < floor {
-		return nil, status.Errorf(codes.OutOfRange, "requested %d bytes is smaller than the source's %d bytes", req.GetCapacityRange().GetRequiredBytes(), floor)
-	}
-	size, err := d.resolveSize(req.GetCapacityRange(), access, floor)
-	if err != nil {
-		return nil, err
-	}
-	rec.CapacityBytes = size
-	applyMutable(&rec, req.GetMutableParameters())
-
-	if old, ok := d.st.Volumes.ByName(name); ok {
-		return d.existingVolume(old, rec, req.GetCapacityRange())
-	}
-
-	if remote.tag != "" {
-		handed := unlock
-		unlock = nil
-		rec, err = d.provisionPulled(ctx, rec, handed)
-	} else {
-		rec, err = d.provisionVolume(ctx, rec)
-	}
+	rec, err := d.createVolume(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +73,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 // it (capacity checked under the index lock), record it "creating", make
 // its data, record it "ready". A failure undoes what it can; what it cannot
 // stays "creating" for the next start to clear.
-func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord) (volumeRecord, error) {
+func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord, tag string) (volumeRecord, error) {
 	rec.ID = d.newVolumeID()
 	rec.Phase = phaseCreating
 	rec.CreatedAt = time.Now().UTC()
@@ -174,7 +85,7 @@ func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord) (volumeR
 		return d.provisionFreshBlock(ctx, rec)
 	}
 	return d.volumes().create(rec, d.checkCapacity, func(rec volumeRecord) (volumeRecord, error) {
-		err := d.createVolumeData(ctx, rec)
+		err := d.createVolumeData(ctx, rec, tag)
 		if err == nil {
 			err = d.syncVolumeData(rec)
 		}
@@ -205,7 +116,7 @@ func (d *Driver) provisionFreshBlock(ctx context.Context, rec volumeRecord) (vol
 	rec.Phase = phaseReady
 	recorded := make(chan error, 1)
 	go func() { recorded <- d.st.Volumes.PutUnindexed(rec) }()
-	dataErr := d.createVolumeData(ctx, rec)
+	dataErr := d.createVolumeData(ctx, rec, "")
 	putErr := <-recorded
 	if dataErr == nil && putErr == nil {
 		d.st.Volumes.Index(rec)
@@ -221,30 +132,6 @@ func (d *Driver) provisionFreshBlock(ctx context.Context, rec volumeRecord) (vol
 		return volumeRecord{}, fmt.Errorf("creating volume %q: %w", rec.Name, dataErr)
 	}
 	return volumeRecord{}, fmt.Errorf("recording volume %s: %w", rec.ID, putErr)
-}
-
-// existingVolume answers a repeated CreateVolume: the same volume if the
-// request is compatible, AlreadyExists saying what differs if not.
-func (d *Driver) existingVolume(old, want volumeRecord, cr *csi.CapacityRange) (*csi.CreateVolumeResponse, error) {
-	if old.Phase != phaseReady {
-		return nil, status.Errorf(codes.Aborted, "volume %q is being %s; retry later", old.Name, old.Phase)
-	}
-	var diff string
-	switch {
-	case old.AccessType != want.AccessType:
-		diff = fmt.Sprintf("it is a %s volume, the request asks for %s", old.AccessType, want.AccessType)
-	case old.CapacityBytes < cr.GetRequiredBytes():
-		diff = fmt.Sprintf("it has %d bytes, the request requires %d", old.CapacityBytes, cr.GetRequiredBytes())
-	case cr.GetLimitBytes() > 0 && old.CapacityBytes > cr.GetLimitBytes():
-		diff = fmt.Sprintf("it has %d bytes, the request limits it to %d", old.CapacityBytes, cr.GetLimitBytes())
-	case old.SourceSnapshot != want.SourceSnapshot || old.SourceVolume != want.SourceVolume:
-		diff = "it was created from a different content source"
-	case old.Kind != want.Kind && want.Kind != "":
-		diff = fmt.Sprintf("it is of kind %q, the request asks for %q", old.Kind, want.Kind)
-	default:
-		return &csi.CreateVolumeResponse{Volume: d.csiVolume(old)}, nil
-	}
-	return nil, status.Errorf(codes.AlreadyExists, "volume %q already exists as %s and is incompatible: %s", old.Name, old.ID, diff)
 }
 
 // csiVolume is the CSI view of a record.

@@ -53,6 +53,8 @@ func toStatus(err error, format string, args ...any) error {
 		return status.Error(codes.Aborted, msg)
 	case errors.Is(err, ErrNotFound):
 		return status.Error(codes.NotFound, msg)
+	case errors.Is(err, ErrExists):
+		return status.Error(codes.AlreadyExists, msg)
 	case errors.Is(err, ErrNoCapacity):
 		return status.Error(codes.ResourceExhausted, msg)
 	case errors.Is(err, ErrDamaged), errors.Is(err, ErrDataMissing):

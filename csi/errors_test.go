@@ -30,6 +30,7 @@ func TestToStatus(t *testing.T) {
 	}{
 		{"busy", storageErr(ErrBusy, "an operation on volume x is already in progress"), codes.Aborted},
 		{"not found", storageErr(ErrNotFound, "volume x does not exist"), codes.NotFound},
+		{"exists", storageErr(ErrExists, "volume x already exists"), codes.AlreadyExists},
 		{"no capacity", storageErr(ErrNoCapacity, "no room"), codes.ResourceExhausted},
 		{"damaged", storageErr(ErrDamaged, "the record is damaged"), codes.FailedPrecondition},
 		{"data missing", storageErr(ErrDataMissing, "the data is missing"), codes.FailedPrecondition},

@@ -83,7 +83,7 @@ func (d *Driver) provisionOnNode(ctx context.Context, id string, vctx map[string
 		if d.cfg.MaxVolumeSize > 0 && size > d.cfg.MaxVolumeSize {
 			return volumeRecord{}, status.Errorf(codes.OutOfRange, "inline volume of %d bytes exceeds --max-volume-size %d", size, d.cfg.MaxVolumeSize)
 		}
-		return d.provisionVolume(ctx, volumeRecord{Name: ephemeralPrefix + id, CapacityBytes: size, AccessType: accessMount})
+		return d.provisionVolume(ctx, volumeRecord{Name: ephemeralPrefix + id, CapacityBytes: size, AccessType: accessMount}, "")
 	case vctx[ctxLocalPath] != "":
 		path, err := d.checkLocalPath(vctx[ctxLocalPath])
 		if err != nil {

@@ -71,7 +71,7 @@ func (d *Driver) pulling(name string) error {
 // provisionPulled provisions rec, whose source is on another node, in the
 // background, and takes over unlock (the name's lock), which it releases
 // when the pull ends. It returns the volume if it is ready within ctx.
-func (d *Driver) provisionPulled(ctx context.Context, rec volumeRecord, unlock func()) (volumeRecord, error) {
+func (d *Driver) provisionPulled(ctx context.Context, rec volumeRecord, tag string, unlock func()) (volumeRecord, error) {
 	job := &pullJob{done: make(chan struct{})}
 	d.bg.mu.Lock()
 	d.bg.pulls[rec.Name] = job
@@ -79,7 +79,7 @@ func (d *Driver) provisionPulled(ctx context.Context, rec volumeRecord, unlock f
 	d.bg.wg.Add(1)
 	go func() {
 		defer d.bg.wg.Done()
-		job.rec, job.err = d.provisionVolume(d.bg.ctx, rec)
+		job.rec, job.err = d.provisionVolume(d.bg.ctx, rec, tag)
 		d.bg.mu.Lock()
 		delete(d.bg.pulls, rec.Name)
 		d.bg.mu.Unlock()

@@ -14,6 +14,9 @@ var (
 	ErrBusy = errors.New("busy")
 	// ErrNotFound: no such volume or snapshot here (NotFound).
 	ErrNotFound = errors.New("not found")
+	// ErrExists: one of that name exists and is not what is asked
+	// (AlreadyExists).
+	ErrExists = errors.New("exists")
 	// ErrNoCapacity: no room for what is asked (ResourceExhausted).
 	ErrNoCapacity = errors.New("no capacity")
 	// ErrDamaged: the record is damaged; its data is kept until a person

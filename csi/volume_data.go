@@ -27,9 +27,11 @@ func (d *Driver) volumeDataPath(v volumeRecord) string {
 	return pl.volumeDir(v.ID)
 }
 
-// createVolumeData makes the volume's data, empty or from its source.
-func (d *Driver) createVolumeData(ctx context.Context, v volumeRecord) error {
-	if tag, ok := d.remoteSource(v.SourceSnapshot + v.SourceVolume); ok {
+// createVolumeData makes the volume's data, empty or from its source;
+// tag names the source's node when it is another one (createVolume
+// decided).
+func (d *Driver) createVolumeData(ctx context.Context, v volumeRecord, tag string) error {
+	if tag != "" {
 		return d.pullVolumeData(ctx, v, tag)
 	}
 	if v.SourceSnapshot != "" || v.SourceVolume != "" {
