@@ -128,27 +128,35 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if err := d.checkTopology(req.GetAccessibilityRequirements()); err != nil {
 		return nil, err
 	}
-	unlock, err := d.locks.lock(fmt.Sprintf("snapshot %q", name), snapNameKey(name))
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	if old, ok := d.st.Snapshots.ByName(name); ok {
-		if old.SourceVolume != srcID {
-			return nil, status.Errorf(codes.AlreadyExists, "snapshot %q already exists as %s of volume %s, not of %s", name, old.ID, old.SourceVolume, srcID)
-		}
-		return &csi.CreateSnapshotResponse{Snapshot: createdSnapshot(d.csiSnapshot(old))}, nil
-	}
-	_, unpin, err := d.pinVolume(srcID)
-	if err != nil {
-		return nil, err
-	}
-	defer unpin()
-	snap, err := d.takeSnapshot(ctx, name, srcID, req.GetParameters(), "")
+	snap, err := d.createSnapshot(ctx, name, srcID, req.GetParameters())
 	if err != nil {
 		return nil, err
 	}
 	return &csi.CreateSnapshotResponse{Snapshot: createdSnapshot(d.csiSnapshot(snap))}, nil
+}
+
+// createSnapshot snapshots volume srcID as name, or returns the snapshot
+// of that name if it is of the same volume. The name's lock is held
+// throughout; the volume is pinned (it may be read and published
+// meanwhile, not deleted or expanded).
+func (d *Driver) createSnapshot(ctx context.Context, name, srcID string, params map[string]string) (snapshotRecord, error) {
+	unlock, err := d.locks.lock(fmt.Sprintf("snapshot %q", name), snapNameKey(name))
+	if err != nil {
+		return snapshotRecord{}, err
+	}
+	defer unlock()
+	if old, ok := d.st.Snapshots.ByName(name); ok {
+		if old.SourceVolume != srcID {
+			return snapshotRecord{}, storageErr(ErrExists, "snapshot %q already exists as %s of volume %s, not of %s", name, old.ID, old.SourceVolume, srcID)
+		}
+		return old, nil
+	}
+	_, unpin, err := d.pinVolume(srcID)
+	if err != nil {
+		return snapshotRecord{}, err
+	}
+	defer unpin()
+	return d.takeSnapshot(ctx, name, srcID, params, "")
 }
 
 // takeSnapshot snapshots a volume; the caller holds the lock of the name
@@ -156,7 +164,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 func (d *Driver) takeSnapshot(ctx context.Context, name, srcID string, reqParams map[string]string, group string) (snapshotRecord, error) {
 	v, ok := d.st.Volumes.Get(srcID)
 	if !validVolumeID(srcID) || !ok || v.Phase != phaseReady {
-		return snapshotRecord{}, status.Errorf(codes.NotFound, "source volume %q does not exist", srcID)
+		return snapshotRecord{}, storageErr(ErrNotFound, "source volume %q does not exist", srcID)
 	}
 	// The volume's mutable parameters fill in what the class leaves out.
 	params := maps.Clone(reqParams)

@@ -162,34 +162,44 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 		return &csi.DeleteVolumeResponse{}, nil // nothing by that id: already deleted
 	}
 	defer unlock()
-	where, err := d.mountedAt(v)
-	if err != nil {
+	if err := d.deleteVolume(v); err != nil {
 		return nil, err
 	}
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
+// deleteVolume removes volume v, whose lock the caller holds: refused
+// while it is mounted on this node or its pool is down; recorded
+// deleting, its data removed durably, its record dropped.
+func (d *Driver) deleteVolume(v volumeRecord) error {
+	where, err := d.mountedAt(v)
+	if err != nil {
+		return err
+	}
 	if where != "" {
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still mounted at %s; unpublish and unstage it first", id, where)
+		return storageErr(ErrInUse, "volume %s is still mounted at %s; unpublish and unstage it first", v.ID, where)
 	}
 	// In a pool that is down the data cannot be reached: removing the
 	// record alone would leave it owned by nothing once the disk is back.
 	if err := d.volumePoolUp(v); err != nil {
-		return nil, err
+		return err
 	}
 	v.Phase = phaseDeleting
 	if err := d.st.Volumes.Put(v); err != nil {
-		return nil, toStatus(err, "recording deletion of volume %s", id)
+		return fmt.Errorf("recording deletion of volume %s: %w", v.ID, err)
 	}
 	if err := d.removeVolumeData(v); err != nil {
-		return nil, toStatus(err, "removing data of volume %s", id)
+		return fmt.Errorf("removing data of volume %s: %w", v.ID, err)
 	}
 	// A disk that went away meanwhile "removed" nothing: the record
 	// stays deleting, and the pool finishes it when it is back.
 	if err := d.volumePoolUp(v); err != nil {
-		return nil, err
+		return err
 	}
-	if err := d.st.Volumes.Drop(id); err != nil {
-		return nil, toStatus(err, "removing record of volume %s", id)
+	if err := d.st.Volumes.Drop(v.ID); err != nil {
+		return fmt.Errorf("removing record of volume %s: %w", v.ID, err)
 	}
-	return &csi.DeleteVolumeResponse{}, nil
+	return nil
 }
 
 // ValidateVolumeCapabilities confirms the capabilities only if this volume
@@ -342,28 +352,40 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 	if req.GetCapacityRange() == nil {
 		return nil, invalid("capacity_range is required")
 	}
+	v, err := d.expandVolume(ctx, id, req.GetCapacityRange())
+	if err != nil {
+		return nil, err
+	}
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.CapacityBytes, NodeExpansionRequired: false}, nil
+}
+
+// expandVolume grows volume id to what cr asks, if that is more than it
+// has, under its lock and unpinned (it may not be the source of a
+// snapshot or clone in progress). A request below its size is satisfied
+// already; a limit below it would be a shrink and is refused.
+func (d *Driver) expandVolume(ctx context.Context, id string, cr *csi.CapacityRange) (volumeRecord, error) {
 	v, unlock, err := d.lockVolume(id, true)
 	if err != nil {
-		return nil, err
+		return volumeRecord{}, err
 	}
 	defer unlock()
-	if lim := req.GetCapacityRange().GetLimitBytes(); lim > 0 && lim < v.CapacityBytes {
-		return nil, status.Errorf(codes.OutOfRange, "volume %s has %d bytes; shrinking to limit_bytes %d is not supported", id, v.CapacityBytes, lim)
+	if lim := cr.GetLimitBytes(); lim > 0 && lim < v.CapacityBytes {
+		return volumeRecord{}, status.Errorf(codes.OutOfRange, "volume %s has %d bytes; shrinking to limit_bytes %d is not supported", id, v.CapacityBytes, lim)
 	}
-	size, err := d.resolveSize(req.GetCapacityRange(), v.AccessType, v.CapacityBytes)
+	size, err := d.resolveSize(cr, v.AccessType, v.CapacityBytes)
 	if err != nil {
-		return nil, err
+		return volumeRecord{}, err
 	}
 	if size > v.CapacityBytes {
 		if err := d.growVolume(ctx, v, size); err != nil {
-			return nil, toStatus(err, "expanding volume %s to %d bytes", id, size)
+			return volumeRecord{}, fmt.Errorf("expanding volume %s to %d bytes: %w", id, size, err)
 		}
 		v.CapacityBytes = size
 		if err := d.st.Volumes.Put(v); err != nil {
-			return nil, toStatus(err, "recording the new size of volume %s", id)
+			return volumeRecord{}, fmt.Errorf("recording the new size of volume %s: %w", id, err)
 		}
 	}
-	return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.CapacityBytes, NodeExpansionRequired: false}, nil
+	return v, nil
 }
 
 // lockVolume takes a volume's lock and returns its record: NotFound (or

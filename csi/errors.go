@@ -57,7 +57,7 @@ func toStatus(err error, format string, args ...any) error {
 		return status.Error(codes.AlreadyExists, msg)
 	case errors.Is(err, ErrNoCapacity):
 		return status.Error(codes.ResourceExhausted, msg)
-	case errors.Is(err, ErrDamaged), errors.Is(err, ErrDataMissing):
+	case errors.Is(err, ErrDamaged), errors.Is(err, ErrDataMissing), errors.Is(err, ErrInUse):
 		return status.Error(codes.FailedPrecondition, msg)
 	// A peer's answer for a source on its node.
 	case errors.Is(err, transfer.ErrNotFound):

@@ -32,6 +32,7 @@ func TestToStatus(t *testing.T) {
 		{"not found", storageErr(ErrNotFound, "volume x does not exist"), codes.NotFound},
 		{"exists", storageErr(ErrExists, "volume x already exists"), codes.AlreadyExists},
 		{"no capacity", storageErr(ErrNoCapacity, "no room"), codes.ResourceExhausted},
+		{"in use", storageErr(ErrInUse, "volume x is still mounted at /t"), codes.FailedPrecondition},
 		{"damaged", storageErr(ErrDamaged, "the record is damaged"), codes.FailedPrecondition},
 		{"data missing", storageErr(ErrDataMissing, "the data is missing"), codes.FailedPrecondition},
 		// A pool down for a missing directory is not NotFound.

@@ -17,6 +17,9 @@ var (
 	// ErrExists: one of that name exists and is not what is asked
 	// (AlreadyExists).
 	ErrExists = errors.New("exists")
+	// ErrInUse: it is mounted, published or otherwise in use here
+	// (FailedPrecondition).
+	ErrInUse = errors.New("in use")
 	// ErrNoCapacity: no room for what is asked (ResourceExhausted).
 	ErrNoCapacity = errors.New("no capacity")
 	// ErrDamaged: the record is damaged; its data is kept until a person
