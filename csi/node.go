@@ -2,12 +2,14 @@ package csi
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/loop"
@@ -253,36 +255,47 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		flags |= fsops.ReadOnly
 	}
 	single := mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
+	if err := d.publishVolume(v, target, flags, readOnly, single); err != nil {
+		return nil, err
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// publishVolume shows volume v, whose lock the caller holds, at target:
+// refused while another target holds it single-writer; the publication
+// recorded before the mount (a crash after it still knows the target).
+func (d *Driver) publishVolume(v volumeRecord, target string, flags uintptr, readOnly, single bool) error {
 	for _, p := range v.Published {
 		if p.Target == target || !(single || p.SingleWriter) {
 			continue
 		}
 		ours, err := d.showsVolume(p.Target, v)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if ours {
-			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is SINGLE_NODE_SINGLE_WRITER and already published at %s", v.ID, p.Target)
+			return storageErr(ErrInUse, "volume %s is SINGLE_NODE_SINGLE_WRITER and already published at %s", v.ID, p.Target)
 		}
 	}
 	if err := d.settleBlock(&v); err != nil {
-		return nil, toStatus(err, "making the backing file of volume %s durable", v.ID)
+		return fmt.Errorf("making the backing file of volume %s durable: %w", v.ID, err)
 	}
 	if !slices.ContainsFunc(v.Published, func(p publication) bool { return p.Target == target }) {
-		// Record first: a crash after the mount still knows the target.
 		v.Published = append(v.Published, publication{Target: target, ReadOnly: readOnly, SingleWriter: single})
 		if err := d.st.Volumes.Put(v); err != nil {
-			return nil, toStatus(err, "recording publication of volume %s", v.ID)
+			return fmt.Errorf("recording publication of volume %s: %w", v.ID, err)
 		}
 	}
 	if err := d.bindVolume(v, target, flags, v.AccessType == accessMount); err != nil {
 		if nodeCreated(v) {
 			v.Published = slices.DeleteFunc(v.Published, func(p publication) bool { return p.Target == target })
-			_ = d.releaseNodeCreated(v)
+			if rerr := d.releaseNodeCreated(v); rerr != nil {
+				klog.ErrorS(rerr, "releasing an inline or local volume whose publish failed; the next start clears it", "volume_id", v.ID)
+			}
 		}
-		return nil, err
+		return err
 	}
-	return &csi.NodePublishVolumeResponse{}, nil
+	return nil
 }
 
 // NodeUnpublishVolume unmounts the target and removes it. A target that
