@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 
@@ -33,35 +34,44 @@ func (d *Driver) ControllerPublishVolume(ctx context.Context, req *csi.Controlle
 	if err != nil {
 		return nil, err
 	}
+	if err := d.attachVolume(id, node, access, req.GetReadonly()); err != nil {
+		return nil, err
+	}
+	return &csi.ControllerPublishVolumeResponse{}, nil
+}
+
+// attachVolume records volume id as attached to node (which must be this
+// one), with the read-only flag; an attachment already there is success,
+// one with the other flag is ErrExists.
+func (d *Driver) attachVolume(id, node, access string, readOnly bool) error {
 	v, unlock, err := d.lockVolume(id, false)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer unlock()
 	if node != d.cfg.NodeID {
-		return nil, status.Errorf(codes.NotFound, "node %q is not this driver's node %q; a local volume can only be attached where it lives", node, d.cfg.NodeID)
+		return storageErr(ErrNotFound, "node %q is not this driver's node %q; a local volume can only be attached where it lives", node, d.cfg.NodeID)
 	}
 	if access != v.AccessType {
-		return nil, invalid("volume %s is a %s volume; the capability asks for %s", id, v.AccessType, access)
+		return invalid("volume %s is a %s volume; the capability asks for %s", id, v.AccessType, access)
 	}
-	readOnly := req.GetReadonly()
 	key := attachKey(node, readOnly)
 	if slices.Contains(v.AttachedNodes, key) {
-		return &csi.ControllerPublishVolumeResponse{}, nil
+		return nil
 	}
 	if slices.Contains(v.AttachedNodes, attachKey(node, !readOnly)) {
-		return nil, status.Errorf(codes.AlreadyExists, "volume %s is already attached to %s with readonly=%v", id, node, !readOnly)
+		return storageErr(ErrExists, "volume %s is already attached to %s with readonly=%v", id, node, !readOnly)
 	}
 	d.attachMu.Lock()
 	defer d.attachMu.Unlock()
 	if max := d.cfg.MaxVolumesPerNode; max > 0 && d.attachedCount(node) >= max {
-		return nil, status.Errorf(codes.ResourceExhausted, "node %s already has %d volumes attached, its limit (--maxvolumespernode)", node, max)
+		return storageErr(ErrNoCapacity, "node %s already has %d volumes attached, its limit (--maxvolumespernode)", node, max)
 	}
 	v.AttachedNodes = append(v.AttachedNodes, key)
 	if err := d.st.Volumes.Put(v); err != nil {
-		return nil, toStatus(err, "recording attachment of volume %s", id)
+		return fmt.Errorf("recording attachment of volume %s: %w", id, err)
 	}
-	return &csi.ControllerPublishVolumeResponse{}, nil
+	return nil
 }
 
 // attachKey records an attachment with its read-only flag; the node id
@@ -109,26 +119,35 @@ func (d *Driver) ControllerUnpublishVolume(ctx context.Context, req *csi.Control
 	if err := d.checkIDHere("volume_id", id); err != nil {
 		return nil, err
 	}
+	if err := d.detachVolume(id, req.GetNodeId()); err != nil {
+		return nil, err
+	}
+	return &csi.ControllerUnpublishVolumeResponse{}, nil
+}
+
+// detachVolume forgets volume id's attachments to node (to every node if
+// node is empty); what is not attached, or not there, is success.
+func (d *Driver) detachVolume(id, node string) error {
 	unlock, err := d.locks.lock("volume "+id, volIDKey(id))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer unlock()
 	v, ok := d.st.Volumes.Get(id)
 	if !ok {
-		return &csi.ControllerUnpublishVolumeResponse{}, nil
+		return nil
 	}
 	kept := v.AttachedNodes[:0:0]
 	for _, k := range v.AttachedNodes {
-		if req.GetNodeId() != "" && nodeOfAttachment(k) != req.GetNodeId() {
+		if node != "" && nodeOfAttachment(k) != node {
 			kept = append(kept, k)
 		}
 	}
 	if len(kept) != len(v.AttachedNodes) {
 		v.AttachedNodes = kept
 		if err := d.st.Volumes.Put(v); err != nil {
-			return nil, toStatus(err, "recording detachment of volume %s", id)
+			return fmt.Errorf("recording detachment of volume %s: %w", id, err)
 		}
 	}
-	return &csi.ControllerUnpublishVolumeResponse{}, nil
+	return nil
 }

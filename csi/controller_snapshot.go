@@ -190,7 +190,7 @@ func (d *Driver) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 		Pool: recordPool(dst),
 	}
 	return d.snapshots().create(s, nil, func(s snapshotRecord) (snapshotRecord, error) {
-		release, err := d.heavySlot(ctx)
+		release, err := d.heavy.wait(ctx)
 		if err != nil {
 			return snapshotRecord{}, err
 		}
@@ -282,7 +282,7 @@ func (d *Driver) writeReflinkSnapshot(ctx context.Context, v volumeRecord, s sna
 func (d *Driver) restoreSnapshot(ctx context.Context, snapID, dir string) error {
 	s, ok := d.st.Snapshots.Get(snapID)
 	if !ok {
-		return status.Errorf(codes.NotFound, "snapshot %s disappeared", snapID)
+		return storageErr(ErrNotFound, "snapshot %s disappeared", snapID)
 	}
 	if s.Format == formatReflink {
 		st, err := fsops.CopyTree(ctx, d.snapshotDataPath(s), dir)

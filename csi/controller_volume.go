@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -69,71 +68,6 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	return &csi.CreateVolumeResponse{Volume: d.csiVolume(rec)}, nil
 }
 
-// provisionVolume takes a new volume through the create protocol: reserve
-// it (capacity checked under the index lock), record it "creating", make
-// its data, record it "ready". A failure undoes what it can; what it cannot
-// stays "creating" for the next start to clear.
-func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord, tag string) (volumeRecord, error) {
-	rec.ID = d.newVolumeID()
-	rec.Phase = phaseCreating
-	rec.CreatedAt = time.Now().UTC()
-	// An empty block volume's backing file is made durable when a pod
-	// first gets it (settleBlock), not here: that spares a create an
-	// fsync.
-	rec.Fresh = rec.AccessType == accessBlock && rec.SourceSnapshot == "" && rec.SourceVolume == ""
-	if rec.Fresh {
-		return d.provisionFreshBlock(ctx, rec)
-	}
-	return d.volumes().create(rec, d.checkCapacity, func(rec volumeRecord) (volumeRecord, error) {
-		err := d.createVolumeData(ctx, rec, tag)
-		if err == nil {
-			err = d.syncVolumeData(rec)
-		}
-		if err != nil {
-			return volumeRecord{}, fmt.Errorf("creating volume %q: %w", rec.Name, err)
-		}
-		rec.Phase = phaseReady
-		return rec, nil
-	})
-}
-
-// volumes is the create protocol of volumes (creation.create).
-func (d *Driver) volumes() creation[volumeRecord] {
-	return creation[volumeRecord]{table: d.st.Volumes, kind: "volume", undo: d.removeVolumeData}
-}
-
-// provisionFreshBlock makes an empty block volume. It needs no
-// "creating" record: whichever of the ready record and the backing file a
-// crash leaves, start repairs it (a fresh volume's missing file is made
-// again; a file without a record that holds no written data, which is all
-// a file no pod ever had can hold, is removed with its loop device). So
-// the record's journal commit and the file's creation and loop attach run
-// side by side, and the record is shown only once both are done.
-func (d *Driver) provisionFreshBlock(ctx context.Context, rec volumeRecord) (volumeRecord, error) {
-	if err := d.st.Volumes.Reserve(&rec, d.checkCapacity); err != nil {
-		return volumeRecord{}, fmt.Errorf("reserving volume %q: %w", rec.Name, err)
-	}
-	rec.Phase = phaseReady
-	recorded := make(chan error, 1)
-	go func() { recorded <- d.st.Volumes.PutUnindexed(rec) }()
-	dataErr := d.createVolumeData(ctx, rec, "")
-	putErr := <-recorded
-	if dataErr == nil && putErr == nil {
-		d.st.Volumes.Index(rec)
-		return rec, nil
-	}
-	// With its data gone, a record that could not be dropped (or was
-	// never written) gives its name back; with the data left, the record
-	// stays for DeleteVolume or the next start to finish.
-	if d.volumes().takeBack(rec) {
-		d.st.Volumes.Unreserve(rec.ID)
-	}
-	if dataErr != nil {
-		return volumeRecord{}, fmt.Errorf("creating volume %q: %w", rec.Name, dataErr)
-	}
-	return volumeRecord{}, fmt.Errorf("recording volume %s: %w", rec.ID, putErr)
-}
-
 // csiVolume is the CSI view of a record.
 func (d *Driver) csiVolume(v volumeRecord) *csi.Volume {
 	out := &csi.Volume{VolumeId: v.ID, CapacityBytes: v.CapacityBytes}
@@ -166,40 +100,6 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 		return nil, err
 	}
 	return &csi.DeleteVolumeResponse{}, nil
-}
-
-// deleteVolume removes volume v, whose lock the caller holds: refused
-// while it is mounted on this node or its pool is down; recorded
-// deleting, its data removed durably, its record dropped.
-func (d *Driver) deleteVolume(v volumeRecord) error {
-	where, err := d.mountedAt(v)
-	if err != nil {
-		return err
-	}
-	if where != "" {
-		return storageErr(ErrInUse, "volume %s is still mounted at %s; unpublish and unstage it first", v.ID, where)
-	}
-	// In a pool that is down the data cannot be reached: removing the
-	// record alone would leave it owned by nothing once the disk is back.
-	if err := d.volumePoolUp(v); err != nil {
-		return err
-	}
-	v.Phase = phaseDeleting
-	if err := d.st.Volumes.Put(v); err != nil {
-		return fmt.Errorf("recording deletion of volume %s: %w", v.ID, err)
-	}
-	if err := d.removeVolumeData(v); err != nil {
-		return fmt.Errorf("removing data of volume %s: %w", v.ID, err)
-	}
-	// A disk that went away meanwhile "removed" nothing: the record
-	// stays deleting, and the pool finishes it when it is back.
-	if err := d.volumePoolUp(v); err != nil {
-		return err
-	}
-	if err := d.st.Volumes.Drop(v.ID); err != nil {
-		return fmt.Errorf("removing record of volume %s: %w", v.ID, err)
-	}
-	return nil
 }
 
 // ValidateVolumeCapabilities confirms the capabilities only if this volume
@@ -357,81 +257,4 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 		return nil, err
 	}
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.CapacityBytes, NodeExpansionRequired: false}, nil
-}
-
-// expandVolume grows volume id to what cr asks, if that is more than it
-// has, under its lock and unpinned (it may not be the source of a
-// snapshot or clone in progress). A request below its size is satisfied
-// already; a limit below it would be a shrink and is refused.
-func (d *Driver) expandVolume(ctx context.Context, id string, cr *csi.CapacityRange) (volumeRecord, error) {
-	v, unlock, err := d.lockVolume(id, true)
-	if err != nil {
-		return volumeRecord{}, err
-	}
-	defer unlock()
-	if lim := cr.GetLimitBytes(); lim > 0 && lim < v.CapacityBytes {
-		return volumeRecord{}, status.Errorf(codes.OutOfRange, "volume %s has %d bytes; shrinking to limit_bytes %d is not supported", id, v.CapacityBytes, lim)
-	}
-	size, err := d.resolveSize(cr, v.AccessType, v.CapacityBytes)
-	if err != nil {
-		return volumeRecord{}, err
-	}
-	if size > v.CapacityBytes {
-		if err := d.growVolume(ctx, v, size); err != nil {
-			return volumeRecord{}, fmt.Errorf("expanding volume %s to %d bytes: %w", id, size, err)
-		}
-		v.CapacityBytes = size
-		if err := d.st.Volumes.Put(v); err != nil {
-			return volumeRecord{}, fmt.Errorf("recording the new size of volume %s: %w", id, err)
-		}
-	}
-	return v, nil
-}
-
-// lockVolume takes a volume's lock and returns its record: NotFound (or
-// ResourceExhausted for another node's id) if there is no ready volume.
-// A change to the volume's data (expand) asks for unpinned: the volume
-// must not be the source of a snapshot or clone in progress.
-func (d *Driver) lockVolume(id string, unpinned bool) (volumeRecord, func(), error) {
-	lock := d.locks.lock
-	if unpinned {
-		lock = d.locks.lockUnpinned
-	}
-	unlock, err := lock("volume "+id, volIDKey(id))
-	if err != nil {
-		return volumeRecord{}, nil, err
-	}
-	v, ok := d.st.Volumes.Get(id)
-	if !ok || v.Phase != phaseReady {
-		unlock()
-		return volumeRecord{}, nil, d.notFoundVolume(id)
-	}
-	return v, unlock, nil
-}
-
-// pinVolume checks that a volume is ready and pins it as the source of a
-// snapshot or clone. Its lock is held only for the check: publish, stats
-// and unpublish of the volume go on while it is copied, delete and expand
-// wait until unpin is called.
-func (d *Driver) pinVolume(id string) (volumeRecord, func(), error) {
-	v, unlock, err := d.lockVolume(id, false)
-	if err != nil {
-		return volumeRecord{}, nil, err
-	}
-	defer unlock()
-	if err := d.dataPresent(v); err != nil {
-		return volumeRecord{}, nil, err
-	}
-	return v, d.locks.pin(volIDKey(id)), nil
-}
-
-// pinSnapshot pins a snapshot as the source of a restore: other restores
-// of it go on, its deletion waits.
-func (d *Driver) pinSnapshot(id string) (func(), error) {
-	unlock, err := d.locks.lock("snapshot "+id, snapIDKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	return d.locks.pin(snapIDKey(id)), nil
 }

@@ -117,8 +117,8 @@ type Driver struct {
 	// id that no record owns, kept and reported by health.
 	unowned atomic.Int64
 	metrics *metrics
-	ops     inflight      // snapshots, restores and clones running now
-	heavy   chan struct{} // semaphore of MaxHeavyOps slots
+	ops     inflight   // snapshots, restores and clones running now
+	heavy   heavySlots // MaxHeavyOps slots for clones, snapshots, restores, sends
 	// peers reaches the other nodes' drivers for sources they hold
 	// (SetPeers); nil when there are none to reach.
 	peers atomic.Pointer[Peers]
@@ -195,7 +195,7 @@ func New(cfg Config) (*Driver, error) {
 	}
 	d := &Driver{cfg: cfg, paths: layout{root: root}, locks: newKeyLocks(), tag: nodeTag(cfg.NodeID), mountPoint: fsops.GetMountPoint, ops: inflight{ops: map[*operation]struct{}{}}}
 	d.metrics = newMetrics(d)
-	d.heavy = make(chan struct{}, cfg.MaxHeavyOps)
+	d.heavy = make(heavySlots, cfg.MaxHeavyOps)
 	d.bg = newBackground()
 	if err := d.prepareStateDir(); err != nil {
 		return nil, err
@@ -363,15 +363,4 @@ func SocketPath(endpoint string) (string, error) {
 		return "", fmt.Errorf("endpoint %q names no socket path", endpoint)
 	}
 	return filepath.Abs(p)
-}
-
-// heavySlot waits for one of the MaxHeavyOps slots for a clone, snapshot
-// or restore, or for the caller to give up.
-func (d *Driver) heavySlot(ctx context.Context) (func(), error) {
-	select {
-	case d.heavy <- struct{}{}:
-		return func() { <-d.heavy }, nil
-	case <-ctx.Done():
-		return nil, storageErr(ErrBusy, "%d clones, snapshots or restores are running; this one waited until its deadline: %v", cap(d.heavy), ctx.Err())
-	}
 }

@@ -318,7 +318,7 @@ func TestHeavySlots(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.MaxHeavyOps = 1
 	d := newDriver(t, cfg)
-	release, err := d.heavySlot(ctx)
+	release, err := d.heavy.wait(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,9 +55,12 @@ func toStatus(err error, format string, args ...any) error {
 		return status.Error(codes.NotFound, msg)
 	case errors.Is(err, ErrExists):
 		return status.Error(codes.AlreadyExists, msg)
+	case errors.Is(err, ErrOutOfRange):
+		return status.Error(codes.OutOfRange, msg)
 	case errors.Is(err, ErrNoCapacity):
 		return status.Error(codes.ResourceExhausted, msg)
-	case errors.Is(err, ErrDamaged), errors.Is(err, ErrDataMissing), errors.Is(err, ErrInUse):
+	case errors.Is(err, ErrDamaged), errors.Is(err, ErrDataMissing), errors.Is(err, ErrInUse),
+		errors.Is(err, ErrUnsure):
 		return status.Error(codes.FailedPrecondition, msg)
 	// A peer's answer for a source on its node.
 	case errors.Is(err, transfer.ErrNotFound):

@@ -34,6 +34,8 @@ func TestToStatus(t *testing.T) {
 		{"no capacity", storageErr(ErrNoCapacity, "no room"), codes.ResourceExhausted},
 		{"in use", storageErr(ErrInUse, "volume x is still mounted at /t"), codes.FailedPrecondition},
 		{"damaged", storageErr(ErrDamaged, "the record is damaged"), codes.FailedPrecondition},
+		{"unsure", storageErr(ErrUnsure, "cannot tell whether volume x is mounted at /t"), codes.FailedPrecondition},
+		{"out of range", storageErr(ErrOutOfRange, "volume x has 2 bytes; shrinking to 1 is not supported"), codes.OutOfRange},
 		{"data missing", storageErr(ErrDataMissing, "the data is missing"), codes.FailedPrecondition},
 		// A pool down for a missing directory is not NotFound.
 		{"pool down", &PoolDownError{Pool: "fast", Path: "/p", Cause: enoent}, codes.FailedPrecondition},

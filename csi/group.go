@@ -75,7 +75,7 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 	defer unlock()
 	if old, ok := d.st.Groups.ByName(name); ok {
 		if !sameSet(old.Volumes, srcs) {
-			return nil, status.Errorf(codes.AlreadyExists, "group snapshot %q already exists as %s of other volumes", name, old.ID)
+			return nil, storageErr(ErrExists, "group snapshot %q already exists as %s of other volumes", name, old.ID)
 		}
 		return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: d.csiGroup(old)}, nil
 	}

@@ -6,7 +6,6 @@ import (
 	"os"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/status"
 
 	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/loop"
@@ -105,7 +104,7 @@ func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolume
 		ours, err := d.showsVolume(p, v)
 		switch {
 		case err != nil:
-			h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "MountUninspectable", status.Convert(err).Message()))
+			h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "MountUninspectable", err.Error()))
 		case !ours && (v.AccessType == accessMount || p == req.GetVolumePublishPath()):
 			h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_INACCESSIBLE, "NotMounted", "the volume is not mounted at "+p))
 		}

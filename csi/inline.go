@@ -81,7 +81,7 @@ func (d *Driver) provisionOnNode(ctx context.Context, id string, vctx map[string
 			}
 		}
 		if d.cfg.MaxVolumeSize > 0 && size > d.cfg.MaxVolumeSize {
-			return volumeRecord{}, status.Errorf(codes.OutOfRange, "inline volume of %d bytes exceeds --max-volume-size %d", size, d.cfg.MaxVolumeSize)
+			return volumeRecord{}, storageErr(ErrOutOfRange, "inline volume of %d bytes exceeds --max-volume-size %d", size, d.cfg.MaxVolumeSize)
 		}
 		return d.provisionVolume(ctx, volumeRecord{Name: ephemeralPrefix + id, CapacityBytes: size, AccessType: accessMount}, "")
 	case vctx[ctxLocalPath] != "":
@@ -97,7 +97,7 @@ func (d *Driver) provisionOnNode(ctx context.Context, id string, vctx map[string
 		rec := volumeRecord{ID: d.newVolumeID(), Name: localPrefix + id, AccessType: accessMount, Phase: phaseReady, CreatedAt: time.Now().UTC(), LocalPath: path}
 		return d.volumes().create(rec, nil, nil)
 	}
-	return volumeRecord{}, status.Errorf(codes.NotFound, "volume %q does not exist on this node", id)
+	return volumeRecord{}, storageErr(ErrNotFound, "volume %q does not exist on this node", id)
 }
 
 // checkLocalPath allows an existing directory below one of --local-root,
@@ -111,11 +111,11 @@ func (d *Driver) checkLocalPath(p string) (string, error) {
 	}
 	real, err := filepath.EvalSymlinks(p)
 	if err != nil {
-		return "", status.Errorf(codes.NotFound, "local path %q does not exist on node %s", p, d.cfg.NodeID)
+		return "", storageErr(ErrNotFound, "local path %q does not exist on node %s", p, d.cfg.NodeID)
 	}
 	fi, err := os.Stat(real)
 	if err != nil || !fi.IsDir() {
-		return "", status.Errorf(codes.NotFound, "local path %q is not a directory on node %s", p, d.cfg.NodeID)
+		return "", storageErr(ErrNotFound, "local path %q is not a directory on node %s", p, d.cfg.NodeID)
 	}
 	if dir := d.ownDirHolding(real); dir != "" {
 		return "", invalid("local path %q is inside the driver's own directory %s", p, dir)
@@ -139,7 +139,7 @@ func (d *Driver) releaseNodeCreated(v volumeRecord) error {
 		return nil
 	}
 	if d.locks.pinned(volIDKey(v.ID)) {
-		return status.Errorf(codes.Aborted, "inline volume %s is unmounted but is the source of a snapshot or clone in progress; it is removed on a retry once that is done", v.Name)
+		return storageErr(ErrBusy, "inline volume %s is unmounted but is the source of a snapshot or clone in progress; it is removed on a retry once that is done", v.Name)
 	}
 	v.Phase = phaseDeleting
 	if err := d.st.Volumes.Put(v); err != nil {

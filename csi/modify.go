@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"sort"
@@ -83,12 +84,21 @@ func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.Controller
 	if err := d.checkMutable(req.GetMutableParameters()); err != nil {
 		return nil, err
 	}
-	v, unlock, err := d.lockVolume(id, false)
-	if err != nil {
+	if err := d.modifyVolume(id, req.GetMutableParameters()); err != nil {
 		return nil, err
 	}
+	return &csi.ControllerModifyVolumeResponse{}, nil
+}
+
+// modifyVolume applies validated mutable parameters to volume id: a new
+// capacity kind only if that kind has room for it (ErrNoCapacity).
+func (d *Driver) modifyVolume(id string, params map[string]string) error {
+	v, unlock, err := d.lockVolume(id, false)
+	if err != nil {
+		return err
+	}
 	defer unlock()
-	if k, ok := req.GetMutableParameters()[mutableKind]; ok && k != v.Kind {
+	if k, ok := params[mutableKind]; ok && k != v.Kind {
 		if err := d.st.Volumes.Check(func(all map[string]volumeRecord) error {
 			var used int64
 			for _, o := range all {
@@ -97,16 +107,16 @@ func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.Controller
 				}
 			}
 			if d.cfg.Capacity[k]-used < v.CapacityBytes {
-				return status.Errorf(codes.ResourceExhausted, "capacity kind %q has %d bytes left, volume %s needs %d", k, d.cfg.Capacity[k]-used, id, v.CapacityBytes)
+				return storageErr(ErrNoCapacity, "capacity kind %q has %d bytes left, volume %s needs %d", k, d.cfg.Capacity[k]-used, id, v.CapacityBytes)
 			}
 			return nil
 		}); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	applyMutable(&v, req.GetMutableParameters())
+	applyMutable(&v, params)
 	if err := d.st.Volumes.Put(v); err != nil {
-		return nil, toStatus(err, "recording the parameters of volume %s", id)
+		return fmt.Errorf("recording the parameters of volume %s: %w", id, err)
 	}
-	return &csi.ControllerModifyVolumeResponse{}, nil
+	return nil
 }

@@ -63,22 +63,7 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		return nil, err
 	}
 	defer unlock()
-	if err := d.settleBlock(&v); err != nil {
-		return nil, toStatus(err, "making the backing file of volume %s durable", v.ID)
-	}
-	if !slices.Contains(v.Staged, staging) {
-		v.Staged = append(v.Staged, staging)
-		if err := d.st.Volumes.Put(v); err != nil {
-			return nil, toStatus(err, "recording staging of volume %s", v.ID)
-		}
-	}
-	if v.AccessType == accessBlock {
-		if _, err := d.attachBlock(v); err != nil {
-			return nil, toStatus(err, "attaching block volume %s", v.ID)
-		}
-		return &csi.NodeStageVolumeResponse{}, nil
-	}
-	if err := d.bindVolume(v, staging, 0, true); err != nil {
+	if err := d.stageVolume(v, staging); err != nil {
 		return nil, err
 	}
 	return &csi.NodeStageVolumeResponse{}, nil
@@ -132,14 +117,14 @@ func (d *Driver) checkUnmount(id, pathField, path string) (string, error) {
 func (d *Driver) inspectMount(path string, v volumeRecord) (*fsops.MountPoint, bool, error) {
 	mp, err := d.mountPoint(path)
 	if err != nil && !os.IsNotExist(err) {
-		return nil, false, status.Errorf(codes.FailedPrecondition, "cannot tell whether volume %s is mounted at %s: %v; nothing was changed, retry once the path can be inspected", v.ID, path, err)
+		return nil, false, storageErr(ErrUnsure, "cannot tell whether volume %s is mounted at %s: %v; nothing was changed, retry once the path can be inspected", v.ID, path, err)
 	}
 	if mp == nil {
 		return nil, false, nil
 	}
 	ours, err := d.mountShows(mp, v)
 	if err != nil {
-		return nil, false, status.Errorf(codes.FailedPrecondition, "cannot tell whether %s (%s on %s) shows volume %s: %v; nothing was changed, retry once the volume's data can be inspected", path, mp.Source, mp.Root, v.ID, err)
+		return nil, false, storageErr(ErrUnsure, "cannot tell whether %s (%s on %s) shows volume %s: %v; nothing was changed, retry once the volume's data can be inspected", path, mp.Source, mp.Root, v.ID, err)
 	}
 	return mp, ours, nil
 }
@@ -154,25 +139,25 @@ func (d *Driver) bindVolume(v volumeRecord, path string, flags uintptr, dir bool
 	}
 	if mp != nil {
 		if !ours {
-			return status.Errorf(codes.FailedPrecondition, "%s already has another mount (%s on %s); it cannot also show volume %s", path, mp.Source, mp.Root, v.ID)
+			return storageErr(ErrInUse, "%s already has another mount (%s on %s); it cannot also show volume %s", path, mp.Source, mp.Root, v.ID)
 		}
 		if mp.ReadOnly != (flags&fsops.ReadOnly != 0) {
-			return status.Errorf(codes.AlreadyExists, "volume %s is already mounted at %s with read-only=%v; the request asks read-only=%v", v.ID, path, mp.ReadOnly, !mp.ReadOnly)
+			return storageErr(ErrExists, "volume %s is already mounted at %s with read-only=%v; the request asks read-only=%v", v.ID, path, mp.ReadOnly, !mp.ReadOnly)
 		}
 		return nil
 	}
 	if err := fsops.MakeMountPoint(path, dir); err != nil {
-		return toStatus(err, "creating %s", path)
+		return fmt.Errorf("creating %s: %w", path, err)
 	}
 	src, roDev, err := d.mountSource(v, flags&fsops.ReadOnly != 0)
 	if err != nil {
-		return toStatus(err, "finding the source of volume %s", v.ID)
+		return fmt.Errorf("finding the source of volume %s: %w", v.ID, err)
 	}
 	if err := fsops.BindMount(src, path, flags); err != nil {
 		if roDev != nil {
 			_ = loop.Detach(*roDev)
 		}
-		return toStatus(err, "mounting volume %s at %s", v.ID, path)
+		return fmt.Errorf("mounting volume %s at %s: %w", v.ID, path, err)
 	}
 	return nil
 }
@@ -185,22 +170,8 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 	if err != nil {
 		return nil, err
 	}
-	v, unlock, err := d.nodeVolume(req.GetVolumeId())
-	if err != nil {
+	if err := d.unstageVolume(req.GetVolumeId(), staging); err != nil {
 		return nil, err
-	}
-	defer unlock()
-	if err := d.unbindVolume(v, staging, false); err != nil {
-		return nil, err
-	}
-	if i := slices.Index(v.Staged, staging); i >= 0 {
-		v.Staged = slices.Delete(v.Staged, i, i+1)
-		if err := d.st.Volumes.Put(v); err != nil {
-			return nil, toStatus(err, "recording unstaging of volume %s", v.ID)
-		}
-	}
-	if err := d.releaseNodeCreated(v); err != nil {
-		return nil, toStatus(err, "releasing volume %s", req.GetVolumeId())
 	}
 	return &csi.NodeUnstageVolumeResponse{}, nil
 }
@@ -214,20 +185,20 @@ func (d *Driver) unbindVolume(v volumeRecord, path string, remove bool) error {
 	}
 	if mp != nil {
 		if !ours {
-			return status.Errorf(codes.FailedPrecondition, "%s shows another mount (%s on %s), not volume %s; not unmounting it", path, mp.Source, mp.Root, v.ID)
+			return storageErr(ErrInUse, "%s shows another mount (%s on %s), not volume %s; not unmounting it", path, mp.Source, mp.Root, v.ID)
 		}
 		if err := fsops.Unmount(path); err != nil {
-			return toStatus(err, "unmounting %s", path)
+			return fmt.Errorf("unmounting %s: %w", path, err)
 		}
 		if v.AccessType == accessBlock {
 			if err := d.releaseBlockDevice(mp.Rdev, v); err != nil {
-				return toStatus(err, "detaching the read-only device of volume %s", v.ID)
+				return fmt.Errorf("detaching the read-only device of volume %s: %w", v.ID, err)
 			}
 		}
 	}
 	if remove {
 		if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
-			return toStatus(err, "removing %s", path)
+			return fmt.Errorf("removing %s: %w", path, err)
 		}
 	}
 	return nil
@@ -306,33 +277,8 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	if err != nil {
 		return nil, err
 	}
-	v, unlock, err := d.nodeVolume(req.GetVolumeId())
-	if status.Code(toStatus(err, "")) == codes.NotFound {
-		// The volume is gone; so must its mount be. Clean up an empty
-		// target, refuse to touch a mounted one.
-		if mp, inspectErr := d.mountPoint(target); mp != nil || (inspectErr != nil && !os.IsNotExist(inspectErr)) {
-			return nil, err
-		}
-		if rmErr := os.Remove(target); rmErr != nil && !os.IsNotExist(rmErr) {
-			return nil, toStatus(rmErr, "removing %s", target)
-		}
-		return &csi.NodeUnpublishVolumeResponse{}, nil
-	}
-	if err != nil {
+	if err := d.unpublishVolume(req.GetVolumeId(), target); err != nil {
 		return nil, err
-	}
-	defer unlock()
-	if err := d.unbindVolume(v, target, true); err != nil {
-		return nil, err
-	}
-	if i := slices.IndexFunc(v.Published, func(p publication) bool { return p.Target == target }); i >= 0 {
-		v.Published = slices.Delete(v.Published, i, i+1)
-		if err := d.st.Volumes.Put(v); err != nil {
-			return nil, toStatus(err, "recording unpublication of volume %s", v.ID)
-		}
-	}
-	if err := d.releaseNodeCreated(v); err != nil {
-		return nil, toStatus(err, "removing inline volume %s", req.GetVolumeId())
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
@@ -378,39 +324,16 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	if req.GetVolumePath() == "" {
 		return nil, invalid("volume_path is required")
 	}
-	v, ok := d.st.Volumes.Get(req.GetVolumeId())
-	if !validVolumeID(req.GetVolumeId()) || !ok || v.Phase != phaseReady {
-		return nil, d.notFoundVolume(req.GetVolumeId())
-	}
-	if ours, err := d.showsVolume(req.GetVolumePath(), v); err != nil || !ours {
-		if err != nil {
-			return nil, err
-		}
-		return nil, status.Errorf(codes.NotFound, "volume %s is not mounted at %s", v.ID, req.GetVolumePath())
-	}
-	if v.AccessType == accessBlock {
-		dev, err := d.attachBlock(v)
-		if err != nil {
-			return nil, toStatus(err, "finding the device of volume %s", v.ID)
-		}
-		size, err := loop.Size(dev.Path())
-		if err != nil {
-			return nil, toStatus(err, "reading the size of %s", dev.Path())
-		}
-		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, nil
-	}
-	u, err := d.volumeUsage(v)
+	u, err := d.volumeStats(req.GetVolumeId(), req.GetVolumePath())
 	if err != nil {
-		return nil, toStatus(err, "measuring volume %s", v.ID)
+		return nil, err
 	}
-	fs, err := fsops.Statfs(d.volumeDataPath(v))
-	if err != nil {
-		return nil, toStatus(err, "reading the file system of volume %s", v.ID)
+	if u.block {
+		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: u.total}}}, nil
 	}
-	avail := min(max(v.CapacityBytes-u.Bytes, 0), fs.AvailableBytes)
 	return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
-		{Unit: csi.VolumeUsage_BYTES, Total: v.CapacityBytes, Used: u.Bytes, Available: avail},
-		{Unit: csi.VolumeUsage_INODES, Total: u.Inodes + fs.FreeInodes, Used: u.Inodes, Available: fs.FreeInodes},
+		{Unit: csi.VolumeUsage_BYTES, Total: u.total, Used: u.used, Available: u.available},
+		{Unit: csi.VolumeUsage_INODES, Total: u.inodesUsed + u.inodesFree, Used: u.inodesUsed, Available: u.inodesFree},
 	}}, nil
 }
 
@@ -434,41 +357,9 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	if want > d.cfg.MaxVolumeSizeNode {
 		return nil, status.Errorf(codes.OutOfRange, "required_bytes %d exceeds the largest size a node may expand a volume to (--max-volume-size-node %d)", want, d.cfg.MaxVolumeSizeNode)
 	}
-	v, unlock, err := d.nodeVolume(req.GetVolumeId())
+	size, err := d.expandOnNode(ctx, req.GetVolumeId(), req.GetVolumePath(), req.GetCapacityRange())
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	if ours, err := d.showsVolume(req.GetVolumePath(), v); err != nil || !ours {
-		if err != nil {
-			return nil, err
-		}
-		return nil, status.Errorf(codes.NotFound, "volume %s is not mounted at %s", v.ID, req.GetVolumePath())
-	}
-	if want > v.CapacityBytes && !d.cfg.controllerExpansion() {
-		if d.locks.pinned(volIDKey(v.ID)) {
-			return nil, status.Errorf(codes.Aborted, "volume %s is the source of a snapshot or clone in progress; expand it once that is done", v.ID)
-		}
-		size, err := d.resolveSize(req.GetCapacityRange(), v.AccessType, v.CapacityBytes)
-		if err != nil {
-			return nil, err
-		}
-		if err := d.growVolume(ctx, v, size); err != nil {
-			return nil, toStatus(err, "expanding volume %s to %d bytes", v.ID, size)
-		}
-		v.CapacityBytes = size
-		if err := d.st.Volumes.Put(v); err != nil {
-			return nil, toStatus(err, "recording the new size of volume %s", v.ID)
-		}
-	}
-	if v.AccessType == accessBlock {
-		dev, err := d.attachBlock(v)
-		if err == nil {
-			err = loop.Resize(dev)
-		}
-		if err != nil {
-			return nil, toStatus(err, "resizing the device of volume %s", v.ID)
-		}
-	}
-	return &csi.NodeExpandVolumeResponse{CapacityBytes: v.CapacityBytes}, nil
+	return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 }

@@ -99,7 +99,7 @@ func (d *Driver) pullVolumeData(ctx context.Context, v volumeRecord, tag string)
 	if id == "" {
 		kind, id = sourceVolume, v.SourceVolume
 	}
-	release, err := d.heavySlot(ctx)
+	release, err := d.heavy.wait(ctx)
 	if err != nil {
 		return err
 	}
@@ -255,14 +255,13 @@ func (p *peerSource) open(ctx context.Context, peer, kind, id string, statOnly b
 	// same memory): it takes a slot, or the peer is told this node is busy
 	// and retries. It never waits for one: two nodes pulling from each
 	// other with every slot taken would otherwise wait on each other.
-	select {
-	case d.heavy <- struct{}{}:
-		prev := unpin
-		unpin = func() { <-d.heavy; prev() }
-	default:
+	release, ok := d.heavy.try()
+	if !ok {
 		unpin()
 		return m, nil, fmt.Errorf("%w: %d clones, snapshots, restores or sends are running here", transfer.ErrBusy, cap(d.heavy))
 	}
+	prev := unpin
+	unpin = func() { release(); prev() }
 	klog.InfoS("sending a source to another node", "kind", kind, "id", id, "peer", peer, "format", m.Format, "bytes", m.Size)
 	ctx, done := d.track(ctx, "send", id, m.Size)
 	rc, err := open(ctx)

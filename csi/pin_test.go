@@ -44,7 +44,7 @@ func TestSourceServedDuringLongCopy(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(d.paths.volumeDir(src), "f"), []byte("data"), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			slot, err := d.heavySlot(ctx)
+			slot, err := d.heavy.wait(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -111,7 +111,7 @@ func TestDeleteSnapshotWaitsForRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	sid := r.GetSnapshot().GetSnapshotId()
-	release, err := d.heavySlot(ctx)
+	release, err := d.heavy.wait(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

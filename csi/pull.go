@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"sync"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 )
 
@@ -65,7 +63,7 @@ func (d *Driver) pulling(name string) error {
 			msg += fmt.Sprintf(" (%s of %s moved)", formatBytes(b), formatBytes(expected))
 		}
 	}
-	return status.Errorf(codes.Aborted, "%s; it is returned once ready, retry later", msg)
+	return storageErr(ErrBusy, "%s; it is returned once ready, retry later", msg)
 }
 
 // provisionPulled provisions rec, whose source is on another node, in the
@@ -100,6 +98,6 @@ func (d *Driver) provisionPulled(ctx context.Context, rec volumeRecord, tag stri
 				klog.InfoS("pulled a volume from another node after its request ended; a retry returns it", "name", rec.Name, "volume_id", job.rec.ID)
 			}
 		}()
-		return volumeRecord{}, status.Errorf(codes.Aborted, "volume %q is being pulled from another node; the pull goes on past this request (%v), and a retry returns the volume once it is ready", rec.Name, ctx.Err())
+		return volumeRecord{}, storageErr(ErrBusy, "volume %q is being pulled from another node; the pull goes on past this request (%v), and a retry returns the volume once it is ready", rec.Name, ctx.Err())
 	}
 }

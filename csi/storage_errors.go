@@ -28,6 +28,12 @@ var (
 	// ErrDataMissing: the record is there, its data is not, at its path
 	// (ENOENT only: an EIO is an EIO) (FailedPrecondition).
 	ErrDataMissing = errors.New("data missing")
+	// ErrOutOfRange: the size asked for is one this volume cannot take
+	// (OutOfRange).
+	ErrOutOfRange = errors.New("size out of range")
+	// ErrUnsure: the state of a path or of data cannot be told (its
+	// inspection failed); nothing was changed (FailedPrecondition).
+	ErrUnsure = errors.New("cannot tell")
 )
 
 // storageError is a sentence of one kind.

@@ -3,10 +3,9 @@ package csi
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // volumeSpec is a new volume as CreateVolume asks for it, its fields
@@ -103,7 +102,7 @@ func (d *Driver) createVolume(ctx context.Context, spec volumeSpec) (volumeRecor
 		floor = v.CapacityBytes
 	}
 	if req := spec.capacity.GetRequiredBytes(); req > 0 && req < floor {
-		return volumeRecord{}, status.Errorf(codes.OutOfRange, "requested %d bytes is smaller than the source's %d bytes", req, floor)
+		return volumeRecord{}, storageErr(ErrOutOfRange, "requested %d bytes is smaller than the source's %d bytes", req, floor)
 	}
 	if rec.CapacityBytes, err = d.resolveSize(spec.capacity, spec.access, floor); err != nil {
 		return volumeRecord{}, err
@@ -142,4 +141,69 @@ func (d *Driver) existingVolume(old, want volumeRecord, cr *csi.CapacityRange) (
 		return old, nil
 	}
 	return volumeRecord{}, storageErr(ErrExists, "volume %q already exists as %s and is incompatible: %s", old.Name, old.ID, diff)
+}
+
+// provisionVolume takes a new volume through the create protocol: reserve
+// it (capacity checked under the index lock), record it "creating", make
+// its data, record it "ready". A failure undoes what it can; what it cannot
+// stays "creating" for the next start to clear.
+func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord, tag string) (volumeRecord, error) {
+	rec.ID = d.newVolumeID()
+	rec.Phase = phaseCreating
+	rec.CreatedAt = time.Now().UTC()
+	// An empty block volume's backing file is made durable when a pod
+	// first gets it (settleBlock), not here: that spares a create an
+	// fsync.
+	rec.Fresh = rec.AccessType == accessBlock && rec.SourceSnapshot == "" && rec.SourceVolume == ""
+	if rec.Fresh {
+		return d.provisionFreshBlock(ctx, rec)
+	}
+	return d.volumes().create(rec, d.checkCapacity, func(rec volumeRecord) (volumeRecord, error) {
+		err := d.createVolumeData(ctx, rec, tag)
+		if err == nil {
+			err = d.syncVolumeData(rec)
+		}
+		if err != nil {
+			return volumeRecord{}, fmt.Errorf("creating volume %q: %w", rec.Name, err)
+		}
+		rec.Phase = phaseReady
+		return rec, nil
+	})
+}
+
+// volumes is the create protocol of volumes (creation.create).
+func (d *Driver) volumes() creation[volumeRecord] {
+	return creation[volumeRecord]{table: d.st.Volumes, kind: "volume", undo: d.removeVolumeData}
+}
+
+// provisionFreshBlock makes an empty block volume. It needs no
+// "creating" record: whichever of the ready record and the backing file a
+// crash leaves, start repairs it (a fresh volume's missing file is made
+// again; a file without a record that holds no written data, which is all
+// a file no pod ever had can hold, is removed with its loop device). So
+// the record's journal commit and the file's creation and loop attach run
+// side by side, and the record is shown only once both are done.
+func (d *Driver) provisionFreshBlock(ctx context.Context, rec volumeRecord) (volumeRecord, error) {
+	if err := d.st.Volumes.Reserve(&rec, d.checkCapacity); err != nil {
+		return volumeRecord{}, fmt.Errorf("reserving volume %q: %w", rec.Name, err)
+	}
+	rec.Phase = phaseReady
+	recorded := make(chan error, 1)
+	go func() { recorded <- d.st.Volumes.PutUnindexed(rec) }()
+	dataErr := d.createVolumeData(ctx, rec, "")
+	putErr := <-recorded
+	if dataErr == nil && putErr == nil {
+		d.st.Volumes.Index(rec)
+		return rec, nil
+	}
+	// With its data gone, a record that could not be dropped (or was
+	// never written) gives its name back; with the data left, the record
+	// stays for DeleteVolume or the next start to finish.
+	if d.volumes().takeBack(rec) {
+		d.st.Volumes.Unreserve(rec.ID)
+	}
+	if dataErr != nil {
+		return volumeRecord{}, fmt.Errorf("creating volume %q: %w", rec.Name, dataErr)
+	}
+	return volumeRecord{}, fmt.Errorf("recording volume %s: %w", rec.ID, putErr)
 }

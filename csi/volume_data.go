@@ -8,9 +8,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/hostpath-csi/hostpath/fsops"
 )
 
@@ -35,7 +32,7 @@ func (d *Driver) createVolumeData(ctx context.Context, v volumeRecord, tag strin
 		return d.pullVolumeData(ctx, v, tag)
 	}
 	if v.SourceSnapshot != "" || v.SourceVolume != "" {
-		release, err := d.heavySlot(ctx)
+		release, err := d.heavy.wait(ctx)
 		if err != nil {
 			return err
 		}
@@ -63,7 +60,7 @@ func (d *Driver) createVolumeData(ctx context.Context, v volumeRecord, tag strin
 	case v.SourceVolume != "":
 		src, ok := d.st.Volumes.Get(v.SourceVolume)
 		if !ok {
-			return status.Errorf(codes.NotFound, "source volume %s disappeared", v.SourceVolume)
+			return storageErr(ErrNotFound, "source volume %s disappeared", v.SourceVolume)
 		}
 		st, err := fsops.CopyTree(ctx, d.volumeDataPath(src), dir)
 		d.metrics.moved("clone", st.Bytes)

@@ -1,0 +1,196 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/hostpath-csi/hostpath/fsops"
+	"github.com/hostpath-csi/hostpath/loop"
+)
+
+// The storage side of the Node service: each handler, once it has checked
+// its request and locked the volume, makes one of these calls, which
+// answer in storage errors.
+
+// stageVolume shows volume v, whose lock the caller holds, at the staging
+// path: a directory volume bind-mounted there, a block volume's loop
+// device attached (it needs no staging mount). The staging is recorded
+// before the mount.
+func (d *Driver) stageVolume(v volumeRecord, staging string) error {
+	if err := d.settleBlock(&v); err != nil {
+		return fmt.Errorf("making the backing file of volume %s durable: %w", v.ID, err)
+	}
+	if !slices.Contains(v.Staged, staging) {
+		v.Staged = append(v.Staged, staging)
+		if err := d.st.Volumes.Put(v); err != nil {
+			return fmt.Errorf("recording staging of volume %s: %w", v.ID, err)
+		}
+	}
+	if v.AccessType == accessBlock {
+		if _, err := d.attachBlock(v); err != nil {
+			return fmt.Errorf("attaching block volume %s: %w", v.ID, err)
+		}
+		return nil
+	}
+	return d.bindVolume(v, staging, 0, true)
+}
+
+// unstageVolume undoes stageVolume: a staging path that is not mounted is
+// already unstaged. An inline or local volume no target or staging path
+// holds any more is released.
+func (d *Driver) unstageVolume(id, staging string) error {
+	v, unlock, err := d.nodeVolume(id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := d.unbindVolume(v, staging, false); err != nil {
+		return err
+	}
+	if i := slices.Index(v.Staged, staging); i >= 0 {
+		v.Staged = slices.Delete(v.Staged, i, i+1)
+		if err := d.st.Volumes.Put(v); err != nil {
+			return fmt.Errorf("recording unstaging of volume %s: %w", v.ID, err)
+		}
+	}
+	if err := d.releaseNodeCreated(v); err != nil {
+		return fmt.Errorf("releasing volume %s: %w", id, err)
+	}
+	return nil
+}
+
+// unpublishVolume unmounts the volume from target and removes target; a
+// target that is not mounted is already unpublished. Of a volume that is
+// gone, an empty target is cleaned up and a mounted one left alone.
+func (d *Driver) unpublishVolume(id, target string) error {
+	v, unlock, err := d.nodeVolume(id)
+	if errors.Is(err, ErrNotFound) {
+		if mp, inspectErr := d.mountPoint(target); mp != nil || (inspectErr != nil && !os.IsNotExist(inspectErr)) {
+			return err
+		}
+		if rmErr := os.Remove(target); rmErr != nil && !os.IsNotExist(rmErr) {
+			return fmt.Errorf("removing %s: %w", target, rmErr)
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := d.unbindVolume(v, target, true); err != nil {
+		return err
+	}
+	if i := slices.IndexFunc(v.Published, func(p publication) bool { return p.Target == target }); i >= 0 {
+		v.Published = slices.Delete(v.Published, i, i+1)
+		if err := d.st.Volumes.Put(v); err != nil {
+			return fmt.Errorf("recording unpublication of volume %s: %w", v.ID, err)
+		}
+	}
+	if err := d.releaseNodeCreated(v); err != nil {
+		return fmt.Errorf("removing inline volume %s: %w", id, err)
+	}
+	return nil
+}
+
+// volumeUsage is a volume's own usage: a block volume's device size, or a
+// directory volume's bytes and inodes against its capacity.
+type volumeStats struct {
+	block                  bool
+	total, used, available int64
+	inodesUsed, inodesFree int64
+}
+
+// volumeStats measures the ready volume id mounted at path.
+func (d *Driver) volumeStats(id, path string) (volumeStats, error) {
+	v, ok := d.st.Volumes.Get(id)
+	if !validVolumeID(id) || !ok || v.Phase != phaseReady {
+		return volumeStats{}, d.notFoundVolume(id)
+	}
+	if err := d.mountedHere(v, path); err != nil {
+		return volumeStats{}, err
+	}
+	if v.AccessType == accessBlock {
+		dev, err := d.attachBlock(v)
+		if err != nil {
+			return volumeStats{}, fmt.Errorf("finding the device of volume %s: %w", v.ID, err)
+		}
+		size, err := loop.Size(dev.Path())
+		if err != nil {
+			return volumeStats{}, fmt.Errorf("reading the size of %s: %w", dev.Path(), err)
+		}
+		return volumeStats{block: true, total: size}, nil
+	}
+	u, err := d.volumeUsage(v)
+	if err != nil {
+		return volumeStats{}, fmt.Errorf("measuring volume %s: %w", v.ID, err)
+	}
+	fs, err := fsops.Statfs(d.volumeDataPath(v))
+	if err != nil {
+		return volumeStats{}, fmt.Errorf("reading the file system of volume %s: %w", v.ID, err)
+	}
+	return volumeStats{
+		total:      v.CapacityBytes,
+		used:       u.Bytes,
+		available:  min(max(v.CapacityBytes-u.Bytes, 0), fs.AvailableBytes),
+		inodesUsed: u.Inodes,
+		inodesFree: fs.FreeInodes,
+	}, nil
+}
+
+// mountedHere answers NotFound unless path shows volume v.
+func (d *Driver) mountedHere(v volumeRecord, path string) error {
+	ours, err := d.showsVolume(path, v)
+	if err != nil {
+		return err
+	}
+	if !ours {
+		return storageErr(ErrNotFound, "volume %s is not mounted at %s", v.ID, path)
+	}
+	return nil
+}
+
+// expandOnNode makes the node see volume id's new size (a block volume's
+// loop device re-reads its file's size) and, with controller expansion
+// switched off, grows the volume to what cr asks first. It returns the
+// volume's size.
+func (d *Driver) expandOnNode(ctx context.Context, id, path string, cr *csi.CapacityRange) (int64, error) {
+	v, unlock, err := d.nodeVolume(id)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
+	if err := d.mountedHere(v, path); err != nil {
+		return 0, err
+	}
+	if cr.GetRequiredBytes() > v.CapacityBytes && !d.cfg.controllerExpansion() {
+		if d.locks.pinned(volIDKey(v.ID)) {
+			return 0, storageErr(ErrBusy, "volume %s is the source of a snapshot or clone in progress; expand it once that is done", v.ID)
+		}
+		size, err := d.resolveSize(cr, v.AccessType, v.CapacityBytes)
+		if err != nil {
+			return 0, err
+		}
+		if err := d.growVolume(ctx, v, size); err != nil {
+			return 0, fmt.Errorf("expanding volume %s to %d bytes: %w", v.ID, size, err)
+		}
+		v.CapacityBytes = size
+		if err := d.st.Volumes.Put(v); err != nil {
+			return 0, fmt.Errorf("recording the new size of volume %s: %w", v.ID, err)
+		}
+	}
+	if v.AccessType == accessBlock {
+		dev, err := d.attachBlock(v)
+		if err == nil {
+			err = loop.Resize(dev)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("resizing the device of volume %s: %w", v.ID, err)
+		}
+	}
+	return v.CapacityBytes, nil
+}

@@ -1,0 +1,122 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+)
+
+// The storage side of deleting, expanding and locking volumes: each
+// answers in storage errors.
+
+// deleteVolume removes volume v, whose lock the caller holds: refused
+// while it is mounted on this node or its pool is down; recorded
+// deleting, its data removed durably, its record dropped.
+func (d *Driver) deleteVolume(v volumeRecord) error {
+	where, err := d.mountedAt(v)
+	if err != nil {
+		return err
+	}
+	if where != "" {
+		return storageErr(ErrInUse, "volume %s is still mounted at %s; unpublish and unstage it first", v.ID, where)
+	}
+	// In a pool that is down the data cannot be reached: removing the
+	// record alone would leave it owned by nothing once the disk is back.
+	if err := d.volumePoolUp(v); err != nil {
+		return err
+	}
+	v.Phase = phaseDeleting
+	if err := d.st.Volumes.Put(v); err != nil {
+		return fmt.Errorf("recording deletion of volume %s: %w", v.ID, err)
+	}
+	if err := d.removeVolumeData(v); err != nil {
+		return fmt.Errorf("removing data of volume %s: %w", v.ID, err)
+	}
+	// A disk that went away meanwhile "removed" nothing: the record
+	// stays deleting, and the pool finishes it when it is back.
+	if err := d.volumePoolUp(v); err != nil {
+		return err
+	}
+	if err := d.st.Volumes.Drop(v.ID); err != nil {
+		return fmt.Errorf("removing record of volume %s: %w", v.ID, err)
+	}
+	return nil
+}
+
+// expandVolume grows volume id to what cr asks, if that is more than it
+// has, under its lock and unpinned (it may not be the source of a
+// snapshot or clone in progress). A request below its size is satisfied
+// already; a limit below it would be a shrink and is refused.
+func (d *Driver) expandVolume(ctx context.Context, id string, cr *csi.CapacityRange) (volumeRecord, error) {
+	v, unlock, err := d.lockVolume(id, true)
+	if err != nil {
+		return volumeRecord{}, err
+	}
+	defer unlock()
+	if lim := cr.GetLimitBytes(); lim > 0 && lim < v.CapacityBytes {
+		return volumeRecord{}, storageErr(ErrOutOfRange, "volume %s has %d bytes; shrinking to limit_bytes %d is not supported", id, v.CapacityBytes, lim)
+	}
+	size, err := d.resolveSize(cr, v.AccessType, v.CapacityBytes)
+	if err != nil {
+		return volumeRecord{}, err
+	}
+	if size > v.CapacityBytes {
+		if err := d.growVolume(ctx, v, size); err != nil {
+			return volumeRecord{}, fmt.Errorf("expanding volume %s to %d bytes: %w", id, size, err)
+		}
+		v.CapacityBytes = size
+		if err := d.st.Volumes.Put(v); err != nil {
+			return volumeRecord{}, fmt.Errorf("recording the new size of volume %s: %w", id, err)
+		}
+	}
+	return v, nil
+}
+
+// lockVolume takes a volume's lock and returns its record: NotFound (or
+// ResourceExhausted for another node's id) if there is no ready volume.
+// A change to the volume's data (expand) asks for unpinned: the volume
+// must not be the source of a snapshot or clone in progress.
+func (d *Driver) lockVolume(id string, unpinned bool) (volumeRecord, func(), error) {
+	lock := d.locks.lock
+	if unpinned {
+		lock = d.locks.lockUnpinned
+	}
+	unlock, err := lock("volume "+id, volIDKey(id))
+	if err != nil {
+		return volumeRecord{}, nil, err
+	}
+	v, ok := d.st.Volumes.Get(id)
+	if !ok || v.Phase != phaseReady {
+		unlock()
+		return volumeRecord{}, nil, d.notFoundVolume(id)
+	}
+	return v, unlock, nil
+}
+
+// pinVolume checks that a volume is ready and pins it as the source of a
+// snapshot or clone. Its lock is held only for the check: publish, stats
+// and unpublish of the volume go on while it is copied, delete and expand
+// wait until unpin is called.
+func (d *Driver) pinVolume(id string) (volumeRecord, func(), error) {
+	v, unlock, err := d.lockVolume(id, false)
+	if err != nil {
+		return volumeRecord{}, nil, err
+	}
+	defer unlock()
+	if err := d.dataPresent(v); err != nil {
+		return volumeRecord{}, nil, err
+	}
+	return v, d.locks.pin(volIDKey(id)), nil
+}
+
+// pinSnapshot pins a snapshot as the source of a restore: other restores
+// of it go on, its deletion waits.
+func (d *Driver) pinSnapshot(id string) (func(), error) {
+	unlock, err := d.locks.lock("snapshot "+id, snapIDKey(id))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return d.locks.pin(snapIDKey(id)), nil
+}
