@@ -39,7 +39,7 @@ func TestBlockVolumeOnFileSystems(t *testing.T) {
 			d := newDriver(t, cfg)
 			const size = 20<<20 + 512
 			v := createBlock(t, d, "blk-"+fstype, size)
-			path := filepath.Join(d.paths.volumes(), v.GetVolumeId()+".img")
+			path := filepath.Join(volumesDir(d), v.GetVolumeId()+".img")
 			var st unix.Stat_t
 			if err := unix.Stat(path, &st); err != nil {
 				t.Fatal(err)
@@ -83,7 +83,7 @@ func TestBlockVolumeOnFileSystems(t *testing.T) {
 			}
 			if devs, _ := filepath.Glob("/sys/block/loop*/loop/backing_file"); len(devs) > 0 {
 				for _, bf := range devs {
-					if b, _ := os.ReadFile(bf); bytes.HasPrefix(b, []byte(d.paths.root)) {
+					if b, _ := os.ReadFile(bf); bytes.HasPrefix(b, []byte(stateRoot(d))) {
 						t.Fatalf("loop device %s still bound to %s", bf, b)
 					}
 				}
@@ -102,7 +102,7 @@ func TestBlockSnapshotRestore(t *testing.T) {
 	d := newDriver(t, testConfig(t))
 	v := createBlock(t, d, "blk-src", 64<<20)
 	// A sparse source: the preallocation punched away, 1 MiB written.
-	img := filepath.Join(d.paths.volumes(), v.GetVolumeId()+".img")
+	img := filepath.Join(volumesDir(d), v.GetVolumeId()+".img")
 	if err := os.Truncate(img, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestBlockSnapshotRestore(t *testing.T) {
 	if s := snap.GetSnapshot().GetSizeBytes(); s != 64<<20 {
 		t.Fatalf("snapshot reports %d bytes, want the volume's %d", s, 64<<20)
 	}
-	srec, _ := d.st.Snapshots.Get(snap.GetSnapshot().GetSnapshotId())
+	srec, _ := snapshotRec(d, snap.GetSnapshot().GetSnapshotId())
 	var st unix.Stat_t
 	if err := unix.Stat(d.snapshotDataPath(srec), &st); err != nil {
 		t.Fatal(err)
@@ -142,7 +142,7 @@ func TestBlockSnapshotRestore(t *testing.T) {
 	}
 	rv := r.GetVolume()
 	t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: rv.GetVolumeId()}) })
-	rdev, ok, _ := loop.Find(filepath.Join(d.paths.volumes(), rv.GetVolumeId()+".img"))
+	rdev, ok, _ := loop.Find(filepath.Join(volumesDir(d), rv.GetVolumeId()+".img"))
 	if !ok {
 		t.Fatal("restored volume has no device")
 	}

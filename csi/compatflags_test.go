@@ -35,7 +35,7 @@ func TestExpansionSwitches(t *testing.T) {
 		if err != nil || r.GetCapacityBytes() != 4<<20 {
 			t.Fatalf("node expansion: %v %v", r, err)
 		}
-		if v, _ := d.st.Volumes.Get(id); v.CapacityBytes != 4<<20 {
+		if v, _ := volumeRec(d, id); v.CapacityBytes != 4<<20 {
 			t.Fatalf("recorded size %d after node expansion", v.CapacityBytes)
 		}
 		exp.CapacityRange.RequiredBytes = 16 << 20 // past --max-volume-size-node
@@ -104,7 +104,7 @@ func TestSnapshotMetadataFixedLength(t *testing.T) {
 	d := newDriver(t, cfg)
 	v := createBlock(t, d, "fixed", 4<<20)
 	vid := v.GetVolumeId()
-	p := filepath.Join(d.paths.volumes(), vid+".img")
+	p := filepath.Join(volumesDir(d), vid+".img")
 	f, err := os.OpenFile(p, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -237,13 +237,13 @@ func volumeReadErrors(t *testing.T, fstype string) {
 	f := newFlakeyDisk(t, fstype)
 	d := startDriver(t, deviceFaultConfig(t, f))
 	src := mustCreate(t, d, "pvc-src", 16<<20).GetVolumeId()
-	srcDir := d.paths.volumeDir(src)
+	srcDir := volumeDir(d, src)
 	writeSynced(t, filepath.Join(srcDir, "big"), 8<<20)
 	writeSynced(t, filepath.Join(srcDir, "small"), 3000)
 	srcSum := treeSum(t, srcDir)
 	other := mustCreate(t, d, "pvc-other", 1<<20).GetVolumeId()
 	blk := createBlock(t, d, "blk-src", 16<<20).GetVolumeId()
-	dev, ok, _ := loop.Find(filepath.Join(d.paths.volumes(), blk+".img"))
+	dev, ok, _ := loop.Find(filepath.Join(volumesDir(d), blk+".img"))
 	if !ok {
 		t.Fatal("block volume has no loop device")
 	}
@@ -254,7 +254,7 @@ func volumeReadErrors(t *testing.T, fstype string) {
 		bf.Sync()
 		bf.Close()
 	}
-	big, blkFile := filepath.Join(srcDir, "big"), filepath.Join(d.paths.volumes(), blk+".img")
+	big, blkFile := filepath.Join(srcDir, "big"), filepath.Join(volumesDir(d), blk+".img")
 
 	clone := createReq("pvc-clone", 16<<20)
 	clone.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: src}}}
@@ -300,7 +300,7 @@ func volumeReadErrors(t *testing.T, fstype string) {
 			t.Fatalf("%s with the disk healthy again: %v", s.name, err)
 		}
 		if s.name == "clone" {
-			if got := treeSum(t, d.paths.volumeDir(id)); got != srcSum {
+			if got := treeSum(t, volumeDir(d, id)); got != srcSum {
 				t.Fatal("the clone differs from its source")
 			}
 		} else if s.name != "block snapshot" {
@@ -308,7 +308,7 @@ func volumeReadErrors(t *testing.T, fstype string) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := treeSum(t, d.paths.volumeDir(r.GetVolume().GetVolumeId())); got != srcSum {
+			if got := treeSum(t, volumeDir(d, r.GetVolume().GetVolumeId())); got != srcSum {
 				t.Fatalf("a restore of the %s differs from its source", s.name)
 			}
 			if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: r.GetVolume().GetVolumeId()}); err != nil {
@@ -345,8 +345,8 @@ func newFaultWorld(t *testing.T, fstype string, snapParams map[string]string) *f
 	w.cfg = deviceFaultConfig(t, w.f)
 	w.d = startDriver(t, w.cfg)
 	w.src = mustCreate(t, w.d, "pvc-src", 16<<20).GetVolumeId()
-	writeSynced(t, filepath.Join(w.d.paths.volumeDir(w.src), "data"), 4<<20)
-	w.srcSum = treeSum(t, w.d.paths.volumeDir(w.src))
+	writeSynced(t, filepath.Join(volumeDir(w.d, w.src), "data"), 4<<20)
+	w.srcSum = treeSum(t, volumeDir(w.d, w.src))
 	snap, err := w.d.CreateSnapshot(ctx, snapReq("snap", w.src, snapParams))
 	if err != nil {
 		t.Fatal(err)
@@ -363,7 +363,7 @@ func (w *faultWorld) restart(t *testing.T) {
 	w.d.Close()
 	w.f.powerCycle(t)
 	w.d = startDriver(t, w.cfg)
-	if got := treeSum(t, w.d.paths.volumeDir(w.src)); got != w.srcSum {
+	if got := treeSum(t, volumeDir(w.d, w.src)); got != w.srcSum {
 		t.Fatal("the source volume lost data acknowledged before the disk went bad")
 	}
 	checkNothingHalfMade(t, w.d)
@@ -376,7 +376,7 @@ func (w *faultWorld) restoreMatches(t *testing.T, req *csi.CreateVolumeRequest) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := treeSum(t, w.d.paths.volumeDir(r.GetVolume().GetVolumeId())); got != w.srcSum {
+	if got := treeSum(t, volumeDir(w.d, r.GetVolume().GetVolumeId())); got != w.srcSum {
 		t.Fatal("the restore differs from its snapshot")
 	}
 }
@@ -489,7 +489,7 @@ func checkNothingHalfMade(t *testing.T, d *Driver) {
 	for _, e := range vols.GetEntries() {
 		id := e.GetVolume().GetVolumeId()
 		listed[id] = true
-		if _, err := os.Stat(d.paths.volumeDir(id)); err != nil {
+		if _, err := os.Stat(volumeDir(d, id)); err != nil {
 			t.Fatalf("volume %s is listed without its data: %v", id, err)
 		}
 	}

@@ -34,7 +34,7 @@ func newDriver(t *testing.T, cfg Config) *Driver {
 var ctx = context.Background()
 
 // defaultPool is the state of the state dir's own pool.
-func (d *Driver) defaultPool() *poolState { return d.pools[DefaultPool].get() }
+func (d *Driver) defaultPool() *poolState { return poolNow(d, DefaultPool) }
 
 func mountCap(mode csi.VolumeCapability_AccessMode_Mode, flags ...string) *csi.VolumeCapability {
 	return &csi.VolumeCapability{
@@ -133,7 +133,7 @@ func TestCreateVolumeIdempotent(t *testing.T) {
 	if v3 := mustCreate(t, d, "pvc-1", 5<<20); v3.GetVolumeId() != v1.GetVolumeId() {
 		t.Fatal("compatible smaller request got a new volume")
 	}
-	if fi, err := os.Stat(d.paths.volumeDir(v1.GetVolumeId())); err != nil || fi.Mode().Perm() != 0o777 {
+	if fi, err := os.Stat(volumeDir(d, v1.GetVolumeId())); err != nil || fi.Mode().Perm() != 0o777 {
 		t.Fatalf("volume dir: %v %v", fi, err)
 	}
 	if v1.GetAccessibleTopology()[0].GetSegments()[TopologyKey] != "node-1" {
@@ -165,8 +165,8 @@ func TestCreateVolumeConcurrentSameName(t *testing.T) {
 	for id := range got {
 		seen[id] = true
 	}
-	if len(seen) != 1 || len(d.st.Volumes.All()) != 1 {
-		t.Fatalf("concurrent creates of one name made %d ids, %d records", len(seen), len(d.st.Volumes.All()))
+	if len(seen) != 1 || len(allVolumes(d)) != 1 {
+		t.Fatalf("concurrent creates of one name made %d ids, %d records", len(seen), len(allVolumes(d)))
 	}
 }
 
@@ -178,7 +178,7 @@ func TestDeleteVolume(t *testing.T) {
 			t.Fatalf("delete of %q: %v", id, err)
 		}
 	}
-	if _, err := os.Stat(d.paths.volumeDir(v.GetVolumeId())); err != nil {
+	if _, err := os.Stat(volumeDir(d, v.GetVolumeId())); err != nil {
 		t.Fatal("deleting unknown ids touched a real volume")
 	}
 	_, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{})
@@ -188,10 +188,10 @@ func TestDeleteVolume(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := os.Stat(d.paths.volumeDir(v.GetVolumeId())); !os.IsNotExist(err) {
+	if _, err := os.Stat(volumeDir(d, v.GetVolumeId())); !os.IsNotExist(err) {
 		t.Fatalf("volume dir still there: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(d.paths.meta(), "volumes", v.GetVolumeId()+".json")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(metaDir(d), "volumes", v.GetVolumeId()+".json")); !os.IsNotExist(err) {
 		t.Fatalf("record still there: %v", err)
 	}
 }
@@ -327,7 +327,7 @@ func TestHeavySlots(t *testing.T) {
 	defer cancel()
 	_, err = d.CreateSnapshot(short, snapReq("s", v.GetVolumeId(), nil))
 	wantCode(t, err, codes.Aborted)
-	if _, ok := d.st.Snapshots.ByName("s"); ok {
+	if _, ok := snapshotNamed(d, "s"); ok {
 		t.Fatal("a snapshot that never ran left a record")
 	}
 	release()
@@ -339,6 +339,6 @@ func TestHeavySlots(t *testing.T) {
 // volumeData lists the volumes directory but the marker that says it is
 // the volumes' home.
 func volumeData(d *Driver) ([]os.DirEntry, error) {
-	entries, err := os.ReadDir(d.paths.volumes())
+	entries, err := os.ReadDir(volumesDir(d))
 	return slices.DeleteFunc(entries, func(e os.DirEntry) bool { return e.Name() == volumesMarker }), err
 }

@@ -33,7 +33,7 @@ func TestMountInspectionFailureStopsOperations(t *testing.T) {
 	if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: sw}); err != nil {
 		t.Fatal(err)
 	}
-	data := filepath.Join(d.paths.volumeDir(id), "keep")
+	data := filepath.Join(volumeDir(d, id), "keep")
 	if err := os.WriteFile(data, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}

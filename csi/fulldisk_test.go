@@ -24,7 +24,7 @@ func TestFullDisk(t *testing.T) {
 	src := mustCreate(t, d, "src", 1<<20)
 	data := make([]byte, 24<<20) // incompressible
 	rand.Read(data)
-	if err := os.WriteFile(filepath.Join(d.paths.volumeDir(src.GetVolumeId()), "data"), data, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(volumeDir(d, src.GetVolumeId()), "data"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// A snapshot made while there is room, for the restore below.
@@ -45,11 +45,11 @@ func TestFullDisk(t *testing.T) {
 	if after := stateFiles(t, d); after != before {
 		t.Fatalf("failed operations changed the state dir:\nbefore %s\nafter  %s", before, after)
 	}
-	if got, _ := os.ReadFile(filepath.Join(d.paths.volumeDir(src.GetVolumeId()), "data")); len(got) != len(data) {
+	if got, _ := os.ReadFile(filepath.Join(volumeDir(d, src.GetVolumeId()), "data")); len(got) != len(data) {
 		t.Fatal("the source changed")
 	}
 	// With room again, the same requests succeed.
-	os.Remove(filepath.Join(d.paths.volumeDir(src.GetVolumeId()), "data"))
+	os.Remove(filepath.Join(volumeDir(d, src.GetVolumeId()), "data"))
 	if _, err := d.CreateVolume(ctx, fromSnapshot("restore", snap.GetSnapshot().GetSnapshotId(), 32<<20)); err != nil {
 		t.Fatal(err)
 	}
@@ -58,9 +58,9 @@ func TestFullDisk(t *testing.T) {
 // stateFiles lists what is in the state dir (names only).
 func stateFiles(t *testing.T, d *Driver) string {
 	var out []string
-	filepath.Walk(d.paths.root, func(p string, fi os.FileInfo, err error) error {
-		if err == nil && p != d.paths.root {
-			rel, _ := filepath.Rel(d.paths.root, p)
+	filepath.Walk(stateRoot(d), func(p string, fi os.FileInfo, err error) error {
+		if err == nil && p != stateRoot(d) {
+			rel, _ := filepath.Rel(stateRoot(d), p)
 			out = append(out, rel)
 		}
 		return nil

@@ -12,7 +12,7 @@ func TestGroupSnapshot(t *testing.T) {
 	d := newDriver(t, testConfig(t))
 	a := mustCreate(t, d, "a", 1<<20).GetVolumeId()
 	b := mustCreate(t, d, "b", 1<<20).GetVolumeId()
-	os.WriteFile(d.paths.volumeDir(a)+"/f", []byte("a"), 0o644)
+	os.WriteFile(volumeDir(d, a)+"/f", []byte("a"), 0o644)
 	r, err := d.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: []string{a, b}})
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +40,7 @@ func TestGroupSnapshot(t *testing.T) {
 	if _, err := d.DeleteVolumeGroupSnapshot(ctx, &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: g.GetGroupSnapshotId()}); err != nil {
 		t.Fatal(err)
 	}
-	if len(d.st.Snapshots.All()) != 0 {
+	if len(allSnapshots(d)) != 0 {
 		t.Fatal("deleting the group left member snapshots")
 	}
 	_, err = d.GetVolumeGroupSnapshot(ctx, &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: g.GetGroupSnapshotId()})
@@ -53,15 +53,15 @@ func TestGroupSnapshotAllOrNothing(t *testing.T) {
 	d := newDriver(t, testConfig(t))
 	a := mustCreate(t, d, "a", 1<<20).GetVolumeId()
 	b := mustCreate(t, d, "b", 1<<20).GetVolumeId()
-	os.RemoveAll(d.paths.volumeDir(b)) // its data is gone: its snapshot fails
+	os.RemoveAll(volumeDir(d, b)) // its data is gone: its snapshot fails
 	_, err := d.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: []string{a, b}})
 	if err == nil {
 		t.Fatal("group of a broken volume succeeded")
 	}
-	if len(d.st.Snapshots.All()) != 0 || len(d.st.Groups.All()) != 0 {
-		t.Fatalf("failed group left %d snapshots, %d groups", len(d.st.Snapshots.All()), len(d.st.Groups.All()))
+	if len(allSnapshots(d)) != 0 || len(allGroups(d)) != 0 {
+		t.Fatalf("failed group left %d snapshots, %d groups", len(allSnapshots(d)), len(allGroups(d)))
 	}
-	entries, _ := os.ReadDir(d.paths.snapshots())
+	entries, _ := os.ReadDir(snapshotsDir(d))
 	if len(entries) != 0 {
 		t.Fatalf("failed group left data: %v", entries)
 	}

@@ -23,9 +23,9 @@ func TestVolumeHealth(t *testing.T) {
 	d := newDriver(t, testConfig(t))
 	ok := mustCreate(t, d, "healthy", 1<<20)
 	gone := mustCreate(t, d, "gone", 1<<20)
-	os.RemoveAll(d.paths.volumeDir(gone.GetVolumeId()))
+	os.RemoveAll(volumeDir(d, gone.GetVolumeId()))
 	blk := createBlock(t, d, "blk", 1<<20)
-	dev, _, _ := loop.Find(filepath.Join(d.paths.volumes(), blk.GetVolumeId()+".img"))
+	dev, _, _ := loop.Find(filepath.Join(volumesDir(d), blk.GetVolumeId()+".img"))
 	loop.Detach(dev)
 
 	tests := []struct {
@@ -66,12 +66,12 @@ func TestStorageHealth(t *testing.T) {
 	if err != nil || len(r.GetBackendHealth()) != 0 {
 		t.Fatalf("healthy state dir: %v %v", r, err)
 	}
-	os.Chmod(d.paths.tmp(), 0o500)
-	defer os.Chmod(d.paths.tmp(), 0o755)
+	os.Chmod(tmpDir(d), 0o500)
+	defer os.Chmod(tmpDir(d), 0o755)
 	if os.Geteuid() == 0 {
 		// root ignores modes: take the directory away instead.
-		os.Rename(d.paths.tmp(), d.paths.tmp()+".away")
-		defer os.Rename(d.paths.tmp()+".away", d.paths.tmp())
+		os.Rename(tmpDir(d), tmpDir(d)+".away")
+		defer os.Rename(tmpDir(d)+".away", tmpDir(d))
 	}
 	r, _ = d.NodeGetStorageHealth(ctx, &csi.NodeGetStorageHealthRequest{})
 	if len(r.GetBackendHealth()) != 1 || r.GetBackendHealth()[0].GetReason() != "StateDirNotWritable" {

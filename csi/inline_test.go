@@ -132,7 +132,7 @@ func TestInlineRecordWriteFailureReleasesName(t *testing.T) {
 	d := newDriver(t, testConfig(t))
 	target := filepath.Join(t.TempDir(), "pod", "vol")
 	unmountAll(t, target)
-	recs := filepath.Join(d.paths.meta(), "volumes")
+	recs := filepath.Join(metaDir(d), "volumes")
 	if err := unix.Mount(recs, recs, "", unix.MS_BIND, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestInlineRecordWriteFailureReleasesName(t *testing.T) {
 	if !strings.Contains(err.Error(), "read-only") {
 		t.Fatalf("refusal does not say the state is read-only: %v", err)
 	}
-	if _, ok := d.st.Volumes.ByName(ephemeralPrefix + "csi-readonly-state"); ok {
+	if _, ok := volumeNamed(d, ephemeralPrefix+"csi-readonly-state"); ok {
 		t.Fatal("the failed create kept its reservation")
 	}
 	if err := unix.Unmount(recs, 0); err != nil {

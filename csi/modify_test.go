@@ -29,7 +29,7 @@ func TestModifyVolume(t *testing.T) {
 	if fast.GetAvailableCapacity() != 10<<20 || slow.GetAvailableCapacity() != 2<<20 {
 		t.Fatalf("after the move fast has %d, slow %d", fast.GetAvailableCapacity(), slow.GetAvailableCapacity())
 	}
-	rec, _ := d.st.Volumes.Get(id)
+	rec, _ := volumeRec(d, id)
 	if rec.Mutable["snapshotFormat"] != "tar.gz" || rec.Mutable["snapshotCompression"] != "compact" {
 		t.Fatalf("stored parameters %v", rec.Mutable)
 	}
@@ -48,7 +48,7 @@ func TestModifyVolume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srec, _ := d.st.Snapshots.Get(s.GetSnapshot().GetSnapshotId())
+	srec, _ := snapshotRec(d, s.GetSnapshot().GetSnapshotId())
 	if srec.Format != formatTarGz {
 		t.Fatalf("snapshot format %q, want the volume's tar.gz", srec.Format)
 	}

@@ -75,7 +75,7 @@ func TestPublishMountVolume(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(target, "hello"), []byte("hi"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if b, err := os.ReadFile(filepath.Join(d.paths.volumeDir(id), "hello")); err != nil || string(b) != "hi" {
+	if b, err := os.ReadFile(filepath.Join(volumeDir(d, id), "hello")); err != nil || string(b) != "hi" {
 		t.Fatalf("write through the mount did not reach the volume: %q %v", b, err)
 	}
 
@@ -141,15 +141,15 @@ func TestNodeHostilePaths(t *testing.T) {
 	v := mustCreate(t, d, "pvc-hostile", 1<<20)
 	base := t.TempDir()
 	link := filepath.Join(base, "link")
-	rel, _ := filepath.Rel(base, d.paths.root)
-	os.Symlink(d.paths.root, link)
-	unmountAll(t, d.paths.root+"/tmp/x", link+"/x")
+	rel, _ := filepath.Rel(base, stateRoot(d))
+	os.Symlink(stateRoot(d), link)
+	unmountAll(t, stateRoot(d)+"/tmp/x", link+"/x")
 	tests := []struct {
 		name, volume, target string
 		code                 codes.Code
 	}{
 		{"relative target", v.GetVolumeId(), "relative/path", codes.InvalidArgument},
-		{"target in state dir", v.GetVolumeId(), d.paths.root + "/tmp/x", codes.InvalidArgument},
+		{"target in state dir", v.GetVolumeId(), stateRoot(d) + "/tmp/x", codes.InvalidArgument},
 		{"target through symlink into state dir", v.GetVolumeId(), link + "/x", codes.InvalidArgument},
 		{"dot-dot into state dir", v.GetVolumeId(), base + "/" + rel + "/x", codes.InvalidArgument},
 		{"NUL in target", v.GetVolumeId(), base + "/a\x00b", codes.InvalidArgument},
@@ -202,7 +202,7 @@ func TestPublishBlockVolume(t *testing.T) {
 	if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.GetVolumeId(), TargetPath: roTarget, VolumeCapability: blockCap(), Readonly: true}); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(d.paths.volumes(), v.GetVolumeId()+".img")
+	path := filepath.Join(volumesDir(d), v.GetVolumeId()+".img")
 	if devs, _ := loop.FindAll(path); len(devs) != 2 {
 		t.Fatalf("want a writable and a read-only device, got %+v", devs)
 	}

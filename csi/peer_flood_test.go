@@ -16,8 +16,8 @@ import (
 func TestRestoreFromAnotherNodeUnderFlood(t *testing.T) {
 	a, b, _ := newPeerPair(t, "")
 	src := mustCreate(t, a.d, "src", 100<<20)
-	fillVolume(t, a.d.paths.volumeDir(src.GetVolumeId()))
-	want := treeSum(t, a.d.paths.volumeDir(src.GetVolumeId()))
+	fillVolume(t, volumeDir(a.d, src.GetVolumeId()))
+	want := treeSum(t, volumeDir(a.d, src.GetVolumeId()))
 	// The clone's own time, without a flood (the race detector makes it
 	// several times slower): the flood may not add an attacker's
 	// handshake deadline (3 s) to it.
@@ -40,7 +40,7 @@ func TestRestoreFromAnotherNodeUnderFlood(t *testing.T) {
 		if err != nil {
 			t.Fatalf("clone from node a under %d unauthenticated connections: %v", n, err)
 		}
-		if got := treeSum(t, b.d.paths.volumeDir(v.GetVolume().GetVolumeId())); got != want {
+		if got := treeSum(t, volumeDir(b.d, v.GetVolume().GetVolumeId())); got != want {
 			t.Fatal("the clone differs from its source")
 		}
 		if took > 4*baseline+3*time.Second {

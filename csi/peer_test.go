@@ -145,7 +145,7 @@ func asBlock(r *csi.CreateVolumeRequest) *csi.CreateVolumeRequest {
 // record after a failed pull.
 func nothingBuilt(t *testing.T, d *Driver) {
 	t.Helper()
-	for _, dir := range []string{d.paths.volumes(), d.paths.tmp()} {
+	for _, dir := range []string{volumesDir(d), tmpDir(d)} {
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
 			if !strings.HasPrefix(e.Name(), ".") {
@@ -153,7 +153,7 @@ func nothingBuilt(t *testing.T, d *Driver) {
 			}
 		}
 	}
-	if vs := d.st.Volumes.All(); len(vs) != 0 {
+	if vs := allVolumes(d); len(vs) != 0 {
 		t.Fatalf("a failed pull left records %v", vs)
 	}
 }
@@ -167,7 +167,7 @@ func nothingBuilt(t *testing.T, d *Driver) {
 func TestRestoreAndCloneFromAnotherNode(t *testing.T) {
 	a, b, bp := newPeerPair(t, filepath.Join(testfs.FileSystem(t, run, "btrfs", 2<<30, nil, ""), "state"))
 	src := mustCreate(t, a.d, "src", 100<<20)
-	srcDir := a.d.paths.volumeDir(src.GetVolumeId())
+	srcDir := volumeDir(a.d, src.GetVolumeId())
 	fillVolume(t, srcDir)
 	blk := createBlock(t, a.d, "blk", 64<<20)
 	blkFile := a.d.volumeDataPath(volumeRecord{ID: blk.GetVolumeId(), AccessType: accessBlock})
@@ -237,7 +237,7 @@ func TestRestoreAndCloneFromAnotherNode(t *testing.T) {
 			if c.check != nil {
 				c.check(t, v)
 			} else {
-				sameTree(t, srcDir, b.d.paths.volumeDir(v.GetVolumeId()))
+				sameTree(t, srcDir, volumeDir(b.d, v.GetVolumeId()))
 			}
 			if moved := bp.got.Load() - before; moved > 8<<20 {
 				t.Fatalf("%d bytes moved for a few MiB of data: holes went on the wire", moved)

@@ -41,7 +41,7 @@ func TestSourceServedDuringLongCopy(t *testing.T) {
 			cfg.MaxHeavyOps = 1
 			d := newDriver(t, cfg)
 			src := mustCreate(t, d, "pvc-src", 1<<20).GetVolumeId()
-			if err := os.WriteFile(filepath.Join(d.paths.volumeDir(src), "f"), []byte("data"), 0o600); err != nil {
+			if err := os.WriteFile(filepath.Join(volumeDir(d, src), "f"), []byte("data"), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			slot, err := d.heavy.wait(ctx)

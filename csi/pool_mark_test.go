@@ -64,7 +64,7 @@ func TestPoolDiskGoesAway(t *testing.T) {
 			t.Fatalf("written into the bare mount point's %s: %v", sub, entries)
 		}
 	}
-	if v, ok := d.st.Volumes.Get(id); !ok || v.Phase != phaseReady {
+	if v, ok := volumeRec(d, id); !ok || v.Phase != phaseReady {
 		t.Fatalf("the volume's record after a refused delete: %+v %v", v, ok)
 	}
 	h, err := d.NodeGetStorageHealth(ctx, &csi.NodeGetStorageHealthRequest{})
@@ -124,7 +124,7 @@ func TestPoolNeverMarkedTwice(t *testing.T) {
 	}
 	d = newDriver(t, cfg)
 	t.Cleanup(func() { d.Close() })
-	if st := d.pools["fast"].get(); st.down == nil || !strings.Contains(st.down.Error(), "--mark-pool=fast") {
+	if st := poolNow(d, "fast"); st.down == nil || !strings.Contains(st.down.Error(), "--mark-pool=fast") {
 		t.Fatalf("pool fast on an empty mount point: %v, want down saying how to mark a new disk", st.down)
 	}
 	if _, err := os.Stat(filepath.Join(fast, poolMarker)); !os.IsNotExist(err) {
@@ -139,9 +139,9 @@ func TestPoolNeverMarkedTwice(t *testing.T) {
 		t.Fatalf("MarkPool: %q %v", msg, err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for d.pools["fast"].get().down != nil {
+	for poolNow(d, "fast").down != nil {
 		if time.Now().After(deadline) {
-			t.Fatalf("the marked disk did not come up: %v", d.pools["fast"].get().down)
+			t.Fatalf("the marked disk did not come up: %v", poolNow(d, "fast").down)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -157,14 +157,14 @@ func TestPoolNotMarkedBesideDamage(t *testing.T) {
 	d := newDriver(t, cfg)
 	id := mustCreateReq(t, d, inPool("v", "fast", 1<<20)).GetVolumeId()
 	d.Close()
-	os.WriteFile(filepath.Join(d.paths.meta(), "volumes", id+".json"), nil, 0o600)
+	os.WriteFile(filepath.Join(metaDir(d), "volumes", id+".json"), nil, 0o600)
 	os.RemoveAll(d.paths.knownPools())
 	if err := unix.Unmount(fast, 0); err != nil {
 		t.Fatal(err)
 	}
 	d = newDriver(t, cfg)
 	t.Cleanup(func() { d.Close() })
-	if st := d.pools["fast"].get(); st.down == nil || !strings.Contains(st.down.Error(), "damaged records") {
+	if st := poolNow(d, "fast"); st.down == nil || !strings.Contains(st.down.Error(), "damaged records") {
 		t.Fatalf("pool fast beside a damaged record: %v, want down", st.down)
 	}
 	if _, err := os.Stat(filepath.Join(fast, poolMarker)); !os.IsNotExist(err) {
@@ -191,7 +191,7 @@ func TestPoolPathsResolved(t *testing.T) {
 	os.Symlink(cfg.StateDir, stateLink)
 	cfg.StateDir, cfg.Pools = stateLink, map[string]string{"fast": link}
 	d := newDriver(t, cfg)
-	if st := d.pools["fast"].get(); st.down != nil {
+	if st := poolNow(d, "fast"); st.down != nil {
 		t.Fatalf("a pool given as a symlink to its disk: %v", st.down)
 	}
 	if got := d.pools["fast"].paths.root; got != fast {
@@ -219,10 +219,10 @@ func TestPoolPathsResolved(t *testing.T) {
 	cfg.Pools = map[string]string{"fast": link, "twin": second}
 	d = newDriver(t, cfg)
 	defer d.Close()
-	if st := d.pools["twin"].get(); st.down == nil || !strings.Contains(st.down.Error(), "file system of pool fast") {
+	if st := poolNow(d, "twin"); st.down == nil || !strings.Contains(st.down.Error(), "file system of pool fast") {
 		t.Fatalf("a second pool on pool fast's file system: %v, want down", st.down)
 	}
-	if d.pools["fast"].get().down != nil {
+	if poolNow(d, "fast").down != nil {
 		t.Fatal("pool fast went down beside its twin")
 	}
 }

@@ -144,7 +144,7 @@ func TestPools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s, _ := d.st.Snapshots.Get(bs.GetSnapshot().GetSnapshotId()); s.Format != formatImage || s.Pool != "big" {
+	if s, _ := snapshotRec(d, bs.GetSnapshot().GetSnapshotId()); s.Format != formatImage || s.Pool != "big" {
 		t.Fatalf("block snapshot: %s in pool %q, want an image in big", s.Format, s.Pool)
 	}
 	br, err := d.CreateVolume(ctx, withSnapshotSource(&csi.CreateVolumeRequest{Name: "blk-restore-fast", Parameters: map[string]string{paramPool: "fast"},
@@ -171,7 +171,7 @@ func TestPools(t *testing.T) {
 	}{
 		{"snap-with-volume", "", formatTarGz, fast},
 		{"snap-to-big", "big", formatTarGz, big},
-		{"snap-to-default", DefaultPool, formatTarGz, d.paths.root},
+		{"snap-to-default", DefaultPool, formatTarGz, stateRoot(d)},
 		{"zstd-to-big", "big", formatTarZst, big},
 	} {
 		params := map[string]string{}
@@ -185,7 +185,7 @@ func TestPools(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		s, _ := d.st.Snapshots.Get(r.GetSnapshot().GetSnapshotId())
+		s, _ := snapshotRec(d, r.GetSnapshot().GetSnapshotId())
 		if s.Format != tc.format || !strings.HasPrefix(d.snapshotDataPath(s), tc.wantDir+"/snapshots/") {
 			t.Fatalf("%s: %s snapshot at %s, want %s under %s", tc.name, s.Format, d.snapshotDataPath(s), tc.format, tc.wantDir)
 		}
@@ -205,7 +205,7 @@ func TestPools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s, _ := d.st.Snapshots.Get(r.GetSnapshot().GetSnapshotId()); s.Format != formatReflink || s.Pool != "big" {
+	if s, _ := snapshotRec(d, r.GetSnapshot().GetSnapshotId()); s.Format != formatReflink || s.Pool != "big" {
 		t.Fatalf("snapshot of a volume in pool big (XFS): %s in pool %q, want a reflink in big", s.Format, s.Pool)
 	}
 
@@ -213,7 +213,7 @@ func TestPools(t *testing.T) {
 	clone := inPool("clone-to-default", "", 20<<20)
 	clone.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: id}}}
 	cv := mustCreateReq(t, d, clone)
-	if got := treeSum(t, d.paths.volumeDir(cv.GetVolumeId())); got != sum {
+	if got := treeSum(t, volumeDir(d, cv.GetVolumeId())); got != sum {
 		t.Fatal("clone into the default pool differs")
 	}
 	if _, err := d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csi.CapacityRange{RequiredBytes: 30 << 20}}); err != nil {
@@ -273,7 +273,7 @@ func TestPoolQuotas(t *testing.T) {
 	d := newDriver(t, cfg)
 	t.Cleanup(func() { d.Close() })
 	for _, c := range cases {
-		if got := d.pools[c.fstype].get().quota; got != c.want {
+		if got := poolNow(d, c.fstype).quota; got != c.want {
 			t.Fatalf("pool %s: quota mode %v, want %v", c.fstype, got, c.want)
 		}
 		if c.want == quotaNone {
@@ -431,7 +431,7 @@ func TestPoolRefused(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer d.Close()
-			st := d.pools[tc.down].get()
+			st := poolNow(d, tc.down)
 			if st.down == nil || !strings.Contains(st.down.Error(), tc.why) {
 				t.Fatalf("pool %s: %v, want down for %q", tc.down, st.down, tc.why)
 			}

@@ -75,7 +75,7 @@ func TestProgressReported(t *testing.T) {
 	r := rand.NewChaCha8([32]byte{1})
 	r.Read(data)
 	for i := 0; i < 4; i++ {
-		if err := os.WriteFile(filepath.Join(d.paths.volumeDir(v.GetVolumeId()), "f"+string(rune('0'+i))), data[i*24<<20:(i+1)*24<<20], 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(volumeDir(d, v.GetVolumeId()), "f"+string(rune('0'+i))), data[i*24<<20:(i+1)*24<<20], 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -52,7 +52,7 @@ func TestProjectQuotaVolumes(t *testing.T) {
 			}
 			v := mustCreate(t, d, "pvc-prj", 4<<20)
 			id := v.GetVolumeId()
-			rec, _ := d.st.Volumes.Get(id)
+			rec, _ := volumeRec(d, id)
 			if rec.ProjectID < 1<<16 {
 				t.Fatalf("project id %d: ids below 65536 are the operator's", rec.ProjectID)
 			}
@@ -121,7 +121,7 @@ func TestProjectQuotaVolumes(t *testing.T) {
 				id    uint32
 				limit int64
 			}{{rec.ProjectID, 32 << 20}, {mustRecord(t, d2, other.GetVolumeId()).ProjectID, 4 << 20}} {
-				u, err := fsops.GetProjectUsage(d2.paths.volumes(), want.id)
+				u, err := fsops.GetProjectUsage(volumesDir(d2), want.id)
 				if err != nil || u.LimitBytes != want.limit {
 					t.Fatalf("project %d after restart: %+v, %v; want limit %d", want.id, u, err, want.limit)
 				}
@@ -148,7 +148,7 @@ func TestProjectQuotaVolumes(t *testing.T) {
 					unix.Syncfs(fd)
 					unix.Close(fd)
 				}
-				u, err := fsops.GetProjectUsage(d2.paths.volumes(), rec.ProjectID)
+				u, err := fsops.GetProjectUsage(volumesDir(d2), rec.ProjectID)
 				if errors.Is(err, unix.ENOENT) || err == nil && u.LimitBytes == 0 && u.UsedBytes == 0 && u.Inodes == 0 {
 					break // XFS forgets a project with nothing charged: ENOENT
 				}
@@ -165,7 +165,7 @@ func TestProjectQuotaVolumes(t *testing.T) {
 
 func mustRecord(t *testing.T, d *Driver, id string) volumeRecord {
 	t.Helper()
-	rec, ok := d.st.Volumes.Get(id)
+	rec, ok := volumeRec(d, id)
 	if !ok {
 		t.Fatalf("no record of %s", id)
 	}

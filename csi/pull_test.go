@@ -56,7 +56,7 @@ func (r *slowReader) Read(b []byte) (int, error) {
 func TestPullOutlivesTheRequest(t *testing.T) {
 	a, b, bp := newPeerPair(t, "")
 	src := mustCreate(t, a.d, "src", 100<<20)
-	dir := a.d.paths.volumeDir(src.GetVolumeId())
+	dir := volumeDir(a.d, src.GetVolumeId())
 	data := make([]byte, 24<<20) // random: the stream is as big compressed
 	rand.Read(data)
 	os.WriteFile(filepath.Join(dir, "data"), data, 0o644)
@@ -73,7 +73,7 @@ func TestPullOutlivesTheRequest(t *testing.T) {
 		cancel()
 		if err == nil {
 			cloneID = v.GetVolume().GetVolumeId()
-			if got := treeSum(t, b.d.paths.volumeDir(v.GetVolume().GetVolumeId())); got != want {
+			if got := treeSum(t, volumeDir(b.d, v.GetVolume().GetVolumeId())); got != want {
 				t.Fatal("the pulled volume differs from its source")
 			}
 			break
@@ -106,10 +106,10 @@ func TestPullOutlivesTheRequest(t *testing.T) {
 	if err := b.d.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if v, ok := b.d.st.Volumes.ByName("cut"); ok {
+	if v, ok := volumeNamed(b.d, "cut"); ok {
 		t.Fatalf("the cut pull left its record: %+v", v)
 	}
-	for _, dir := range []string{b.d.paths.volumes(), b.d.paths.tmp()} {
+	for _, dir := range []string{volumesDir(b.d), tmpDir(b.d)} {
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
 			if !strings.HasPrefix(e.Name(), ".") && e.Name() != cloneID {

@@ -94,7 +94,7 @@ func TestQuotaUnavailable(t *testing.T) {
 		t.Fatalf("quota mode %v with btrfs quota groups off", d.defaultPool().quota)
 	}
 	v := mustCreate(t, d, "pvc-noquota", 4<<20)
-	if err := writeMiB(filepath.Join(d.paths.volumeDir(v.GetVolumeId()), "big"), 8); err != nil {
+	if err := writeMiB(filepath.Join(volumeDir(d, v.GetVolumeId()), "big"), 8); err != nil {
 		t.Fatalf("without quotas nothing limits the volume: %v", err)
 	}
 	if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.GetVolumeId()}); err != nil {

@@ -30,7 +30,7 @@ func TestStateDirTurnsReadOnly(t *testing.T) {
 	t.Cleanup(func() { unix.Unmount(cfg.StateDir, unix.MNT_DETACH) })
 	d := newDriver(t, cfg)
 	src := mustCreate(t, d, "pvc-src", 1<<20).GetVolumeId()
-	if err := os.WriteFile(filepath.Join(d.paths.volumeDir(src), "f"), []byte("data"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(volumeDir(d, src), "f"), []byte("data"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	remount := func(flags uintptr) {

@@ -22,7 +22,7 @@ func TestRestartKeepsVolumes(t *testing.T) {
 	cfg := testConfig(t)
 	d := newDriver(t, cfg)
 	v := mustCreate(t, d, "pvc-keep", 1<<20)
-	if err := os.WriteFile(filepath.Join(d.paths.volumeDir(v.GetVolumeId()), "f"), []byte("data"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(volumeDir(d, v.GetVolumeId()), "f"), []byte("data"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	d2 := newDriver(t, cfg)
@@ -30,7 +30,7 @@ func TestRestartKeepsVolumes(t *testing.T) {
 	if err != nil || r.GetVolume().GetCapacityBytes() != 1<<20 {
 		t.Fatalf("%v %v", r, err)
 	}
-	if b, err := os.ReadFile(filepath.Join(d2.paths.volumeDir(v.GetVolumeId()), "f")); err != nil || string(b) != "data" {
+	if b, err := os.ReadFile(filepath.Join(volumeDir(d2, v.GetVolumeId()), "f")); err != nil || string(b) != "data" {
 		t.Fatalf("data lost: %q %v", b, err)
 	}
 	if again := mustCreate(t, d2, "pvc-keep", 1<<20); again.GetVolumeId() != v.GetVolumeId() {
@@ -45,30 +45,30 @@ func TestReconcile(t *testing.T) {
 	d := newDriver(t, cfg)
 	keep := mustCreate(t, d, "pvc-ok", 1<<20)
 	lost := mustCreate(t, d, "pvc-lost", 1<<20)
-	if err := os.RemoveAll(d.paths.volumeDir(lost.GetVolumeId())); err != nil {
+	if err := os.RemoveAll(volumeDir(d, lost.GetVolumeId())); err != nil {
 		t.Fatal(err)
 	}
 	// A create interrupted after its record and part of its data.
 	half := volumeRecord{ID: d.newVolumeID(), Name: "pvc-half", CapacityBytes: 1 << 20, AccessType: accessMount, Phase: phaseCreating, CreatedAt: time.Now()}
-	writeJSON(t, filepath.Join(d.paths.meta(), "volumes", half.ID+".json"), half)
-	os.MkdirAll(filepath.Join(d.paths.volumeDir(half.ID), "partial"), 0o755)
+	writeJSON(t, filepath.Join(metaDir(d), "volumes", half.ID+".json"), half)
+	os.MkdirAll(filepath.Join(volumeDir(d, half.ID), "partial"), 0o755)
 	// A delete interrupted after its record said so.
 	gone := mustCreate(t, d, "pvc-deleting", 1<<20)
-	rec, _ := d.st.Volumes.Get(gone.GetVolumeId())
+	rec, _ := volumeRec(d, gone.GetVolumeId())
 	// The records planted by hand stand for durable state: the driver
 	// stops (its journal checkpointed) before they are written.
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
 	rec.Phase = phaseDeleting
-	writeJSON(t, filepath.Join(d.paths.meta(), "volumes", rec.ID+".json"), rec)
+	writeJSON(t, filepath.Join(metaDir(d), "volumes", rec.ID+".json"), rec)
 	// Data without a record (no crash leaves it: kept), a temp file, a
 	// snapshot that never finished.
 	orphan := d.newVolumeID()
-	os.MkdirAll(d.paths.volumeDir(orphan), 0o755)
-	os.WriteFile(filepath.Join(d.paths.tmp(), "snap-x.partial"), []byte("x"), 0o600)
-	os.WriteFile(filepath.Join(d.paths.meta(), "volumes", ".vol-x.json.tmp-1"), []byte("{"), 0o600)
-	stranger := filepath.Join(d.paths.volumes(), "not-ours")
+	os.MkdirAll(volumeDir(d, orphan), 0o755)
+	os.WriteFile(filepath.Join(tmpDir(d), "snap-x.partial"), []byte("x"), 0o600)
+	os.WriteFile(filepath.Join(metaDir(d), "volumes", ".vol-x.json.tmp-1"), []byte("{"), 0o600)
+	stranger := filepath.Join(volumesDir(d), "not-ours")
 	os.WriteFile(stranger, nil, 0o600)
 
 	d2 := newDriver(t, cfg)
@@ -76,18 +76,18 @@ func TestReconcile(t *testing.T) {
 	// TestMissingDataComesBack).
 	want := map[string]bool{keep.GetVolumeId(): true, lost.GetVolumeId(): true}
 	got := map[string]bool{}
-	for _, v := range d2.st.Volumes.All() {
+	for _, v := range allVolumes(d2) {
 		got[v.ID] = true
 	}
 	if len(got) != 2 || !got[keep.GetVolumeId()] || !got[lost.GetVolumeId()] {
 		t.Fatalf("after reconcile volumes are %v, want %v", got, want)
 	}
-	for _, p := range []string{d.paths.volumeDir(half.ID), d.paths.volumeDir(gone.GetVolumeId()), filepath.Join(d.paths.tmp(), "snap-x.partial")} {
+	for _, p := range []string{volumeDir(d, half.ID), volumeDir(d, gone.GetVolumeId()), filepath.Join(tmpDir(d), "snap-x.partial")} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s survived reconcile", p)
 		}
 	}
-	for _, p := range []string{stranger, d.paths.volumeDir(orphan)} {
+	for _, p := range []string{stranger, volumeDir(d, orphan)} {
 		if _, err := os.Stat(p); err != nil {
 			t.Errorf("reconcile removed %s, which no record owns: %v", p, err)
 		}
@@ -110,7 +110,7 @@ func TestOrphanBlockFiles(t *testing.T) {
 	testutil.RequireRoot(t)
 	cfg := testConfig(t)
 	d := newDriver(t, cfg)
-	bound := filepath.Join(d.paths.volumes(), d.newVolumeID()+".img")
+	bound := filepath.Join(volumesDir(d), d.newVolumeID()+".img")
 	if err := fsops.CreateBackingFile(bound, 1<<20); err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestOrphanBlockFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { loop.Detach(dev) })
-	written := filepath.Join(d.paths.volumes(), d.newVolumeID()+".img")
+	written := filepath.Join(volumesDir(d), d.newVolumeID()+".img")
 	if err := fsops.CreateBackingFile(written, 1<<20); err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestOrphanBlockFiles(t *testing.T) {
 	// Written through a loop device that a writer still holds open: the
 	// write is in the device's cache, not yet in the file, whose extents
 	// say it is empty until the device is flushed.
-	held := filepath.Join(d.paths.volumes(), d.newVolumeID()+".img")
+	held := filepath.Join(volumesDir(d), d.newVolumeID()+".img")
 	if err := fsops.CreateBackingFile(held, 1<<20); err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestDamagedRecordKeepsData(t *testing.T) {
 	cfg := testConfig(t)
 	d := newDriver(t, cfg)
 	dirVol := mustCreate(t, d, "pvc-dir", 1<<20)
-	dataFile := filepath.Join(d.paths.volumeDir(dirVol.GetVolumeId()), "f")
+	dataFile := filepath.Join(volumeDir(d, dirVol.GetVolumeId()), "f")
 	if err := os.WriteFile(dataFile, []byte("data"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -182,8 +182,8 @@ func TestDamagedRecordKeepsData(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { detachAll(filepath.Join(d.paths.volumes(), blk.GetVolume().GetVolumeId()+".img")) })
-	img := filepath.Join(d.paths.volumes(), blk.GetVolume().GetVolumeId()+".img")
+	t.Cleanup(func() { detachAll(filepath.Join(volumesDir(d), blk.GetVolume().GetVolumeId()+".img")) })
+	img := filepath.Join(volumesDir(d), blk.GetVolume().GetVolumeId()+".img")
 	if err := os.WriteFile(img, []byte("block data"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +191,7 @@ func TestDamagedRecordKeepsData(t *testing.T) {
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
-	rec := func(id string) string { return filepath.Join(d.paths.meta(), "volumes", id+".json") }
+	rec := func(id string) string { return filepath.Join(metaDir(d), "volumes", id+".json") }
 	os.WriteFile(rec(dirVol.GetVolumeId()), nil, 0o600)
 	os.WriteFile(rec(blk.GetVolume().GetVolumeId()), []byte("{\x00\x00"), 0o600)
 
@@ -257,7 +257,7 @@ func TestMissingDataComesBack(t *testing.T) {
 	cfg := testConfig(t)
 	d := newDriver(t, cfg)
 	dir := mustCreate(t, d, "pvc-dir", 1<<20).GetVolumeId()
-	if err := os.WriteFile(filepath.Join(d.paths.volumeDir(dir), "f"), []byte("data"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(volumeDir(d, dir), "f"), []byte("data"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	snap, err := d.CreateSnapshot(ctx, snapReq("snap", dir, map[string]string{"format": "tar.gz"}))
@@ -271,7 +271,7 @@ func TestMissingDataComesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	blk := br.GetVolume().GetVolumeId()
-	brec, _ := d.st.Volumes.Get(blk)
+	brec, _ := volumeRec(d, blk)
 	t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: blk}) })
 	// The block volume's device goes with its disk.
 	devs, err := d.blockDevices(brec)
@@ -286,11 +286,11 @@ func TestMissingDataComesBack(t *testing.T) {
 	away := filepath.Join(filepath.Dir(cfg.StateDir), "away")
 	os.Mkdir(away, 0o700)
 	moves := [][2]string{
-		{d.paths.volumeDir(dir), filepath.Join(away, "dir")},
+		{volumeDir(d, dir), filepath.Join(away, "dir")},
 		{d.volumeDataPath(brec), filepath.Join(away, "blk")},
-		{filepath.Join(d.paths.volumes(), volumesMarker), filepath.Join(away, "marker")},
+		{filepath.Join(volumesDir(d), volumesMarker), filepath.Join(away, "marker")},
 	}
-	srec, _ := d.st.Snapshots.Get(snap.GetSnapshot().GetSnapshotId())
+	srec, _ := snapshotRec(d, snap.GetSnapshot().GetSnapshotId())
 	moves = append(moves, [2]string{d.snapshotDataPath(srec), filepath.Join(away, "snap")})
 	for _, m := range moves {
 		if err := os.Rename(m[0], m[1]); err != nil {
@@ -316,7 +316,7 @@ func TestMissingDataComesBack(t *testing.T) {
 	pub := &csi.NodePublishVolumeRequest{VolumeId: dir, TargetPath: target, VolumeCapability: rwo}
 	_, err = d2.NodePublishVolume(ctx, pub)
 	wantCode(t, err, codes.FailedPrecondition)
-	if !strings.Contains(err.Error(), "is missing at "+d.paths.volumeDir(dir)) {
+	if !strings.Contains(err.Error(), "is missing at "+volumeDir(d, dir)) {
 		t.Fatalf("publish refusal does not name what is missing: %v", err)
 	}
 	bpub := &csi.NodePublishVolumeRequest{VolumeId: blk, TargetPath: btarget, VolumeCapability: blockCap()}
@@ -376,7 +376,7 @@ func TestFreshBlockVolumeAfterPowerLoss(t *testing.T) {
 				t.Fatal(err)
 			}
 			id := r.GetVolume().GetVolumeId()
-			rec, _ := d.st.Volumes.Get(id)
+			rec, _ := volumeRec(d, id)
 			if !rec.Fresh {
 				t.Fatal("a new empty block volume is not marked fresh")
 			}
@@ -404,7 +404,7 @@ func TestFreshBlockVolumeAfterPowerLoss(t *testing.T) {
 			if err := unix.Stat(path, &st); err != nil || st.Size != want || st.Blocks*512 < want {
 				t.Fatalf("backing file after start: size %d, %d bytes allocated, %v", st.Size, st.Blocks*512, err)
 			}
-			rec, _ = d2.st.Volumes.Get(id)
+			rec, _ = volumeRec(d2, id)
 			if rec.Fresh {
 				t.Fatal("still fresh after start made its file durable")
 			}
@@ -429,7 +429,7 @@ func TestFreshBlockVolumeAfterPowerLoss(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}) })
-		if rec, _ := d.st.Volumes.Get(id); rec.Fresh {
+		if rec, _ := volumeRec(d, id); rec.Fresh {
 			t.Fatal("published, and still fresh")
 		}
 	})
@@ -454,7 +454,7 @@ func TestVolumesMarkerOnlyWhereEvident(t *testing.T) {
 				}
 			}
 			d := newDriver(t, cfg)
-			_, err := os.Stat(filepath.Join(d.paths.volumes(), volumesMarker))
+			_, err := os.Stat(filepath.Join(volumesDir(d), volumesMarker))
 			if got := err == nil; got != c.want {
 				t.Fatalf("marker written: %v, want %v", got, c.want)
 			}

@@ -23,7 +23,7 @@ func (f *fakeStream[T]) Send(m *T) error          { f.got = append(f.got, m); re
 func (f *fakeStream[T]) Context() context.Context { return context.Background() }
 
 func writeDev(t *testing.T, d *Driver, vol string, off int64, data []byte) {
-	dev, _, _ := loop.Find(filepath.Join(d.paths.volumes(), vol+".img"))
+	dev, _, _ := loop.Find(filepath.Join(volumesDir(d), vol+".img"))
 	f, err := os.OpenFile(dev.Path(), os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +40,7 @@ func TestSnapshotMetadata(t *testing.T) {
 	v := createBlock(t, d, "meta", 16<<20)
 	vid := v.GetVolumeId()
 	// Punch the preallocation away so only written data is allocated.
-	p := filepath.Join(d.paths.volumes(), vid+".img")
+	p := filepath.Join(volumesDir(d), vid+".img")
 	f, _ := os.OpenFile(p, os.O_RDWR, 0)
 	f.Truncate(0)
 	f.Truncate(16 << 20)

@@ -58,7 +58,7 @@ func TestSnapshotRestoreClone(t *testing.T) {
 			}
 			d := newDriver(t, cfg)
 			src := mustCreate(t, d, "src", 100<<20)
-			srcDir := d.paths.volumeDir(src.GetVolumeId())
+			srcDir := volumeDir(d, src.GetVolumeId())
 			fillVolume(t, srcDir)
 			formats := map[string]map[string]string{
 				formatTarGz:  {paramFormat: formatTarGz},
@@ -73,7 +73,7 @@ func TestSnapshotRestoreClone(t *testing.T) {
 					t.Fatal(err)
 				}
 				snap := s1.GetSnapshot()
-				if rec, _ := d.st.Snapshots.Get(snap.GetSnapshotId()); rec.Format != format {
+				if rec, _ := snapshotRec(d, snap.GetSnapshotId()); rec.Format != format {
 					t.Fatalf("parameters %v made a %s snapshot, want %s", params, rec.Format, format)
 				} else if format == formatTarZst {
 					b, _ := os.ReadFile(d.snapshotDataPath(rec))
@@ -95,9 +95,9 @@ func TestSnapshotRestoreClone(t *testing.T) {
 				if r.GetVolume().GetCapacityBytes() != 200<<20 {
 					t.Fatalf("restore into a larger volume got %d bytes", r.GetVolume().GetCapacityBytes())
 				}
-				sameTree(t, srcDir, d.paths.volumeDir(r.GetVolume().GetVolumeId()))
+				sameTree(t, srcDir, volumeDir(d, r.GetVolume().GetVolumeId()))
 				var st fsops.Usage
-				if st, err = fsops.TreeUsage(d.paths.volumeDir(r.GetVolume().GetVolumeId())); err != nil || st.Bytes > 2<<20 {
+				if st, err = fsops.TreeUsage(volumeDir(d, r.GetVolume().GetVolumeId())); err != nil || st.Bytes > 2<<20 {
 					t.Fatalf("restored tree allocates %d bytes: holes lost (%v)", st.Bytes, err)
 				}
 			}
@@ -109,7 +109,7 @@ func TestSnapshotRestoreClone(t *testing.T) {
 			if c.GetVolume().GetCapacityBytes() != 100<<20 {
 				t.Fatalf("clone without a size should take its source's, got %d", c.GetVolume().GetCapacityBytes())
 			}
-			sameTree(t, srcDir, d.paths.volumeDir(c.GetVolume().GetVolumeId()))
+			sameTree(t, srcDir, volumeDir(d, c.GetVolume().GetVolumeId()))
 			// A clone retried after it succeeded returns the same volume.
 			again, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "clone", VolumeCapabilities: []*csi.VolumeCapability{rwo},
 				VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: src.GetVolumeId()}}}})
@@ -147,19 +147,19 @@ func TestSnapshotParameters(t *testing.T) {
 func TestCorruptSnapshot(t *testing.T) {
 	d := newDriver(t, testConfig(t))
 	v := mustCreate(t, d, "v", 10<<20)
-	fillVolume(t, d.paths.volumeDir(v.GetVolumeId()))
+	fillVolume(t, volumeDir(d, v.GetVolumeId()))
 	s, err := d.CreateSnapshot(ctx, snapReq("s", v.GetVolumeId(), map[string]string{"format": "tar.gz"}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, _ := d.st.Snapshots.Get(s.GetSnapshot().GetSnapshotId())
+	rec, _ := snapshotRec(d, s.GetSnapshot().GetSnapshotId())
 	path := d.snapshotDataPath(rec)
 	data, _ := os.ReadFile(path)
 	for name, bad := range map[string][]byte{"truncated": data[:len(data)/2], "flipped": flip(data)} {
 		os.WriteFile(path, bad, 0o600)
 		_, err := d.CreateVolume(ctx, fromSnapshot("r-"+name, rec.ID, 10<<20))
 		wantCode(t, err, codes.DataLoss)
-		if _, ok := d.st.Volumes.ByName("r-" + name); ok {
+		if _, ok := volumeNamed(d, "r-"+name); ok {
 			t.Fatal("failed restore left a record")
 		}
 		entries, _ := volumeData(d)
