@@ -6,7 +6,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/hostpath-csi/hostpath/csi/store"
+	"github.com/hostpath-csi/hostpath/engine/store"
 )
 
 // creation is what the create protocol needs of one kind of record: its

@@ -10,7 +10,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/hostpath-csi/hostpath/csi/store"
+	"github.com/hostpath-csi/hostpath/engine/store"
 )
 
 // TestCreateProtocol: the one create protocol, for each way it ends. A

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
 
-	"github.com/hostpath-csi/hostpath/csi/store"
+	"github.com/hostpath-csi/hostpath/engine/store"
 	"github.com/hostpath-csi/hostpath/fsops"
 )
 

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hostpath-csi/hostpath/archive"
-	"github.com/hostpath-csi/hostpath/csi/store"
+	"github.com/hostpath-csi/hostpath/engine/store"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
 

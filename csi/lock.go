@@ -3,7 +3,7 @@ package csi
 import (
 	"sync"
 
-	"github.com/hostpath-csi/hostpath/csi/store"
+	"github.com/hostpath-csi/hostpath/engine/store"
 )
 
 // keyLocks serialises operations per key (a volume name, a volume id, a

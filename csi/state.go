@@ -1,6 +1,6 @@
 package csi
 
-import "github.com/hostpath-csi/hostpath/csi/store"
+import "github.com/hostpath-csi/hostpath/engine/store"
 
 // The records live in package store; these names keep the handlers short.
 type (
