@@ -16,7 +16,7 @@ import (
 // createBlockData makes a block volume: a preallocated backing file (or a
 // copy of its source's) bound to a loop device. A failure at any step
 // leaves neither file nor device; removeBlockData is the undo.
-func (d *Driver) createBlockData(ctx context.Context, v volumeRecord) error {
+func (d *engine) createBlockData(ctx context.Context, v volumeRecord) error {
 	path := d.volumeDataPath(v)
 	var src string
 	switch {
@@ -70,7 +70,7 @@ func createFreshBlock(path string, size int64) error {
 // copyBacking makes dst a copy of the file src (reflinked or sparse) and
 // then gives it its full size, allocated: a restore keeps the new
 // volume's size, never the snapshot's. dst appears only complete.
-func (d *Driver) copyBacking(ctx context.Context, src, dst string, size int64) error {
+func (d *engine) copyBacking(ctx context.Context, src, dst string, size int64) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
@@ -90,7 +90,7 @@ func (d *Driver) copyBacking(ctx context.Context, src, dst string, size int64) e
 }
 
 // removeBlockData detaches the volume's loop device and removes its file.
-func (d *Driver) removeBlockData(v volumeRecord) error {
+func (d *engine) removeBlockData(v volumeRecord) error {
 	path := d.volumeDataPath(v)
 	if _, err := os.Lstat(path); os.IsNotExist(err) {
 		return nil
@@ -139,7 +139,7 @@ func flushAll(path string) error {
 
 // growBlock grows the backing file and tells the loop device, so the new
 // size shows in BLKGETSIZE64 at once, also while the volume is published.
-func (d *Driver) growBlock(v volumeRecord, size int64) error {
+func (d *engine) growBlock(v volumeRecord, size int64) error {
 	path := d.volumeDataPath(v)
 	if err := fsops.GrowFile(path, size); err != nil {
 		return err
@@ -153,7 +153,7 @@ func (d *Driver) growBlock(v volumeRecord, size int64) error {
 
 // settleBlock makes a fresh block volume's backing file durable (its
 // blocks and its name) before a pod can write to it, and records that.
-func (d *Driver) settleBlock(v *volumeRecord) error {
+func (d *engine) settleBlock(v *volumeRecord) error {
 	if v.AccessType != accessBlock || !v.Fresh {
 		return nil
 	}
@@ -165,7 +165,7 @@ func (d *Driver) settleBlock(v *volumeRecord) error {
 
 // markSettled makes the name of a fresh volume's fsynced backing file
 // durable and records that the volume is no longer fresh.
-func (d *Driver) markSettled(v *volumeRecord) error {
+func (d *engine) markSettled(v *volumeRecord) error {
 	if err := fsops.SyncDir(filepath.Dir(d.volumeDataPath(*v))); err != nil {
 		return err
 	}
@@ -176,7 +176,7 @@ func (d *Driver) markSettled(v *volumeRecord) error {
 // repairFresh makes a fresh block volume's backing file whole and durable
 // at start: a power loss may have taken it, or its size, before anything
 // was written to it, so making it again loses nothing.
-func (d *Driver) repairFresh(v volumeRecord) error {
+func (d *engine) repairFresh(v volumeRecord) error {
 	path := d.volumeDataPath(v)
 	st, err := os.Lstat(path)
 	switch {
@@ -201,7 +201,7 @@ func (d *Driver) repairFresh(v volumeRecord) error {
 
 // attachBlock returns the volume's loop device, binding one if the file
 // has none (after a reboot, or if someone detached it).
-func (d *Driver) attachBlock(v volumeRecord) (loop.Device, error) {
+func (d *engine) attachBlock(v volumeRecord) (loop.Device, error) {
 	path := d.volumeDataPath(v)
 	dev, ok, err := loop.Find(path)
 	if err != nil || ok {
@@ -212,20 +212,20 @@ func (d *Driver) attachBlock(v volumeRecord) (loop.Device, error) {
 
 // blockDevices lists the loop devices bound to a volume's file: its
 // writable device and one read-only device per read-only publication.
-func (d *Driver) blockDevices(v volumeRecord) ([]loop.Device, error) {
+func (d *engine) blockDevices(v volumeRecord) ([]loop.Device, error) {
 	return loop.FindAll(d.volumeDataPath(v))
 }
 
 // readOnlyBlockDevice binds a read-only loop device for a read-only
 // publication. A read-only bind mount of a device node would not stop
 // writes to the device, so read-only must come from the device itself.
-func (d *Driver) readOnlyBlockDevice(v volumeRecord) (loop.Device, error) {
+func (d *engine) readOnlyBlockDevice(v volumeRecord) (loop.Device, error) {
 	return loop.Attach(d.volumeDataPath(v), loop.Options{ReadOnly: true})
 }
 
 // releaseBlockDevice detaches a read-only device that no mount uses any
 // more; the writable device stays until the volume is deleted.
-func (d *Driver) releaseBlockDevice(rdev uint64, v volumeRecord) error {
+func (d *engine) releaseBlockDevice(rdev uint64, v volumeRecord) error {
 	devs, err := d.blockDevices(v)
 	if err != nil {
 		return err
@@ -241,7 +241,7 @@ func (d *Driver) releaseBlockDevice(rdev uint64, v volumeRecord) error {
 // reattachBlockVolumes gives every block volume of the pools that are up
 // its loop device back after a restart or reboot (before Probe reports
 // ready), or when a pool comes up; those already bound are left alone.
-func (d *Driver) reattachBlockVolumes() error {
+func (d *engine) reattachBlockVolumes() error {
 	bound, err := loop.List()
 	if err != nil {
 		return err
@@ -282,7 +282,7 @@ func (d *Driver) reattachBlockVolumes() error {
 // reflinks it) into the snapshot: a 10 GiB volume holding 200 MiB costs
 // about 200 MiB, or only metadata where blocks can be shared. It returns
 // the bytes the snapshot occupies.
-func (d *Driver) writeBlockSnapshot(ctx context.Context, v volumeRecord, s snapshotRecord) (int64, string, error) {
+func (d *engine) writeBlockSnapshot(ctx context.Context, v volumeRecord, s snapshotRecord) (int64, string, error) {
 	src, err := os.Open(d.volumeDataPath(v))
 	if err != nil {
 		return 0, "", err

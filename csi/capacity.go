@@ -15,7 +15,7 @@ import (
 // checkCapacity runs under the store's lock when a volume is reserved, so
 // concurrent creates cannot overcommit. It picks a --capacity kind when the
 // request named none.
-func (d *Driver) checkCapacity(v *volumeRecord, all map[string]volumeRecord) error {
+func (d *engine) checkCapacity(v *volumeRecord, all map[string]volumeRecord) error {
 	p := d.poolOf(v.Pool)
 	st, err := d.usable(p)
 	if err != nil {
@@ -59,7 +59,7 @@ func (d *Driver) checkCapacity(v *volumeRecord, all map[string]volumeRecord) err
 // volumes have been promised. A block volume's file is preallocated, so its
 // space is already out of the free count. The space directory volumes
 // already use is counted twice: GetCapacity errs on the side of caution.
-func (d *Driver) availableBytes(p *pool, all map[string]volumeRecord) (int64, error) {
+func (d *engine) availableBytes(p *pool, all map[string]volumeRecord) (int64, error) {
 	fs, err := fsops.Statfs(p.paths.root)
 	if err != nil {
 		return 0, err

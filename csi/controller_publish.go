@@ -43,7 +43,7 @@ func (d *Driver) ControllerPublishVolume(ctx context.Context, req *csi.Controlle
 // attachVolume records volume id as attached to node (which must be this
 // one), with the read-only flag; an attachment already there is success,
 // one with the other flag is ErrExists.
-func (d *Driver) attachVolume(id, node, access string, readOnly bool) error {
+func (d *engine) attachVolume(id, node, access string, readOnly bool) error {
 	v, unlock, err := d.lockVolume(id, false)
 	if err != nil {
 		return err
@@ -53,7 +53,7 @@ func (d *Driver) attachVolume(id, node, access string, readOnly bool) error {
 		return storageErr(ErrNotFound, "node %q is not this driver's node %q; a local volume can only be attached where it lives", node, d.cfg.NodeID)
 	}
 	if access != v.AccessType {
-		return invalid("volume %s is a %s volume; the capability asks for %s", id, v.AccessType, access)
+		return storageErr(ErrInvalid, "volume %s is a %s volume; the capability asks for %s", id, v.AccessType, access)
 	}
 	key := attachKey(node, readOnly)
 	if slices.Contains(v.AttachedNodes, key) {
@@ -88,7 +88,7 @@ func nodeOfAttachment(key string) string {
 	return n
 }
 
-func (d *Driver) attachedCount(node string) int64 {
+func (d *engine) attachedCount(node string) int64 {
 	var n int64
 	for _, v := range d.st.Volumes.All() {
 		if slices.ContainsFunc(v.AttachedNodes, func(k string) bool { return nodeOfAttachment(k) == node }) {
@@ -127,7 +127,7 @@ func (d *Driver) ControllerUnpublishVolume(ctx context.Context, req *csi.Control
 
 // detachVolume forgets volume id's attachments to node (to every node if
 // node is empty); what is not attached, or not there, is success.
-func (d *Driver) detachVolume(id, node string) error {
+func (d *engine) detachVolume(id, node string) error {
 	unlock, err := d.locks.lock("volume "+id, volIDKey(id))
 	if err != nil {
 		return err

@@ -39,7 +39,7 @@ const (
 // the pool the snapshot goes to (the pool parameter, else src's). A
 // reflink shares blocks, so it needs the snapshot in the volume's pool on
 // a file system that can.
-func (d *Driver) snapshotOptions(params map[string]string, access string, src *pool) (format string, compact bool, dst *pool, err error) {
+func (d *engine) snapshotOptions(params map[string]string, access string, src *pool) (format string, compact bool, dst *pool, err error) {
 	checking := src == nil // the volume, and so what its pool can do, is not known yet
 	if checking {
 		src = d.pools[DefaultPool]
@@ -70,14 +70,14 @@ func (d *Driver) snapshotOptions(params map[string]string, access string, src *p
 					break
 				}
 				if dst != src {
-					return "", false, nil, invalid("parameter %s=%s: a reflink shares the volume's blocks, so it cannot go to pool %s from pool %s; use %s", k, v, dst.name, src.name, formatTarGz)
+					return "", false, nil, storageErr(ErrInvalid, "parameter %s=%s: a reflink shares the volume's blocks, so it cannot go to pool %s from pool %s; use %s", k, v, dst.name, src.name, formatTarGz)
 				}
 				if !canReflink {
-					return "", false, nil, invalid("parameter %s=%s: pool %s's file system cannot share blocks (XFS with reflink=1 or btrfs can); use %s", k, v, dst.name, formatTarGz)
+					return "", false, nil, storageErr(ErrInvalid, "parameter %s=%s: pool %s's file system cannot share blocks (XFS with reflink=1 or btrfs can); use %s", k, v, dst.name, formatTarGz)
 				}
 				format = formatReflink
 			default:
-				return "", false, nil, invalid("parameter %s=%q: want auto, %s or %s", k, v, formatTarGz, formatReflink)
+				return "", false, nil, storageErr(ErrInvalid, "parameter %s=%q: want auto, %s or %s", k, v, formatTarGz, formatReflink)
 			}
 		case k == paramCompression:
 			switch v {
@@ -87,18 +87,18 @@ func (d *Driver) snapshotOptions(params map[string]string, access string, src *p
 			case "zstd":
 				zstd = true
 			default:
-				return "", false, nil, invalid("parameter %s=%q: want fast, compact or zstd", k, v)
+				return "", false, nil, storageErr(ErrInvalid, "parameter %s=%q: want fast, compact or zstd", k, v)
 			}
 		case strings.HasPrefix(k, coParamPrefix):
 		default:
-			return "", false, nil, invalid("unknown snapshot parameter %q; this driver accepts %q, %q and %q", k, paramFormat, paramCompression, paramPool)
+			return "", false, nil, storageErr(ErrInvalid, "unknown snapshot parameter %q; this driver accepts %q, %q and %q", k, paramFormat, paramCompression, paramPool)
 		}
 	}
 	// zstd asks for an archive: tar.zst, unless the format says reflink,
 	// which has nothing to compress.
 	if zstd {
 		if params[paramFormat] == formatReflink {
-			return "", false, nil, invalid("parameter %s=zstd compresses archives; %s=%s makes none (use %s=auto or %s)", paramCompression, paramFormat, formatReflink, paramFormat, formatTarGz)
+			return "", false, nil, storageErr(ErrInvalid, "parameter %s=zstd compresses archives; %s=%s makes none (use %s=auto or %s)", paramCompression, paramFormat, formatReflink, paramFormat, formatTarGz)
 		}
 		format = formatTarZst
 	}
@@ -139,7 +139,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 // of that name if it is of the same volume. The name's lock is held
 // throughout; the volume is pinned (it may be read and published
 // meanwhile, not deleted or expanded).
-func (d *Driver) createSnapshot(ctx context.Context, name, srcID string, params map[string]string) (snapshotRecord, error) {
+func (d *engine) createSnapshot(ctx context.Context, name, srcID string, params map[string]string) (snapshotRecord, error) {
 	unlock, err := d.locks.lock(fmt.Sprintf("snapshot %q", name), snapNameKey(name))
 	if err != nil {
 		return snapshotRecord{}, err
@@ -161,7 +161,7 @@ func (d *Driver) createSnapshot(ctx context.Context, name, srcID string, params 
 
 // takeSnapshot snapshots a volume; the caller holds the lock of the name
 // and has pinned the volume. A failure leaves no data and no record.
-func (d *Driver) takeSnapshot(ctx context.Context, name, srcID string, reqParams map[string]string, group string) (snapshotRecord, error) {
+func (d *engine) takeSnapshot(ctx context.Context, name, srcID string, reqParams map[string]string, group string) (snapshotRecord, error) {
 	v, ok := d.st.Volumes.Get(srcID)
 	if !validVolumeID(srcID) || !ok || v.Phase != phaseReady {
 		return snapshotRecord{}, storageErr(ErrNotFound, "source volume %q does not exist", srcID)
@@ -210,7 +210,7 @@ func (d *Driver) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 }
 
 // snapshots is the create protocol of snapshots (creation.create).
-func (d *Driver) snapshots() creation[snapshotRecord] {
+func (d *engine) snapshots() creation[snapshotRecord] {
 	return creation[snapshotRecord]{table: d.st.Snapshots, kind: "snapshot", undo: d.removeSnapshotData}
 }
 
@@ -228,7 +228,7 @@ func createdSnapshot(s *csi.Snapshot) *csi.Snapshot {
 // into place once it is on disk. It returns the bytes of data the
 // snapshot holds (what a restore needs room for) and, for archives, the
 // archive's sha256.
-func (d *Driver) writeSnapshot(ctx context.Context, v volumeRecord, s snapshotRecord, compact bool) (int64, string, error) {
+func (d *engine) writeSnapshot(ctx context.Context, v volumeRecord, s snapshotRecord, compact bool) (int64, string, error) {
 	ctx, done := d.track(ctx, "snapshot", s.ID, d.expectedBytes(v))
 	defer done()
 	switch s.Format {
@@ -242,7 +242,7 @@ func (d *Driver) writeSnapshot(ctx context.Context, v volumeRecord, s snapshotRe
 	err := fsops.CreateDurable(d.snapshotDataPath(s), d.snapshotTempPath(s), 0o600, func(f *os.File) error {
 		var err error
 		st, err = archive.Write(ctx, d.volumeDataPath(v), io.MultiWriter(f, h), archive.Options{Compact: compact, Zstd: s.Format == formatTarZst})
-		d.metrics.moved("archive", st.Bytes)
+		d.moved("archive", st.Bytes)
 		return err
 	})
 	if err != nil {
@@ -254,13 +254,13 @@ func (d *Driver) writeSnapshot(ctx context.Context, v volumeRecord, s snapshotRe
 // writeReflinkSnapshot makes the snapshot a reflinked copy of the volume:
 // blocks are shared, so it costs metadata only, and the copy is made
 // durable with one syncfs(2) before it is renamed into place.
-func (d *Driver) writeReflinkSnapshot(ctx context.Context, v volumeRecord, s snapshotRecord) (int64, string, error) {
+func (d *engine) writeReflinkSnapshot(ctx context.Context, v volumeRecord, s snapshotRecord) (int64, string, error) {
 	tmp := d.snapshotTempPath(s)
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return 0, "", err
 	}
 	cst, err := fsops.CopyTree(ctx, d.volumeDataPath(v), tmp)
-	d.metrics.moved("archive", cst.Bytes)
+	d.moved("archive", cst.Bytes)
 	if err != nil {
 		return 0, "", err
 	}
@@ -279,14 +279,14 @@ func (d *Driver) writeReflinkSnapshot(ctx context.Context, v volumeRecord, s sna
 
 // restoreSnapshot fills dir from a snapshot and checks the archive's
 // checksum; a mismatch or a damaged archive is DataLoss.
-func (d *Driver) restoreSnapshot(ctx context.Context, snapID, dir string) error {
+func (d *engine) restoreSnapshot(ctx context.Context, snapID, dir string) error {
 	s, ok := d.st.Snapshots.Get(snapID)
 	if !ok {
 		return storageErr(ErrNotFound, "snapshot %s disappeared", snapID)
 	}
 	if s.Format == formatReflink {
 		st, err := fsops.CopyTree(ctx, d.snapshotDataPath(s), dir)
-		d.metrics.moved("restore", st.Bytes)
+		d.moved("restore", st.Bytes)
 		return err
 	}
 	f, err := os.Open(d.snapshotDataPath(s))
@@ -297,7 +297,7 @@ func (d *Driver) restoreSnapshot(ctx context.Context, snapID, dir string) error 
 	h := sha256.New()
 	tee := io.TeeReader(f, h)
 	st, err := archive.Extract(ctx, tee, dir)
-	d.metrics.moved("restore", st.Bytes)
+	d.moved("restore", st.Bytes)
 	if err != nil {
 		return err
 	}
@@ -329,7 +329,10 @@ func (d *Driver) csiSnapshot(s snapshotRecord) *csi.Snapshot {
 func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (_ *csi.DeleteSnapshotResponse, err error) {
 	defer edge(&err)
 	id := req.GetSnapshotId()
-	s, unlock, err := lockForDelete(d, "snapshot", id, validSnapshotID, snapIDKey, d.st.Snapshots)
+	if err := d.checkIDHere("snapshot_id", id); err != nil {
+		return nil, err
+	}
+	s, unlock, err := lockForDelete(d.engine, "snapshot", id, validSnapshotID, snapIDKey, d.st.Snapshots)
 	if err != nil {
 		return nil, err
 	}
@@ -348,17 +351,17 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 
 // deleteSnapshot removes a snapshot's data and record; the caller holds
 // its lock.
-func (d *Driver) deleteSnapshot(s snapshotRecord) error {
+func (d *engine) deleteSnapshot(s snapshotRecord) error {
 	id := s.ID
 	if err := d.snapshotPoolUp(s); err != nil {
 		return err
 	}
 	s.Phase = phaseDeleting
 	if err := d.st.Snapshots.Put(s); err != nil {
-		return toStatus(err, "recording deletion of snapshot %s", id)
+		return fmt.Errorf("recording deletion of snapshot %s: %w", id, err)
 	}
 	if err := d.removeSnapshotData(s); err != nil {
-		return toStatus(err, "removing snapshot %s", id)
+		return fmt.Errorf("removing snapshot %s: %w", id, err)
 	}
 	// A disk that went away meanwhile "removed" nothing: the record
 	// stays deleting, and the pool finishes it when it is back.
@@ -366,7 +369,7 @@ func (d *Driver) deleteSnapshot(s snapshotRecord) error {
 		return err
 	}
 	if err := d.st.Snapshots.Drop(id); err != nil {
-		return toStatus(err, "removing record of snapshot %s", id)
+		return fmt.Errorf("removing record of snapshot %s: %w", id, err)
 	}
 	return nil
 }
@@ -422,7 +425,7 @@ func (d *Driver) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (
 // HoldsSnapshot says whether the snapshot with this id is ready on this
 // node: what an imported VolumeSnapshotContent's handle must name for this
 // node's snapshotter to take it.
-func (d *Driver) HoldsSnapshot(id string) bool {
+func (d *engine) HoldsSnapshot(id string) bool {
 	s, ok := d.st.Snapshots.Get(id)
 	return ok && s.Phase == phaseReady
 }

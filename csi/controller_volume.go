@@ -42,7 +42,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return nil, invalid("volume_content_source names neither a snapshot nor a volume")
 	}
 	spec := volumeSpec{name: name, access: access, kind: kind, params: req.GetParameters(), pool: pl,
-		capacity: req.GetCapacityRange(), mutable: req.GetMutableParameters()}
+		capacity: rangeOf(req.GetCapacityRange()), mutable: req.GetMutableParameters()}
 	// A source on another node is pulled from there when peers can be
 	// reached: decided here, once; otherwise it must be on this node.
 	switch {
@@ -88,7 +88,10 @@ func (d *Driver) csiVolume(v volumeRecord) *csi.Volume {
 func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (_ *csi.DeleteVolumeResponse, err error) {
 	defer edge(&err)
 	id := req.GetVolumeId()
-	v, unlock, err := lockForDelete(d, "volume", id, validVolumeID, volIDKey, d.st.Volumes)
+	if err := d.checkIDHere("volume_id", id); err != nil {
+		return nil, err
+	}
+	v, unlock, err := lockForDelete(d.engine, "volume", id, validVolumeID, volIDKey, d.st.Volumes)
 	if err != nil {
 		return nil, err
 	}
@@ -252,7 +255,7 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 	if req.GetCapacityRange() == nil {
 		return nil, invalid("capacity_range is required")
 	}
-	v, err := d.expandVolume(ctx, id, req.GetCapacityRange())
+	v, err := d.expandVolume(ctx, id, rangeOf(req.GetCapacityRange()))
 	if err != nil {
 		return nil, err
 	}

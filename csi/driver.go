@@ -102,43 +102,11 @@ type Driver struct {
 	csi.UnimplementedGroupControllerServer
 	csi.UnimplementedSnapshotMetadataServer
 
-	cfg   Config
-	paths layout // the state dir: meta/, and the default pool's directories
-	// pools are the default pool (the state dir) and the --pool ones,
-	// fixed at start; each one's state changes as it goes down or up.
-	pools map[string]*pool
-	st    *store.Store
-	locks *keyLocks
-	tag   string // this node's id prefix
-	// volumesMade: this start made the volumes directory, so it is the
-	// home of the volumes (not an empty mount point of a late disk).
-	volumesMade bool
-	// unowned counts the entries start found under a volume or snapshot
-	// id that no record owns, kept and reported by health.
-	unowned atomic.Int64
+	// engine is the storage side: records, pools, locks, placement,
+	// reconcile and data. Each handler checks its request and makes one
+	// call into it; its errors become gRPC codes at the edge.
+	*engine
 	metrics *metrics
-	ops     inflight   // snapshots, restores and clones running now
-	heavy   heavySlots // MaxHeavyOps slots for clones, snapshots, restores, sends
-	// peers reaches the other nodes' drivers for sources they hold
-	// (SetPeers); nil when there are none to reach.
-	peers atomic.Pointer[Peers]
-
-	// attachMu makes counting a node's attachments and adding one a
-	// single step, so two publishes of different volumes (each under its
-	// own volume lock) cannot both take the last slot.
-	attachMu sync.Mutex
-
-	// mountPoint inspects a path's mount (fsops.GetMountPoint); tests
-	// replace it to make inspection fail.
-	mountPoint func(path string) (*fsops.MountPoint, error)
-
-	// bg is the work that outlives requests (pulls from other nodes),
-	// stopped by Close before the state is.
-	bg *background
-
-	// stopPools ends watchPools (Close).
-	stopPools chan struct{}
-	closeOnce sync.Once
 
 	mu     sync.Mutex
 	socket string // the CSI socket once it listens
@@ -193,8 +161,9 @@ func New(cfg Config) (*Driver, error) {
 	if err := checkPools(cfg.Pools, root); err != nil {
 		return nil, err
 	}
-	d := &Driver{cfg: cfg, paths: layout{root: root}, locks: newKeyLocks(), tag: nodeTag(cfg.NodeID), mountPoint: fsops.GetMountPoint, ops: inflight{ops: map[*operation]struct{}{}}}
+	d := &Driver{engine: &engine{cfg: cfg, paths: layout{root: root}, locks: newKeyLocks(), tag: nodeTag(cfg.NodeID), mountPoint: fsops.GetMountPoint, ops: inflight{ops: map[*operation]struct{}{}}}}
 	d.metrics = newMetrics(d)
+	d.moved = d.metrics.moved
 	d.heavy = make(heavySlots, cfg.MaxHeavyOps)
 	d.bg = newBackground()
 	if err := d.prepareStateDir(); err != nil {
@@ -249,7 +218,7 @@ func New(cfg Config) (*Driver, error) {
 // Close checkpoints the state's journal and closes it: the next start has
 // nothing to redo, and the previous release may start on the state dir.
 // Calls after it fail to write state.
-func (d *Driver) Close() error {
+func (d *engine) Close() error {
 	d.closeOnce.Do(func() {
 		if d.stopPools != nil {
 			close(d.stopPools)
@@ -267,7 +236,7 @@ func (d *Driver) Close() error {
 // prepareStateDir creates the layout and proves the directory is writable,
 // so a read-only or missing state dir stops the driver at start with a
 // message naming it rather than failing the first CreateVolume.
-func (d *Driver) prepareStateDir() error {
+func (d *engine) prepareStateDir() error {
 	root := d.paths.root
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return fmt.Errorf("state dir %s cannot be created: %w", root, err)

@@ -55,6 +55,10 @@ func toStatus(err error, format string, args ...any) error {
 		return status.Error(codes.NotFound, msg)
 	case errors.Is(err, ErrExists):
 		return status.Error(codes.AlreadyExists, msg)
+	case errors.Is(err, ErrForbidden):
+		return status.Error(codes.PermissionDenied, msg)
+	case errors.Is(err, ErrInvalid):
+		return status.Error(codes.InvalidArgument, msg)
 	case errors.Is(err, ErrOutOfRange):
 		return status.Error(codes.OutOfRange, msg)
 	case errors.Is(err, ErrNoCapacity):

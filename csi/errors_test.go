@@ -36,6 +36,8 @@ func TestToStatus(t *testing.T) {
 		{"damaged", storageErr(ErrDamaged, "the record is damaged"), codes.FailedPrecondition},
 		{"unsure", storageErr(ErrUnsure, "cannot tell whether volume x is mounted at /t"), codes.FailedPrecondition},
 		{"out of range", storageErr(ErrOutOfRange, "volume x has 2 bytes; shrinking to 1 is not supported"), codes.OutOfRange},
+		{"invalid", storageErr(ErrInvalid, "capacity_range has a negative value (required -1, limit 0)"), codes.InvalidArgument},
+		{"forbidden", storageErr(ErrForbidden, "local path /x is outside the allowed roots [/y] (--local-root)"), codes.PermissionDenied},
 		{"data missing", storageErr(ErrDataMissing, "the data is missing"), codes.FailedPrecondition},
 		// A pool down for a missing directory is not NotFound.
 		{"pool down", &PoolDownError{Pool: "fast", Path: "/p", Cause: enoent}, codes.FailedPrecondition},

@@ -30,7 +30,7 @@ const formatPrefix = "hostpath-csi state format "
 func (l layout) formatFile() string { return filepath.Join(l.meta(), "format") }
 
 // checkStateFormat runs before anything is written to the state dir.
-func (d *Driver) checkStateFormat() error {
+func (d *engine) checkStateFormat() error {
 	b, err := os.ReadFile(d.paths.formatFile())
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -50,7 +50,7 @@ func (d *Driver) checkStateFormat() error {
 
 // recordStateFormat writes the current format, durably, once start has
 // brought the state dir to it.
-func (d *Driver) recordStateFormat() error {
+func (d *engine) recordStateFormat() error {
 	want := fmt.Sprintf("%s%d\n", formatPrefix, stateFormat)
 	if b, err := os.ReadFile(d.paths.formatFile()); err == nil && string(b) == want {
 		return nil
@@ -81,7 +81,7 @@ release refuses to start here. Start the current release once and stop it
 
 // raiseDowngradeGuard puts the guard in place, durably, before anything
 // is committed to the journal.
-func (d *Driver) raiseDowngradeGuard() error {
+func (d *engine) raiseDowngradeGuard() error {
 	guard := filepath.Join(d.paths.tmp(), downgradeGuard)
 	if err := os.Mkdir(guard, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
@@ -94,7 +94,7 @@ func (d *Driver) raiseDowngradeGuard() error {
 
 // lowerDowngradeGuard removes the guard once a clean stop has
 // checkpointed the journal.
-func (d *Driver) lowerDowngradeGuard() error {
+func (d *engine) lowerDowngradeGuard() error {
 	if err := fsops.RemoveAll(filepath.Join(d.paths.tmp(), downgradeGuard)); err != nil {
 		return err
 	}

@@ -154,7 +154,7 @@ func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStora
 
 // notFoundVolume answers a lookup of a volume this node does not have.
 // (Ids of other nodes never get this far: checkIDHere.)
-func (d *Driver) notFoundVolume(id string) error {
+func (d *engine) notFoundVolume(id string) error {
 	if err := d.damagedRecord("volume", id); err != nil {
 		return err
 	}
@@ -164,7 +164,7 @@ func (d *Driver) notFoundVolume(id string) error {
 // damagedRecord answers a request for an id whose record start found
 // damaged: its data is kept, and nothing is done to it until a person has
 // looked.
-func (d *Driver) damagedRecord(kind, id string) error {
+func (d *engine) damagedRecord(kind, id string) error {
 	for _, bad := range d.st.Damaged() {
 		if bad.ID == id {
 			return storageErr(ErrDamaged, "the record of %s %s at %s is damaged (%s); its data is kept: restore the record from a backup and restart the driver, or move the record and the data away to give it up", kind, id, bad.Path, bad.Problem)

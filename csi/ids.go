@@ -41,12 +41,12 @@ func newID(prefix, tag string) string {
 }
 
 // newVolumeID and newSnapshotID make ids of this node.
-func (d *Driver) newVolumeID() string   { return newID(volumeIDPrefix, d.tag) }
-func (d *Driver) newSnapshotID() string { return newID(snapshotIDPrefix, d.tag) }
+func (d *engine) newVolumeID() string   { return newID(volumeIDPrefix, d.tag) }
+func (d *engine) newSnapshotID() string { return newID(snapshotIDPrefix, d.tag) }
 
 // otherNode reports whether a well-formed id was made by another node,
 // and that node's tag.
-func (d *Driver) otherNode(id string) (string, bool) {
+func (d *engine) otherNode(id string) (string, bool) {
 	for _, p := range []string{volumeIDPrefix, snapshotIDPrefix, groupIDPrefix} {
 		if validID(p, id) {
 			tag := id[len(p) : len(p)+nodeTagLen]

@@ -7,9 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // Volumes that NodePublishVolume brings into being, with ids the CO chose:
@@ -40,7 +37,7 @@ func nodeCreated(v volumeRecord) bool {
 
 // lookupNodeVolume finds a volume by this driver's id, or by the CO's id
 // of an inline or local volume.
-func (d *Driver) lookupNodeVolume(id string) (volumeRecord, bool) {
+func (d *engine) lookupNodeVolume(id string) (volumeRecord, bool) {
 	if validVolumeID(id) {
 		v, ok := d.st.Volumes.Get(id)
 		return v, ok && v.Phase == phaseReady
@@ -56,28 +53,23 @@ func (d *Driver) lookupNodeVolume(id string) (volumeRecord, bool) {
 // provisionOnNode makes the record (and, for an inline volume, the data)
 // of a volume the volume context describes. It returns NotFound when the
 // context describes none.
-func (d *Driver) provisionOnNode(ctx context.Context, id string, vctx map[string]string, access string) (volumeRecord, error) {
-	if vctx[ctxEphemeral] == "true" || vctx[ctxLocalPath] != "" {
-		if err := checkName("volume_id", id); err != nil {
-			return volumeRecord{}, err
-		}
-	}
+func (d *engine) provisionOnNode(ctx context.Context, id string, vctx map[string]string, access string) (volumeRecord, error) {
 	switch {
 	case vctx[ctxEphemeral] == "true":
 		if access != accessMount {
-			return volumeRecord{}, invalid("inline ephemeral volumes are directories; a block capability cannot be served")
+			return volumeRecord{}, storageErr(ErrInvalid, "inline ephemeral volumes are directories; a block capability cannot be served")
 		}
 		size := int64(defaultEphemeralSize)
 		if s, ok := vctx[ctxSize]; ok {
 			n, err := ParseQuantity(s)
 			if err != nil || n <= 0 {
-				return volumeRecord{}, invalid("volume attribute %s=%q: %v", ctxSize, s, err)
+				return volumeRecord{}, storageErr(ErrInvalid, "volume attribute %s=%q: %v", ctxSize, s, err)
 			}
 			size = n
 		}
 		for k := range vctx {
 			if k != ctxEphemeral && k != ctxSize && !strings.HasPrefix(k, coParamPrefix) {
-				return volumeRecord{}, invalid("unknown volume attribute %q for an inline volume; this driver takes %q", k, ctxSize)
+				return volumeRecord{}, storageErr(ErrInvalid, "unknown volume attribute %q for an inline volume; this driver takes %q", k, ctxSize)
 			}
 		}
 		if d.cfg.MaxVolumeSize > 0 && size > d.cfg.MaxVolumeSize {
@@ -90,7 +82,7 @@ func (d *Driver) provisionOnNode(ctx context.Context, id string, vctx map[string
 			return volumeRecord{}, err
 		}
 		if access != accessMount {
-			return volumeRecord{}, invalid("local volumes are directories; a block capability cannot be served")
+			return volumeRecord{}, storageErr(ErrInvalid, "local volumes are directories; a block capability cannot be served")
 		}
 		// The data is the operator's directory: nothing to make, the record
 		// is ready as it is written.
@@ -102,12 +94,12 @@ func (d *Driver) provisionOnNode(ctx context.Context, id string, vctx map[string
 
 // checkLocalPath allows an existing directory below one of --local-root,
 // symlinks resolved, and never the driver's own state dir.
-func (d *Driver) checkLocalPath(p string) (string, error) {
+func (d *engine) checkLocalPath(p string) (string, error) {
 	if !filepath.IsAbs(p) || strings.ContainsRune(p, 0) {
-		return "", invalid("local path %q is not an absolute path", p)
+		return "", storageErr(ErrInvalid, "local path %q is not an absolute path", p)
 	}
 	if len(d.cfg.LocalRoots) == 0 {
-		return "", invalid("local path %q: local volumes are off; allow a root with --local-root", p)
+		return "", storageErr(ErrInvalid, "local path %q: local volumes are off; allow a root with --local-root", p)
 	}
 	real, err := filepath.EvalSymlinks(p)
 	if err != nil {
@@ -118,7 +110,7 @@ func (d *Driver) checkLocalPath(p string) (string, error) {
 		return "", storageErr(ErrNotFound, "local path %q is not a directory on node %s", p, d.cfg.NodeID)
 	}
 	if dir := d.ownDirHolding(real); dir != "" {
-		return "", invalid("local path %q is inside the driver's own directory %s", p, dir)
+		return "", storageErr(ErrInvalid, "local path %q is inside the driver's own directory %s", p, dir)
 	}
 	for _, root := range d.cfg.LocalRoots {
 		r, err := filepath.EvalSymlinks(root)
@@ -129,12 +121,12 @@ func (d *Driver) checkLocalPath(p string) (string, error) {
 			return real, nil
 		}
 	}
-	return "", status.Errorf(codes.PermissionDenied, "local path %q (%s) is outside the allowed roots %v (--local-root)", p, real, d.cfg.LocalRoots)
+	return "", storageErr(ErrForbidden, "local path %q (%s) is outside the allowed roots %v (--local-root)", p, real, d.cfg.LocalRoots)
 }
 
 // releaseNodeCreated deletes an inline volume, or forgets a local one,
 // once nothing publishes it any more.
-func (d *Driver) releaseNodeCreated(v volumeRecord) error {
+func (d *engine) releaseNodeCreated(v volumeRecord) error {
 	if !nodeCreated(v) || len(v.Published) > 0 || len(v.Staged) > 0 {
 		return nil
 	}

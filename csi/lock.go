@@ -98,16 +98,13 @@ func (k *keyLocks) pinned(key string) bool {
 	return k.pins[key] > 0
 }
 
-// lockForDelete is what DeleteVolume and DeleteSnapshot do first: check
-// the id, then take its lock (refused while the record is being copied)
+// lockForDelete is what DeleteVolume and DeleteSnapshot do once the id is
+// checked: take its lock (refused while the record is being copied)
 // and find the record. A malformed id or one with no record is already
 // deleted: it returns no unlock function and no error, and the caller
 // answers success.
-func lockForDelete[T store.Record[T]](d *Driver, kind, id string, valid func(string) bool, key func(string) string, t *store.Table[T]) (T, func(), error) {
+func lockForDelete[T store.Record[T]](d *engine, kind, id string, valid func(string) bool, key func(string) string, t *store.Table[T]) (T, func(), error) {
 	var zero T
-	if err := d.checkIDHere(kind+"_id", id); err != nil {
-		return zero, nil, err
-	}
 	if !valid(id) {
 		return zero, nil, nil
 	}

@@ -42,11 +42,11 @@ func (d *Driver) checkMutable(params map[string]string) error {
 			}
 		case mutableSnapshotFormat:
 			if _, _, _, err := d.snapshotOptions(map[string]string{paramFormat: v}, accessMount, nil); err != nil {
-				return invalid("mutable parameter %s=%q: %s", k, v, status.Convert(err).Message())
+				return invalid("mutable parameter %s=%q: %s", k, v, err.Error())
 			}
 		case mutableSnapshotCompression:
 			if _, _, _, err := d.snapshotOptions(map[string]string{paramCompression: v}, accessMount, nil); err != nil {
-				return invalid("mutable parameter %s=%q: %s", k, v, status.Convert(err).Message())
+				return invalid("mutable parameter %s=%q: %s", k, v, err.Error())
 			}
 		default:
 			keys := []string{mutableKind, mutableSnapshotFormat, mutableSnapshotCompression}
@@ -92,7 +92,7 @@ func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.Controller
 
 // modifyVolume applies validated mutable parameters to volume id: a new
 // capacity kind only if that kind has room for it (ErrNoCapacity).
-func (d *Driver) modifyVolume(id string, params map[string]string) error {
+func (d *engine) modifyVolume(id string, params map[string]string) error {
 	v, unlock, err := d.lockVolume(id, false)
 	if err != nil {
 		return err

@@ -16,14 +16,14 @@ import (
 )
 
 // nodeVolume takes the volume's lock and returns its record.
-func (d *Driver) nodeVolume(id string) (volumeRecord, func(), error) {
+func (d *engine) nodeVolume(id string) (volumeRecord, func(), error) {
 	return d.nodeVolumeOrProvision(context.Background(), id, nil, "")
 }
 
 // nodeVolumeOrProvision is nodeVolume, but brings an inline or local
 // volume the volume context describes into being if it is not there yet
 // (with no context it answers NotFound).
-func (d *Driver) nodeVolumeOrProvision(ctx context.Context, id string, vctx map[string]string, access string) (volumeRecord, func(), error) {
+func (d *engine) nodeVolumeOrProvision(ctx context.Context, id string, vctx map[string]string, access string) (volumeRecord, func(), error) {
 	unlock, err := d.locks.lock("volume "+id, volIDKey(id))
 	if err != nil {
 		return volumeRecord{}, nil, err
@@ -42,7 +42,7 @@ func (d *Driver) nodeVolumeOrProvision(ctx context.Context, id string, vctx map[
 // mountSource is what gets bind-mounted for a volume: its directory, or
 // the device node of its loop device (a read-only device of its own for a
 // read-only publication, returned too so a failed mount can let it go).
-func (d *Driver) mountSource(v volumeRecord, readOnly bool) (string, *loop.Device, error) {
+func (d *engine) mountSource(v volumeRecord, readOnly bool) (string, *loop.Device, error) {
 	if v.AccessType == accessMount {
 		return d.volumeDataPath(v), nil, nil
 	}
@@ -88,6 +88,12 @@ func (d *Driver) lockForMount(ctx context.Context, id, pathField, path string, c
 	if err != nil {
 		return volumeRecord{}, "", nil, err
 	}
+	if vctx[ctxEphemeral] == "true" || vctx[ctxLocalPath] != "" {
+		// The CO's id of an inline or local volume becomes its name.
+		if err := checkName("volume_id", id); err != nil {
+			return volumeRecord{}, "", nil, err
+		}
+	}
 	v, unlock, err := d.nodeVolumeOrProvision(ctx, id, vctx, access)
 	if err != nil {
 		return volumeRecord{}, "", nil, err
@@ -114,7 +120,7 @@ func (d *Driver) checkUnmount(id, pathField, path string) (string, error) {
 
 // inspectMount returns the mount at path (nil if there is none) and
 // whether it shows the volume.
-func (d *Driver) inspectMount(path string, v volumeRecord) (*fsops.MountPoint, bool, error) {
+func (d *engine) inspectMount(path string, v volumeRecord) (*fsops.MountPoint, bool, error) {
 	mp, err := d.mountPoint(path)
 	if err != nil && !os.IsNotExist(err) {
 		return nil, false, storageErr(ErrUnsure, "cannot tell whether volume %s is mounted at %s: %v; nothing was changed, retry once the path can be inspected", v.ID, path, err)
@@ -132,7 +138,7 @@ func (d *Driver) inspectMount(path string, v volumeRecord) (*fsops.MountPoint, b
 // bindVolume mounts the volume at path unless it is already there. A
 // different mount at path is FailedPrecondition; path is created (a
 // directory, or a file for a block volume) if it does not exist.
-func (d *Driver) bindVolume(v volumeRecord, path string, flags uintptr, dir bool) error {
+func (d *engine) bindVolume(v volumeRecord, path string, flags uintptr, dir bool) error {
 	mp, ours, err := d.inspectMount(path, v)
 	if err != nil {
 		return err
@@ -178,7 +184,7 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 
 // unbindVolume unmounts the volume from path if it is mounted there, and
 // removes path if asked. A mount of something else is refused.
-func (d *Driver) unbindVolume(v volumeRecord, path string, remove bool) error {
+func (d *engine) unbindVolume(v volumeRecord, path string, remove bool) error {
 	mp, ours, err := d.inspectMount(path, v)
 	if err != nil {
 		return err
@@ -235,7 +241,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 // publishVolume shows volume v, whose lock the caller holds, at target:
 // refused while another target holds it single-writer; the publication
 // recorded before the mount (a crash after it still knows the target).
-func (d *Driver) publishVolume(v volumeRecord, target string, flags uintptr, readOnly, single bool) error {
+func (d *engine) publishVolume(v volumeRecord, target string, flags uintptr, readOnly, single bool) error {
 	for _, p := range v.Published {
 		if p.Target == target || !(single || p.SingleWriter) {
 			continue
@@ -357,7 +363,7 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	if want > d.cfg.MaxVolumeSizeNode {
 		return nil, status.Errorf(codes.OutOfRange, "required_bytes %d exceeds the largest size a node may expand a volume to (--max-volume-size-node %d)", want, d.cfg.MaxVolumeSizeNode)
 	}
-	size, err := d.expandOnNode(ctx, req.GetVolumeId(), req.GetVolumePath(), req.GetCapacityRange())
+	size, err := d.expandOnNode(ctx, req.GetVolumeId(), req.GetVolumePath(), rangeOf(req.GetCapacityRange()))
 	if err != nil {
 		return nil, err
 	}

@@ -47,9 +47,9 @@ func NodeTag(nodeID string) string { return nodeTag(nodeID) }
 
 // SetPeers lets restores and clones pull sources from other nodes. Without
 // it a source on another node is ResourceExhausted, as for the reference.
-func (d *Driver) SetPeers(p Peers) { d.peers.Store(&p) }
+func (d *engine) SetPeers(p Peers) { d.peers.Store(&p) }
 
-func (d *Driver) peerSet() Peers {
+func (d *engine) peerSet() Peers {
 	if p := d.peers.Load(); p != nil {
 		return *p
 	}
@@ -58,7 +58,7 @@ func (d *Driver) peerSet() Peers {
 
 // remoteSource reports whether a well-formed source id lives on another
 // node that this driver can pull from, and that node's tag.
-func (d *Driver) remoteSource(id string) (string, bool) {
+func (d *engine) remoteSource(id string) (string, bool) {
 	if d.peerSet() == nil || (!validVolumeID(id) && !validSnapshotID(id)) {
 		return "", false
 	}
@@ -70,13 +70,13 @@ func (d *Driver) remoteSource(id string) (string, bool) {
 
 // statRemote asks the source's node what it is: its access type and the
 // bytes a volume made from it needs.
-func (d *Driver) statRemote(ctx context.Context, tag, kind, id, access string) (int64, error) {
+func (d *engine) statRemote(ctx context.Context, tag, kind, id, access string) (int64, error) {
 	m, _, node, err := d.peerSet().Open(ctx, tag, kind, id, true)
 	if err != nil {
 		return 0, peerStatus(err, kind, id, node)
 	}
 	if m.Attrs["access"] != access {
-		return 0, invalid("source %s %s on node %s is of a %s volume; it cannot fill a %s volume", kind, id, node, m.Attrs["access"], access)
+		return 0, storageErr(ErrInvalid, "source %s %s on node %s is of a %s volume; it cannot fill a %s volume", kind, id, node, m.Attrs["access"], access)
 	}
 	return m.Size, nil
 }
@@ -94,7 +94,7 @@ func peerStatus(err error, kind, id, node string) error {
 
 // pullVolumeData makes a volume's data from a source on another node. The
 // caller removes what a failure leaves.
-func (d *Driver) pullVolumeData(ctx context.Context, v volumeRecord, tag string) error {
+func (d *engine) pullVolumeData(ctx context.Context, v volumeRecord, tag string) error {
 	kind, id := sourceSnapshot, v.SourceSnapshot
 	if id == "" {
 		kind, id = sourceVolume, v.SourceVolume
@@ -142,7 +142,7 @@ func (w *watchedReader) Read(b []byte) (int, error) {
 }
 
 // buildFrom writes a received stream into the volume's data.
-func (d *Driver) buildFrom(ctx context.Context, v volumeRecord, m transfer.Meta, body io.Reader) error {
+func (d *engine) buildFrom(ctx context.Context, v volumeRecord, m transfer.Meta, body io.Reader) error {
 	path := d.volumeDataPath(v)
 	if v.AccessType == accessBlock {
 		if m.Format != wireExtents {
@@ -160,7 +160,7 @@ func (d *Driver) buildFrom(ctx context.Context, v volumeRecord, m transfer.Meta,
 			// image's length.
 			limit := archive.ExtentsLimit{Max: v.CapacityBytes, Clip: v.SourceSnapshot != ""}
 			_, st, err := extractExtents(ctx, body, out, limit)
-			d.metrics.moved("restore", st.Bytes)
+			d.moved("restore", st.Bytes)
 			if err != nil {
 				return err
 			}
@@ -181,7 +181,7 @@ func (d *Driver) buildFrom(ctx context.Context, v volumeRecord, m transfer.Meta,
 	var h hash.Hash = sha256.New()
 	in := io.TeeReader(body, h)
 	st, err := archive.Extract(ctx, in, path)
-	d.metrics.moved("restore", st.Bytes)
+	d.moved("restore", st.Bytes)
 	if err != nil {
 		return err
 	}
@@ -209,9 +209,9 @@ func extractExtents(ctx context.Context, r io.Reader, out *os.File, limit archiv
 }
 
 // TransferSource is what this node serves to its peers.
-func (d *Driver) TransferSource() transfer.Source { return (*peerSource)(d) }
+func (d *engine) TransferSource() transfer.Source { return (*peerSource)(d) }
 
-type peerSource Driver
+type peerSource engine
 
 // Open pins the source and returns it in the form it travels in. Only
 // well-formed ids of this node are looked up.
@@ -226,7 +226,7 @@ func (p *peerSource) Open(ctx context.Context, peer, kind, id string, statOnly b
 }
 
 func (p *peerSource) open(ctx context.Context, peer, kind, id string, statOnly bool) (transfer.Meta, io.ReadCloser, error) {
-	d := (*Driver)(p)
+	d := (*engine)(p)
 	switch {
 	case kind == sourceSnapshot && validSnapshotID(id), kind == sourceVolume && validVolumeID(id):
 	default:
@@ -284,7 +284,7 @@ func servable(err error, kind, id string) error {
 	return fmt.Errorf("serving %s %s: %w", kind, id, err)
 }
 
-func (d *Driver) serveSnapshot(id string) (transfer.Meta, func(context.Context) (io.ReadCloser, error), func(), error) {
+func (d *engine) serveSnapshot(id string) (transfer.Meta, func(context.Context) (io.ReadCloser, error), func(), error) {
 	unpin, err := d.pinSnapshot(id)
 	if err != nil {
 		return transfer.Meta{}, nil, nil, servable(err, sourceSnapshot, id)
@@ -316,7 +316,7 @@ func (d *Driver) serveSnapshot(id string) (transfer.Meta, func(context.Context) 
 	return m, open, unpin, nil
 }
 
-func (d *Driver) serveVolume(id string) (transfer.Meta, func(context.Context) (io.ReadCloser, error), func(), error) {
+func (d *engine) serveVolume(id string) (transfer.Meta, func(context.Context) (io.ReadCloser, error), func(), error) {
 	v, unpin, err := d.pinVolume(id)
 	if err != nil {
 		return transfer.Meta{}, nil, nil, servable(err, sourceVolume, id)

@@ -25,7 +25,7 @@ import (
 func (l layout) knownPools() string { return filepath.Join(l.meta(), "pools") }
 
 // knownPool says when pool name was first marked, if ever.
-func (d *Driver) knownPool(name string) (string, bool, error) {
+func (d *engine) knownPool(name string) (string, bool, error) {
 	b, err := os.ReadFile(filepath.Join(d.paths.knownPools(), name))
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", false, nil
@@ -105,7 +105,7 @@ type poolDev struct {
 }
 
 // otherPoolsUp are the pools other than p that are up, and where.
-func (d *Driver) otherPoolsUp(p *pool) map[string]poolDev {
+func (d *engine) otherPoolsUp(p *pool) map[string]poolDev {
 	out := map[string]poolDev{}
 	for _, q := range d.poolList()[1:] {
 		if st := q.get(); q != p && st.down == nil {
@@ -117,7 +117,7 @@ func (d *Driver) otherPoolsUp(p *pool) map[string]poolDev {
 
 // preparePool checks that a pool's directory is its home and makes it
 // ready: the marker names it, or, the first time, it is marked.
-func (d *Driver) preparePool(p *pool) (*poolState, error) {
+func (d *engine) preparePool(p *pool) (*poolState, error) {
 	root := p.paths.root
 	fi, err := os.Stat(root)
 	if err != nil {

@@ -9,7 +9,7 @@ import (
 // poolCollector shows each pool on /metrics: up or down, its file
 // system's size, free and used bytes (statfs at scrape time), and the
 // volumes and snapshots it holds.
-type poolCollector struct{ d *Driver }
+type poolCollector struct{ d *engine }
 
 var (
 	poolUpDesc        = prometheus.NewDesc("hostpath_pool_up", "1 when the pool serves, 0 when it is down (its disk missing or unusable).", []string{"pool", "path"}, nil)

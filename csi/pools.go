@@ -102,7 +102,7 @@ type fileID struct{ dev, ino uint64 }
 func (p *pool) get() *poolState { return p.state.Load() }
 
 // pools lists the pools, the default first, then by name.
-func (d *Driver) poolList() []*pool {
+func (d *engine) poolList() []*pool {
 	out := []*pool{d.pools[DefaultPool]}
 	names := make([]string, 0, len(d.pools))
 	for n := range d.pools {
@@ -118,7 +118,7 @@ func (d *Driver) poolList() []*pool {
 }
 
 // poolNames lists the pools' names for messages.
-func (d *Driver) poolNames() string {
+func (d *engine) poolNames() string {
 	var names []string
 	for _, p := range d.poolList() {
 		names = append(names, p.name)
@@ -129,7 +129,7 @@ func (d *Driver) poolNames() string {
 // poolOf is the pool a record names ("" is the default). A pool no longer
 // configured is a down pool of its own, so its records are kept and
 // refused with a message saying so.
-func (d *Driver) poolOf(name string) *pool {
+func (d *engine) poolOf(name string) *pool {
 	if name == "" {
 		name = DefaultPool
 	}
@@ -143,14 +143,14 @@ func (d *Driver) poolOf(name string) *pool {
 
 // choosePool reads the pool a request's parameters name; an unknown one is
 // InvalidArgument naming the node's pools.
-func (d *Driver) choosePool(params map[string]string) (*pool, error) {
+func (d *engine) choosePool(params map[string]string) (*pool, error) {
 	name, ok := params[paramPool]
 	if !ok || name == "" {
 		return d.pools[DefaultPool], nil
 	}
 	p, ok := d.pools[name]
 	if !ok {
-		return nil, invalid("parameter %s=%q: this node has the pools %s", paramPool, name, d.poolNames())
+		return nil, storageErr(ErrInvalid, "parameter %s=%q: this node has the pools %s", paramPool, name, d.poolNames())
 	}
 	return p, nil
 }
@@ -169,7 +169,7 @@ func recordPool(p *pool) string {
 // it up once its disk is back, without a restart. Requests never bring a
 // pool up themselves: that repairs the pool's records, which no request
 // may be using.
-func (d *Driver) usable(p *pool) (*poolState, error) {
+func (d *engine) usable(p *pool) (*poolState, error) {
 	st := d.recheck(p)
 	if st.down != nil {
 		return nil, &PoolDownError{Pool: p.name, Path: p.paths.root, Cause: st.down}
@@ -183,7 +183,7 @@ func (d *Driver) usable(p *pool) (*poolState, error) {
 // One stat: every request that needs the pool makes it, so none writes
 // into a mount point whose disk is gone, and none deletes a record whose
 // data it cannot reach.
-func (d *Driver) recheck(p *pool) *poolState {
+func (d *engine) recheck(p *pool) *poolState {
 	st := p.get()
 	if st.down != nil || p.name == DefaultPool {
 		return st
@@ -204,7 +204,7 @@ func (d *Driver) recheck(p *pool) *poolState {
 
 // watchPools, every interval until stop is closed, takes down the pools
 // whose disk went away and tries to bring up the pools that are down.
-func (d *Driver) watchPools(every time.Duration, stop <-chan struct{}) {
+func (d *engine) watchPools(every time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -227,7 +227,7 @@ func (d *Driver) watchPools(every time.Duration, stop <-chan struct{}) {
 // up, what start does for the state dir is done
 // for the pool: unfinished work cleared, interrupted operations finished,
 // block volumes attached.
-func (d *Driver) openPool(p *pool) {
+func (d *engine) openPool(p *pool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.get().down == nil {
@@ -252,7 +252,7 @@ func (d *Driver) openPool(p *pool) {
 }
 
 // poolHasRecords reports whether any record is in pool name.
-func (d *Driver) poolHasRecords(name string) bool {
+func (d *engine) poolHasRecords(name string) bool {
 	for _, v := range d.st.Volumes.All() {
 		if v.Pool == name {
 			return true

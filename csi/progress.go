@@ -33,7 +33,7 @@ type inflight struct {
 // and its bytes on /metrics while it runs. The returned context carries
 // its Progress to the copy; done ends the reporting and, for an operation
 // that ran longer than one interval, logs its totals.
-func (d *Driver) track(ctx context.Context, kind, id string, expected int64) (context.Context, func()) {
+func (d *engine) track(ctx context.Context, kind, id string, expected int64) (context.Context, func()) {
 	op := &operation{kind: kind, id: id, expected: expected, start: time.Now()}
 	d.ops.mu.Lock()
 	d.ops.ops[op] = struct{}{}

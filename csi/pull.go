@@ -50,7 +50,7 @@ func (b *background) stop() {
 }
 
 // pulling answers a CreateVolume of a name whose pull is in progress.
-func (d *Driver) pulling(name string) error {
+func (d *engine) pulling(name string) error {
 	d.bg.mu.Lock()
 	_, ok := d.bg.pulls[name]
 	d.bg.mu.Unlock()
@@ -69,7 +69,7 @@ func (d *Driver) pulling(name string) error {
 // provisionPulled provisions rec, whose source is on another node, in the
 // background, and takes over unlock (the name's lock), which it releases
 // when the pull ends. It returns the volume if it is ready within ctx.
-func (d *Driver) provisionPulled(ctx context.Context, rec volumeRecord, tag string, unlock func()) (volumeRecord, error) {
+func (d *engine) provisionPulled(ctx context.Context, rec volumeRecord, tag string, unlock func()) (volumeRecord, error) {
 	job := &pullJob{done: make(chan struct{})}
 	d.bg.mu.Lock()
 	d.bg.pulls[rec.Name] = job

@@ -66,7 +66,7 @@ func assignProjectID(v *volumeRecord, all map[string]volumeRecord) {
 }
 
 // makeVolumeDir creates a directory volume with its limit.
-func (d *Driver) makeVolumeDir(v volumeRecord, dir string) error {
+func (d *engine) makeVolumeDir(v volumeRecord, dir string) error {
 	p := d.poolOf(v.Pool)
 	switch p.get().quota {
 	case quotaBtrfs:
@@ -87,7 +87,7 @@ func (d *Driver) makeVolumeDir(v volumeRecord, dir string) error {
 }
 
 // setVolumeLimit gives an existing directory volume a new limit.
-func (d *Driver) setVolumeLimit(v volumeRecord, size int64) error {
+func (d *engine) setVolumeLimit(v volumeRecord, size int64) error {
 	p := d.poolOf(v.Pool)
 	switch p.get().quota {
 	case quotaBtrfs:
@@ -100,7 +100,7 @@ func (d *Driver) setVolumeLimit(v volumeRecord, size int64) error {
 
 // volumeUsage is what a directory volume uses: the quota's count where
 // there is one, else a walk of the tree.
-func (d *Driver) volumeUsage(v volumeRecord) (fsops.Usage, error) {
+func (d *engine) volumeUsage(v volumeRecord) (fsops.Usage, error) {
 	if p := d.poolOf(v.Pool); p.get().quota == quotaProject && v.ProjectID != 0 {
 		u, err := fsops.GetProjectUsage(p.paths.volumes(), v.ProjectID)
 		if err == nil {

@@ -26,7 +26,7 @@ import (
 // Start does this for the default pool (the state dir); each other pool
 // gets it when it comes up (reconcilePool), and until then its records
 // are left as they are.
-func (d *Driver) reconcile() error {
+func (d *engine) reconcile() error {
 	home, err := d.volumesDirIsHome()
 	if err != nil {
 		return err
@@ -47,7 +47,7 @@ func (d *Driver) reconcile() error {
 
 // reconcilePool is reconcile for a pool other than the default as it comes
 // up: its marker proves its volumes directory is the volumes' home.
-func (d *Driver) reconcilePool(p *pool) error {
+func (d *engine) reconcilePool(p *pool) error {
 	if err := d.reconcileRecords(p, true); err != nil {
 		return err
 	}
@@ -55,7 +55,7 @@ func (d *Driver) reconcilePool(p *pool) error {
 }
 
 // reconcileRecords repairs the records of pool p.
-func (d *Driver) reconcileRecords(p *pool, home bool) error {
+func (d *engine) reconcileRecords(p *pool, home bool) error {
 	for _, v := range d.st.Volumes.All() {
 		if d.poolOf(v.Pool) != p {
 			continue
@@ -146,7 +146,7 @@ func (d *Driver) reconcileRecords(p *pool, home bool) error {
 // membersReachable reports whether every snapshot of group g is in pool p
 // (being reconciled) or in a pool that is up: an interrupted group is
 // undone only when all of it can be.
-func (d *Driver) membersReachable(g groupRecord, p *pool) bool {
+func (d *engine) membersReachable(g groupRecord, p *pool) bool {
 	for _, s := range d.st.Snapshots.All() {
 		if s.Group != g.ID {
 			continue
@@ -160,7 +160,7 @@ func (d *Driver) membersReachable(g groupRecord, p *pool) bool {
 
 // reconcileDirs looks at what pool p's directories hold beside the
 // records: data no record owns, and unfinished work in tmp/.
-func (d *Driver) reconcileDirs(p *pool) error {
+func (d *engine) reconcileDirs(p *pool) error {
 	if err := d.removeOrphans(p.paths.volumes(), func(id string) bool { _, ok := d.st.Volumes.Get(id); return ok }, validVolumeID, true); err != nil {
 		return err
 	}
@@ -193,7 +193,7 @@ func (d *Driver) reconcileDirs(p *pool) error {
 // the file): deleting it loses nothing, and its loop device goes first.
 // Entries of a damaged record are left alone, and so is anything else in
 // the directory: the driver did not make it.
-func (d *Driver) removeOrphans(dir string, known func(string) bool, valid func(string) bool, emptyBlockFiles bool) error {
+func (d *engine) removeOrphans(dir string, known func(string) bool, valid func(string) bool, emptyBlockFiles bool) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return err
@@ -245,7 +245,7 @@ const blockSuffix = ".img"
 
 // dataOf lists what the volumes and snapshots directories hold under id
 // (nothing for an id the rules do not take: it is no name to look up).
-func (d *Driver) dataOf(id string) []string {
+func (d *engine) dataOf(id string) []string {
 	if !validVolumeID(id) && !validSnapshotID(id) {
 		return nil
 	}
@@ -270,7 +270,7 @@ const volumesMarker = ".hostpath-volumes"
 // it would be attached, and written, in place of the real one). The marker
 // is written durably the first time that is evident: no volume records
 // yet, or the data of a ready volume present.
-func (d *Driver) volumesDirIsHome() (bool, error) {
+func (d *engine) volumesDirIsHome() (bool, error) {
 	marker := filepath.Join(d.paths.volumes(), volumesMarker)
 	if _, err := os.Lstat(marker); err == nil {
 		return true, nil

@@ -28,6 +28,12 @@ var (
 	// ErrDataMissing: the record is there, its data is not, at its path
 	// (ENOENT only: an EIO is an EIO) (FailedPrecondition).
 	ErrDataMissing = errors.New("data missing")
+	// ErrInvalid: what is asked cannot be asked of this volume or
+	// snapshot (its access type, a negative size) (InvalidArgument).
+	ErrInvalid = errors.New("invalid")
+	// ErrForbidden: the operator's configuration does not allow it
+	// (PermissionDenied).
+	ErrForbidden = errors.New("not allowed")
 	// ErrOutOfRange: the size asked for is one this volume cannot take
 	// (OutOfRange).
 	ErrOutOfRange = errors.New("size out of range")

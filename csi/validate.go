@@ -138,43 +138,6 @@ func checkCapabilities(caps []*csi.VolumeCapability) (string, error) {
 	return access, nil
 }
 
-// resolveSize turns a capacity range into the size to create. Block sizes
-// round up to the sector size; nothing is ever rounded down.
-func (d *Driver) resolveSize(cr *csi.CapacityRange, access string, floor int64) (int64, error) {
-	req, lim := cr.GetRequiredBytes(), cr.GetLimitBytes()
-	if req < 0 || lim < 0 {
-		return 0, invalid("capacity_range has a negative value (required %d, limit %d)", req, lim)
-	}
-	if lim > 0 && req > lim {
-		return 0, invalid("capacity_range required_bytes %d exceeds limit_bytes %d", req, lim)
-	}
-	size := req
-	if size == 0 {
-		// No size asked: a clone or restore takes its source's, a new
-		// volume the default, within the limit.
-		size = defaultVolumeSize
-		if floor > 0 {
-			size = floor
-		}
-		if lim > 0 && size > lim {
-			size = lim
-		}
-	}
-	if size < floor {
-		size = floor
-	}
-	if access == accessBlock && size%blockSectorSize != 0 {
-		size += blockSectorSize - size%blockSectorSize
-	}
-	if lim > 0 && size > lim {
-		return 0, status.Errorf(codes.OutOfRange, "volume must be at least %d bytes (its source's size, rounded up to %d-byte sectors for block), above limit_bytes %d", size, blockSectorSize, lim)
-	}
-	if d.cfg.MaxVolumeSize > 0 && size > d.cfg.MaxVolumeSize {
-		return 0, status.Errorf(codes.OutOfRange, "requested %d bytes exceeds the largest volume this driver creates (--max-volume-size %d)", size, d.cfg.MaxVolumeSize)
-	}
-	return size, nil
-}
-
 // checkVolumeParameters accepts only parameters the driver understands and
 // returns the capacity kind.
 func (d *Driver) checkVolumeParameters(params map[string]string) (string, *pool, error) {
@@ -250,7 +213,7 @@ func (d *Driver) checkCOPath(field, p string) (string, error) {
 }
 
 // ownDirHolding is the state dir or pool directory p is in, or "".
-func (d *Driver) ownDirHolding(p string) string {
+func (d *engine) ownDirHolding(p string) string {
 	if within(d.paths.root, p) {
 		return d.paths.root
 	}

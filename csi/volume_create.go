@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/container-storage-interface/spec/lib/go/csi"
 )
 
 // volumeSpec is a new volume as CreateVolume asks for it, its fields
@@ -15,7 +13,7 @@ type volumeSpec struct {
 	params             map[string]string
 	pool               *pool
 	source             sourceRef
-	capacity           *csi.CapacityRange
+	capacity           sizeRange
 	mutable            map[string]string
 }
 
@@ -26,7 +24,7 @@ type sourceRef struct{ kind, id, tag string }
 
 // sourceOf is where a source of kind and id lives: here, or on the node
 // whose tag it names.
-func (d *Driver) sourceOf(kind, id string) sourceRef {
+func (d *engine) sourceOf(kind, id string) sourceRef {
 	tag, _ := d.remoteSource(id)
 	return sourceRef{kind: kind, id: id, tag: tag}
 }
@@ -37,7 +35,7 @@ func (d *Driver) sourceOf(kind, id string) sourceRef {
 // published, read or copied meanwhile) or asks a remote one's node what it
 // is, sizes the volume no smaller than its source, and provisions it: a
 // pull from another node goes on past the request (provisionPulled).
-func (d *Driver) createVolume(ctx context.Context, spec volumeSpec) (volumeRecord, error) {
+func (d *engine) createVolume(ctx context.Context, spec volumeSpec) (volumeRecord, error) {
 	if err := d.pulling(spec.name); err != nil {
 		return volumeRecord{}, err
 	}
@@ -83,7 +81,7 @@ func (d *Driver) createVolume(ctx context.Context, spec volumeSpec) (volumeRecor
 			return volumeRecord{}, storageErr(ErrNotFound, "source snapshot %q does not exist", src.id)
 		}
 		if s.AccessType != spec.access {
-			return volumeRecord{}, invalid("source snapshot %s is of a %s volume; it cannot restore a %s volume", s.ID, s.AccessType, spec.access)
+			return volumeRecord{}, storageErr(ErrInvalid, "source snapshot %s is of a %s volume; it cannot restore a %s volume", s.ID, s.AccessType, spec.access)
 		}
 		if err := d.snapshotPresent(s); err != nil {
 			return volumeRecord{}, err
@@ -97,11 +95,11 @@ func (d *Driver) createVolume(ctx context.Context, spec volumeSpec) (volumeRecor
 		}
 		defer unpin()
 		if v.AccessType != spec.access {
-			return volumeRecord{}, invalid("source volume %s is a %s volume; it cannot be cloned into a %s volume", v.ID, v.AccessType, spec.access)
+			return volumeRecord{}, storageErr(ErrInvalid, "source volume %s is a %s volume; it cannot be cloned into a %s volume", v.ID, v.AccessType, spec.access)
 		}
 		floor = v.CapacityBytes
 	}
-	if req := spec.capacity.GetRequiredBytes(); req > 0 && req < floor {
+	if req := spec.capacity.required; req > 0 && req < floor {
 		return volumeRecord{}, storageErr(ErrOutOfRange, "requested %d bytes is smaller than the source's %d bytes", req, floor)
 	}
 	if rec.CapacityBytes, err = d.resolveSize(spec.capacity, spec.access, floor); err != nil {
@@ -121,7 +119,7 @@ func (d *Driver) createVolume(ctx context.Context, spec volumeSpec) (volumeRecor
 
 // existingVolume answers a repeated CreateVolume: the same volume if the
 // request is compatible, ErrExists saying what differs if not.
-func (d *Driver) existingVolume(old, want volumeRecord, cr *csi.CapacityRange) (volumeRecord, error) {
+func (d *engine) existingVolume(old, want volumeRecord, cr sizeRange) (volumeRecord, error) {
 	if old.Phase != phaseReady {
 		return volumeRecord{}, storageErr(ErrBusy, "volume %q is being %s; retry later", old.Name, old.Phase)
 	}
@@ -129,10 +127,10 @@ func (d *Driver) existingVolume(old, want volumeRecord, cr *csi.CapacityRange) (
 	switch {
 	case old.AccessType != want.AccessType:
 		diff = fmt.Sprintf("it is a %s volume, the request asks for %s", old.AccessType, want.AccessType)
-	case old.CapacityBytes < cr.GetRequiredBytes():
-		diff = fmt.Sprintf("it has %d bytes, the request requires %d", old.CapacityBytes, cr.GetRequiredBytes())
-	case cr.GetLimitBytes() > 0 && old.CapacityBytes > cr.GetLimitBytes():
-		diff = fmt.Sprintf("it has %d bytes, the request limits it to %d", old.CapacityBytes, cr.GetLimitBytes())
+	case old.CapacityBytes < cr.required:
+		diff = fmt.Sprintf("it has %d bytes, the request requires %d", old.CapacityBytes, cr.required)
+	case cr.limit > 0 && old.CapacityBytes > cr.limit:
+		diff = fmt.Sprintf("it has %d bytes, the request limits it to %d", old.CapacityBytes, cr.limit)
 	case old.SourceSnapshot != want.SourceSnapshot || old.SourceVolume != want.SourceVolume:
 		diff = "it was created from a different content source"
 	case old.Kind != want.Kind && want.Kind != "":
@@ -147,7 +145,7 @@ func (d *Driver) existingVolume(old, want volumeRecord, cr *csi.CapacityRange) (
 // it (capacity checked under the index lock), record it "creating", make
 // its data, record it "ready". A failure undoes what it can; what it cannot
 // stays "creating" for the next start to clear.
-func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord, tag string) (volumeRecord, error) {
+func (d *engine) provisionVolume(ctx context.Context, rec volumeRecord, tag string) (volumeRecord, error) {
 	rec.ID = d.newVolumeID()
 	rec.Phase = phaseCreating
 	rec.CreatedAt = time.Now().UTC()
@@ -172,7 +170,7 @@ func (d *Driver) provisionVolume(ctx context.Context, rec volumeRecord, tag stri
 }
 
 // volumes is the create protocol of volumes (creation.create).
-func (d *Driver) volumes() creation[volumeRecord] {
+func (d *engine) volumes() creation[volumeRecord] {
 	return creation[volumeRecord]{table: d.st.Volumes, kind: "volume", undo: d.removeVolumeData}
 }
 
@@ -183,7 +181,7 @@ func (d *Driver) volumes() creation[volumeRecord] {
 // a file no pod ever had can hold, is removed with its loop device). So
 // the record's journal commit and the file's creation and loop attach run
 // side by side, and the record is shown only once both are done.
-func (d *Driver) provisionFreshBlock(ctx context.Context, rec volumeRecord) (volumeRecord, error) {
+func (d *engine) provisionFreshBlock(ctx context.Context, rec volumeRecord) (volumeRecord, error) {
 	if err := d.st.Volumes.Reserve(&rec, d.checkCapacity); err != nil {
 		return volumeRecord{}, fmt.Errorf("reserving volume %q: %w", rec.Name, err)
 	}

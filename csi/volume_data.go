@@ -13,7 +13,7 @@ import (
 
 // volumeDataPath is where a volume's data lives: a directory for a mount
 // volume, a backing file for a block volume.
-func (d *Driver) volumeDataPath(v volumeRecord) string {
+func (d *engine) volumeDataPath(v volumeRecord) string {
 	if v.LocalPath != "" {
 		return v.LocalPath
 	}
@@ -27,7 +27,7 @@ func (d *Driver) volumeDataPath(v volumeRecord) string {
 // createVolumeData makes the volume's data, empty or from its source;
 // tag names the source's node when it is another one (createVolume
 // decided).
-func (d *Driver) createVolumeData(ctx context.Context, v volumeRecord, tag string) error {
+func (d *engine) createVolumeData(ctx context.Context, v volumeRecord, tag string) error {
 	if tag != "" {
 		return d.pullVolumeData(ctx, v, tag)
 	}
@@ -63,7 +63,7 @@ func (d *Driver) createVolumeData(ctx context.Context, v volumeRecord, tag strin
 			return storageErr(ErrNotFound, "source volume %s disappeared", v.SourceVolume)
 		}
 		st, err := fsops.CopyTree(ctx, d.volumeDataPath(src), dir)
-		d.metrics.moved("clone", st.Bytes)
+		d.moved("clone", st.Bytes)
 		return err
 	}
 	return nil
@@ -79,7 +79,7 @@ func (d *Driver) createVolumeData(ctx context.Context, v volumeRecord, tag strin
 // a power loss on ext4. Block volumes are made durable as they are
 // written (fsops.CreateDurable), or repaired at start when fresh; static
 // local volumes are the operator's.
-func (d *Driver) syncVolumeData(v volumeRecord) error {
+func (d *engine) syncVolumeData(v volumeRecord) error {
 	if v.AccessType == accessBlock || v.LocalPath != "" {
 		return nil
 	}
@@ -104,7 +104,7 @@ func mkdirOpen(dir string) error {
 
 // removeVolumeData removes whatever a volume has on disk; what is already
 // gone is not an error.
-func (d *Driver) removeVolumeData(v volumeRecord) error {
+func (d *engine) removeVolumeData(v volumeRecord) error {
 	if v.LocalPath != "" {
 		return nil // the operator's directory, never ours to remove
 	}
@@ -123,7 +123,7 @@ func (d *Driver) removeVolumeData(v volumeRecord) error {
 }
 
 // growVolume gives a volume its new size on disk.
-func (d *Driver) growVolume(ctx context.Context, v volumeRecord, size int64) error {
+func (d *engine) growVolume(ctx context.Context, v volumeRecord, size int64) error {
 	if v.AccessType == accessBlock {
 		return d.growBlock(v, size)
 	}
@@ -134,7 +134,7 @@ func (d *Driver) growVolume(ctx context.Context, v volumeRecord, size int64) err
 // right now on this node, or "". Records of mounts that a reboot or an
 // outside umount removed do not count. A path that cannot be inspected is
 // an error, never "not mounted": callers remove data on that answer.
-func (d *Driver) mountedAt(v volumeRecord) (string, error) {
+func (d *engine) mountedAt(v volumeRecord) (string, error) {
 	for _, p := range mountPaths(v) {
 		ours, err := d.showsVolume(p, v)
 		if err != nil {
@@ -159,14 +159,14 @@ func mountPaths(v volumeRecord) []string {
 // showsVolume reports whether path is a mount point showing this volume,
 // decided by the mounted inode's identity, not by names. A path that does
 // not exist shows nothing; any other failure to look is an error.
-func (d *Driver) showsVolume(path string, v volumeRecord) (bool, error) {
+func (d *engine) showsVolume(path string, v volumeRecord) (bool, error) {
 	_, ours, err := d.inspectMount(path, v)
 	return ours, err
 }
 
 // mountShows reports whether a mount point shows this volume: the same
 // directory inode, or the device of one of its loop devices.
-func (d *Driver) mountShows(mp *fsops.MountPoint, v volumeRecord) (bool, error) {
+func (d *engine) mountShows(mp *fsops.MountPoint, v volumeRecord) (bool, error) {
 	if v.AccessType == accessBlock {
 		devs, err := d.blockDevices(v)
 		if err != nil {
@@ -187,7 +187,7 @@ func (d *Driver) mountShows(mp *fsops.MountPoint, v volumeRecord) (bool, error) 
 }
 
 // snapshotDataPath is where a ready snapshot's data lives.
-func (d *Driver) snapshotDataPath(s snapshotRecord) string {
+func (d *engine) snapshotDataPath(s snapshotRecord) string {
 	pl := d.poolOf(s.Pool).paths
 	switch s.Format {
 	case formatImage:
@@ -201,11 +201,11 @@ func (d *Driver) snapshotDataPath(s snapshotRecord) string {
 }
 
 // snapshotTempPath is where a snapshot is written before it is complete.
-func (d *Driver) snapshotTempPath(s snapshotRecord) string {
+func (d *engine) snapshotTempPath(s snapshotRecord) string {
 	return filepath.Join(d.poolOf(s.Pool).paths.tmp(), s.ID+".partial")
 }
 
-func (d *Driver) removeSnapshotData(s snapshotRecord) error {
+func (d *engine) removeSnapshotData(s snapshotRecord) error {
 	if err := fsops.RemoveAll(d.snapshotTempPath(s)); err != nil {
 		return err
 	}
@@ -218,7 +218,7 @@ func (d *Driver) removeSnapshotData(s snapshotRecord) error {
 // volume's data is missing (a disk not mounted yet, a directory moved
 // away): the record is kept, and the volume serves again once the data is
 // back.
-func (d *Driver) dataPresent(v volumeRecord) error {
+func (d *engine) dataPresent(v volumeRecord) error {
 	if err := d.volumePoolUp(v); err != nil {
 		return err
 	}
@@ -226,7 +226,7 @@ func (d *Driver) dataPresent(v volumeRecord) error {
 }
 
 // snapshotPresent is dataPresent for a snapshot.
-func (d *Driver) snapshotPresent(s snapshotRecord) error {
+func (d *engine) snapshotPresent(s snapshotRecord) error {
 	if err := d.snapshotPoolUp(s); err != nil {
 		return err
 	}
@@ -235,7 +235,7 @@ func (d *Driver) snapshotPresent(s snapshotRecord) error {
 
 // volumePoolUp is nil when the pool holding a volume's data is up (a
 // static local volume's data is in no pool), else FailedPrecondition.
-func (d *Driver) volumePoolUp(v volumeRecord) error {
+func (d *engine) volumePoolUp(v volumeRecord) error {
 	if v.LocalPath != "" {
 		return nil
 	}
@@ -244,7 +244,7 @@ func (d *Driver) volumePoolUp(v volumeRecord) error {
 }
 
 // snapshotPoolUp is volumePoolUp for a snapshot.
-func (d *Driver) snapshotPoolUp(s snapshotRecord) error {
+func (d *engine) snapshotPoolUp(s snapshotRecord) error {
 	_, err := d.usable(d.poolOf(s.Pool))
 	return err
 }
@@ -263,7 +263,7 @@ func present(kind, id, name, path string) error {
 // expectedBytes is what copying a volume will move, where it can be known
 // without walking the tree: a block volume's allocated bytes, a directory
 // volume's project quota usage. 0 means not known.
-func (d *Driver) expectedBytes(v volumeRecord) int64 {
+func (d *engine) expectedBytes(v volumeRecord) int64 {
 	if v.AccessType == accessBlock {
 		if f, err := os.Open(d.volumeDataPath(v)); err == nil {
 			defer f.Close()

@@ -7,8 +7,6 @@ import (
 	"os"
 	"slices"
 
-	"github.com/container-storage-interface/spec/lib/go/csi"
-
 	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/loop"
 )
@@ -21,7 +19,7 @@ import (
 // path: a directory volume bind-mounted there, a block volume's loop
 // device attached (it needs no staging mount). The staging is recorded
 // before the mount.
-func (d *Driver) stageVolume(v volumeRecord, staging string) error {
+func (d *engine) stageVolume(v volumeRecord, staging string) error {
 	if err := d.settleBlock(&v); err != nil {
 		return fmt.Errorf("making the backing file of volume %s durable: %w", v.ID, err)
 	}
@@ -43,7 +41,7 @@ func (d *Driver) stageVolume(v volumeRecord, staging string) error {
 // unstageVolume undoes stageVolume: a staging path that is not mounted is
 // already unstaged. An inline or local volume no target or staging path
 // holds any more is released.
-func (d *Driver) unstageVolume(id, staging string) error {
+func (d *engine) unstageVolume(id, staging string) error {
 	v, unlock, err := d.nodeVolume(id)
 	if err != nil {
 		return err
@@ -67,7 +65,7 @@ func (d *Driver) unstageVolume(id, staging string) error {
 // unpublishVolume unmounts the volume from target and removes target; a
 // target that is not mounted is already unpublished. Of a volume that is
 // gone, an empty target is cleaned up and a mounted one left alone.
-func (d *Driver) unpublishVolume(id, target string) error {
+func (d *engine) unpublishVolume(id, target string) error {
 	v, unlock, err := d.nodeVolume(id)
 	if errors.Is(err, ErrNotFound) {
 		if mp, inspectErr := d.mountPoint(target); mp != nil || (inspectErr != nil && !os.IsNotExist(inspectErr)) {
@@ -106,7 +104,7 @@ type volumeStats struct {
 }
 
 // volumeStats measures the ready volume id mounted at path.
-func (d *Driver) volumeStats(id, path string) (volumeStats, error) {
+func (d *engine) volumeStats(id, path string) (volumeStats, error) {
 	v, ok := d.st.Volumes.Get(id)
 	if !validVolumeID(id) || !ok || v.Phase != phaseReady {
 		return volumeStats{}, d.notFoundVolume(id)
@@ -143,7 +141,7 @@ func (d *Driver) volumeStats(id, path string) (volumeStats, error) {
 }
 
 // mountedHere answers NotFound unless path shows volume v.
-func (d *Driver) mountedHere(v volumeRecord, path string) error {
+func (d *engine) mountedHere(v volumeRecord, path string) error {
 	ours, err := d.showsVolume(path, v)
 	if err != nil {
 		return err
@@ -158,7 +156,7 @@ func (d *Driver) mountedHere(v volumeRecord, path string) error {
 // loop device re-reads its file's size) and, with controller expansion
 // switched off, grows the volume to what cr asks first. It returns the
 // volume's size.
-func (d *Driver) expandOnNode(ctx context.Context, id, path string, cr *csi.CapacityRange) (int64, error) {
+func (d *engine) expandOnNode(ctx context.Context, id, path string, cr sizeRange) (int64, error) {
 	v, unlock, err := d.nodeVolume(id)
 	if err != nil {
 		return 0, err
@@ -167,7 +165,7 @@ func (d *Driver) expandOnNode(ctx context.Context, id, path string, cr *csi.Capa
 	if err := d.mountedHere(v, path); err != nil {
 		return 0, err
 	}
-	if cr.GetRequiredBytes() > v.CapacityBytes && !d.cfg.controllerExpansion() {
+	if cr.required > v.CapacityBytes && !d.cfg.controllerExpansion() {
 		if d.locks.pinned(volIDKey(v.ID)) {
 			return 0, storageErr(ErrBusy, "volume %s is the source of a snapshot or clone in progress; expand it once that is done", v.ID)
 		}

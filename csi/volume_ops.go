@@ -3,8 +3,6 @@ package csi
 import (
 	"context"
 	"fmt"
-
-	"github.com/container-storage-interface/spec/lib/go/csi"
 )
 
 // The storage side of deleting, expanding and locking volumes: each
@@ -13,7 +11,7 @@ import (
 // deleteVolume removes volume v, whose lock the caller holds: refused
 // while it is mounted on this node or its pool is down; recorded
 // deleting, its data removed durably, its record dropped.
-func (d *Driver) deleteVolume(v volumeRecord) error {
+func (d *engine) deleteVolume(v volumeRecord) error {
 	where, err := d.mountedAt(v)
 	if err != nil {
 		return err
@@ -48,13 +46,13 @@ func (d *Driver) deleteVolume(v volumeRecord) error {
 // has, under its lock and unpinned (it may not be the source of a
 // snapshot or clone in progress). A request below its size is satisfied
 // already; a limit below it would be a shrink and is refused.
-func (d *Driver) expandVolume(ctx context.Context, id string, cr *csi.CapacityRange) (volumeRecord, error) {
+func (d *engine) expandVolume(ctx context.Context, id string, cr sizeRange) (volumeRecord, error) {
 	v, unlock, err := d.lockVolume(id, true)
 	if err != nil {
 		return volumeRecord{}, err
 	}
 	defer unlock()
-	if lim := cr.GetLimitBytes(); lim > 0 && lim < v.CapacityBytes {
+	if lim := cr.limit; lim > 0 && lim < v.CapacityBytes {
 		return volumeRecord{}, storageErr(ErrOutOfRange, "volume %s has %d bytes; shrinking to limit_bytes %d is not supported", id, v.CapacityBytes, lim)
 	}
 	size, err := d.resolveSize(cr, v.AccessType, v.CapacityBytes)
@@ -77,7 +75,7 @@ func (d *Driver) expandVolume(ctx context.Context, id string, cr *csi.CapacityRa
 // ResourceExhausted for another node's id) if there is no ready volume.
 // A change to the volume's data (expand) asks for unpinned: the volume
 // must not be the source of a snapshot or clone in progress.
-func (d *Driver) lockVolume(id string, unpinned bool) (volumeRecord, func(), error) {
+func (d *engine) lockVolume(id string, unpinned bool) (volumeRecord, func(), error) {
 	lock := d.locks.lock
 	if unpinned {
 		lock = d.locks.lockUnpinned
@@ -98,7 +96,7 @@ func (d *Driver) lockVolume(id string, unpinned bool) (volumeRecord, func(), err
 // snapshot or clone. Its lock is held only for the check: publish, stats
 // and unpublish of the volume go on while it is copied, delete and expand
 // wait until unpin is called.
-func (d *Driver) pinVolume(id string) (volumeRecord, func(), error) {
+func (d *engine) pinVolume(id string) (volumeRecord, func(), error) {
 	v, unlock, err := d.lockVolume(id, false)
 	if err != nil {
 		return volumeRecord{}, nil, err
@@ -112,7 +110,7 @@ func (d *Driver) pinVolume(id string) (volumeRecord, func(), error) {
 
 // pinSnapshot pins a snapshot as the source of a restore: other restores
 // of it go on, its deletion waits.
-func (d *Driver) pinSnapshot(id string) (func(), error) {
+func (d *engine) pinSnapshot(id string) (func(), error) {
 	unlock, err := d.locks.lock("snapshot "+id, snapIDKey(id))
 	if err != nil {
 		return nil, err

@@ -1,0 +1,57 @@
+package csi
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/hostpath-csi/hostpath/engine/store"
+	"github.com/hostpath-csi/hostpath/fsops"
+)
+
+// engine is the storage side of the driver: it owns the records, the
+// pools, the locks, placement, reconcile and every byte of volume and
+// snapshot data, and answers in its own errors (storage_errors.go). It
+// calls nothing of the CSI protocol; the protocol (Driver) calls it, one
+// call per request. It is the part that moves into engine/.
+type engine struct {
+	cfg   Config
+	paths layout // the state dir: meta/, and the default pool's directories
+	// pools are the default pool (the state dir) and the --pool ones,
+	// fixed at start; each one's state changes as it goes down or up.
+	pools map[string]*pool
+	st    *store.Store
+	locks *keyLocks
+	tag   string // this node's id prefix
+	// volumesMade: this start made the volumes directory, so it is the
+	// home of the volumes (not an empty mount point of a late disk).
+	volumesMade bool
+	// unowned counts the entries start found under a volume or snapshot
+	// id that no record owns, kept and reported by health.
+	unowned atomic.Int64
+	ops     inflight   // snapshots, restores and clones running now
+	heavy   heavySlots // MaxHeavyOps slots for clones, snapshots, restores, sends
+	// peers reaches the other nodes' drivers for sources they hold
+	// (SetPeers); nil when there are none to reach.
+	peers atomic.Pointer[Peers]
+
+	// attachMu makes counting a node's attachments and adding one a
+	// single step, so two publishes of different volumes (each under its
+	// own volume lock) cannot both take the last slot.
+	attachMu sync.Mutex
+
+	// mountPoint inspects a path's mount (fsops.GetMountPoint); tests
+	// replace it to make inspection fail.
+	mountPoint func(path string) (*fsops.MountPoint, error)
+
+	// bg is the work that outlives requests (pulls from other nodes),
+	// stopped by Close before the state is.
+	bg *background
+
+	// stopPools ends watchPools (Close).
+	stopPools chan struct{}
+	closeOnce sync.Once
+
+	// moved counts the bytes the data path moved, by operation (the
+	// protocol side's metrics).
+	moved func(op string, n int64)
+}
