@@ -63,9 +63,10 @@ func makeFileSystems() ([]*benchFS, error) {
 	// by earlier mass deletes. Inode tables and journal are written at
 	// mkfs time, so no background init competes with the runs.
 	var out []*benchFS
-	// Sparse, so size costs nothing: room for the data sets' copies and
-	// for BenchmarkBlockCreateAPI's 1 GiB volumes whatever -bench.size is.
-	imgSize := max(int64(*sizeMiB)*12<<20+1<<30, 4<<30)
+	// Sparse: room for the data sets' copies, BenchmarkBlockCreateAPI's
+	// 1 GiB volumes and BenchmarkImageFormat's 10 GiB fallocate, whatever
+	// -bench.size is.
+	imgSize := max(int64(*sizeMiB)*12<<20+1<<30, 12<<30)
 	for _, fs := range []struct {
 		name    string
 		mkfs    []string

@@ -94,6 +94,7 @@ var goals = []struct {
 	{"Clone", "", "ours", "cp-a", 1.5},
 	{"BlockCreateAPI", "", "ours-api", "fallocate+losetup", 3},
 	{"RestoreFromPeer", "", "from-peer", "local", 0.8},
+	{"ImageFormat", "", "ours", "fallocate+losetup+mkfs.ext4", 3},
 }
 
 func goalOf(bench, cse, ours, theirs string) float64 {
