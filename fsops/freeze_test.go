@@ -1,0 +1,72 @@
+package fsops_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hostpath-csi/hostpath/format/ext4"
+	"github.com/hostpath-csi/hostpath/fsops"
+	"github.com/hostpath-csi/hostpath/internal/testfs"
+	"github.com/hostpath-csi/hostpath/internal/testutil"
+)
+
+// TestFreezeThaw on an ext4 made in-process (so the kernel guests run it
+// too): a write started while the file system is frozen does not finish
+// until it is thawed; a second freeze is EBUSY; ThawIfFrozen thaws a
+// frozen one once and then reports nothing to do.
+func TestFreezeThaw(t *testing.T) {
+	testutil.RequireRoot(t)
+	img := testfs.NewImage(t, 128<<20)
+	f, err := os.OpenFile(img, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ext4.Format(f, ext4.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	mnt := testfs.MountImage(t, img, "ext4", "")
+	if err := fsops.Freeze(mnt); err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	t.Cleanup(func() {
+		if !thawed {
+			fsops.Thaw(mnt) // never leave a test's file system frozen
+		}
+	})
+	if err := fsops.Freeze(mnt); !errors.Is(err, unix.EBUSY) {
+		t.Fatalf("second freeze: %v, want EBUSY", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- os.WriteFile(filepath.Join(mnt, "during"), []byte("x"), 0o644) }()
+	select {
+	case err := <-done:
+		t.Fatalf("a write finished on a frozen file system (%v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	was, err := fsops.ThawIfFrozen(mnt)
+	if err != nil || !was {
+		t.Fatalf("ThawIfFrozen of a frozen file system: %v, %v", was, err)
+	}
+	thawed = true
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the write did not finish after the thaw")
+	}
+	if was, err := fsops.ThawIfFrozen(mnt); err != nil || was {
+		t.Fatalf("ThawIfFrozen of a thawed file system: %v, %v", was, err)
+	}
+	if err := fsops.Thaw(mnt); !errors.Is(err, unix.EINVAL) {
+		t.Fatalf("thaw of a thawed file system: %v, want EINVAL", err)
+	}
+}
