@@ -2,9 +2,7 @@ package csi
 
 import (
 	"context"
-	"fmt"
 	"slices"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -68,48 +66,7 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 	if _, _, _, err := d.snapshotOptions(req.GetParameters(), accessMount, nil); err != nil {
 		return nil, err
 	}
-	unlock, err := d.locks.lock(fmt.Sprintf("group snapshot %q", name), groupNameKey(name))
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	if old, ok := d.st.Groups.ByName(name); ok {
-		if !sameSet(old.Volumes, srcs) {
-			return nil, storageErr(ErrExists, "group snapshot %q already exists as %s of other volumes", name, old.ID)
-		}
-		return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: d.csiGroup(old)}, nil
-	}
-	// Every member is pinned before the first is copied: none can be
-	// deleted or expanded until the group is made.
-	for _, id := range srcs {
-		_, unpin, err := d.pinVolume(id)
-		if err != nil {
-			return nil, err
-		}
-		defer unpin()
-	}
-	g := groupRecord{ID: newID(groupIDPrefix, d.tag), Name: name, Phase: phaseCreating, CreatedAt: time.Now().UTC(), Volumes: slices.Clone(srcs)}
-	var made []snapshotRecord
-	groups := creation[groupRecord]{table: d.st.Groups, kind: "group snapshot", undo: func(groupRecord) error {
-		for _, s := range made {
-			if err := d.deleteSnapshot(s); err != nil {
-				return fmt.Errorf("removing member %s: %w", s.ID, err)
-			}
-		}
-		return nil
-	}}
-	g, err = groups.create(g, nil, func(g groupRecord) (groupRecord, error) {
-		for _, id := range srcs {
-			s, err := d.takeSnapshot(ctx, fmt.Sprintf("%s/%s", g.ID, id), id, req.GetParameters(), g.ID)
-			if err != nil {
-				return groupRecord{}, err
-			}
-			made = append(made, s)
-			g.Snapshots = append(g.Snapshots, s.ID)
-		}
-		g.Phase = phaseReady
-		return g, nil
-	})
+	g, err := d.createGroup(ctx, name, srcs, req.GetParameters())
 	if err != nil {
 		return nil, err
 	}
@@ -145,41 +102,8 @@ func (d *Driver) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteV
 	if !validGroupID(id) {
 		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 	}
-	g, ok := d.st.Groups.Get(id)
-	if !ok {
-		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
-	}
-	// The members go too: none may be the source of a restore meanwhile.
-	keys := []string{groupIDKey(id)}
-	for _, sid := range g.Snapshots {
-		keys = append(keys, snapIDKey(sid))
-	}
-	unlock, err := d.locks.lockUnpinned("group snapshot "+id+" or one of its snapshots", keys...)
-	if err != nil {
+	if err := d.deleteGroup(id, req.GetSnapshotIds()); err != nil {
 		return nil, err
-	}
-	defer unlock()
-	if g, ok = d.st.Groups.Get(id); !ok {
-		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
-	}
-	for _, sid := range req.GetSnapshotIds() {
-		if !slices.Contains(g.Snapshots, sid) {
-			return nil, invalid("snapshot %s is not a member of group snapshot %s", sid, id)
-		}
-	}
-	g.Phase = phaseDeleting
-	if err := d.st.Groups.Put(g); err != nil {
-		return nil, toStatus(err, "recording deletion of group snapshot %s", id)
-	}
-	for _, sid := range g.Snapshots {
-		if s, ok := d.st.Snapshots.Get(sid); ok {
-			if err := d.deleteSnapshot(s); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if err := d.st.Groups.Drop(id); err != nil {
-		return nil, toStatus(err, "removing record of group snapshot %s", id)
 	}
 	return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 }
