@@ -24,9 +24,9 @@ const (
 	// MinSize is the smallest file system made: room for the smallest
 	// journal jbd2 takes (1024 blocks) and some data.
 	MinSize = 16 << 20
-	// MaxSize is the largest: 2^32 blocks of 4 KiB, what 32-bit group
-	// descriptors address.
-	MaxSize = 1 << 44
+	// MaxSize is the largest: 2^32-1 blocks of 4 KiB, what the 32-bit
+	// block counts of a file system without the 64bit feature hold.
+	MaxSize = 1<<44 - blockSize
 )
 
 // ErrSize is wrapped by the error for a size this formatter does not make.

@@ -1,0 +1,69 @@
+package ext4
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// TestGeometryInvariants checks the layout of sizes e2fsck would take too
+// long to read (up to 16 TiB), and of many sizes between: every group
+// holds its metadata and what is allocated there, the journal's runs lie
+// in data areas, in order, without overlap, and add up to its size, the
+// extent leaf (where there is one) is a data block of its own, and the
+// file system fits in the size asked.
+func TestGeometryInvariants(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	sizes := []int64{MinSize, MinSize + 4095, 1 << 30, 16<<30 - 1, 16 << 30, 1 << 40, MaxSize - 1, MaxSize}
+	for i := 0; i < 2000; i++ {
+		sizes = append(sizes, MinSize+r.Int64N(MaxSize-MinSize))
+	}
+	for i := 0; i < 2000; i++ {
+		sizes = append(sizes, MinSize+r.Int64N(64<<30))
+	}
+	for _, size := range sizes {
+		g, err := newGeometry(size)
+		if err != nil {
+			t.Fatalf("%d bytes: %v", size, err)
+		}
+		if g.blocks*blockSize > uint64(size) || g.blocks >= 1<<32 || g.groups == 0 || uint64(g.groups-1)*blocksPerGroup >= g.blocks {
+			t.Fatalf("%d bytes: %d blocks in %d groups", size, g.blocks, g.groups)
+		}
+		if g.inodesPer%inodesPerBlock != 0 || g.inodesPer > blocksPerGroup || uint64(g.inodesPer)*uint64(g.groups) > 1<<32-1 {
+			t.Fatalf("%d bytes: %d inodes per group", size, g.inodesPer)
+		}
+		var total uint64
+		for grp := uint32(0); grp < g.groups; grp++ {
+			used, have := g.used(grp), g.groupBlocks(grp)
+			if used > have || (grp == g.groups-1 && have < g.overhead(grp)+50) {
+				t.Fatalf("%d bytes: group %d uses %d of %d blocks", size, grp, used, have)
+			}
+			total += uint64(used)
+		}
+		var jsum uint64
+		prevEnd := g.lostFound + lostFoundSize
+		for _, run := range g.journal {
+			grp := uint32(run.start / blocksPerGroup)
+			if run.start < g.dataStart(grp) || run.start+uint64(run.len) > groupStart(grp)+uint64(g.groupBlocks(grp)) ||
+				run.start < prevEnd || run.len == 0 || run.len > 32768 {
+				t.Fatalf("%d bytes: journal run %+v outside group %d's data or out of order", size, run, grp)
+			}
+			prevEnd = run.start + uint64(run.len)
+			jsum += uint64(run.len)
+		}
+		if jsum != uint64(g.journalBlocks) || g.journalBlocks != defaultJournal(g.blocks) {
+			t.Fatalf("%d bytes: journal runs add to %d of %d blocks", size, jsum, g.journalBlocks)
+		}
+		if (len(g.journal) > 4) != (g.leaf != 0) {
+			t.Fatalf("%d bytes: %d journal runs, leaf %d", size, len(g.journal), g.leaf)
+		}
+		if g.leaf != 0 {
+			grp := uint32(g.leaf / blocksPerGroup)
+			if g.leaf < prevEnd || g.leaf < g.dataStart(grp) || g.leaf >= groupStart(grp)+uint64(g.groupBlocks(grp)) {
+				t.Fatalf("%d bytes: extent leaf %d not a free data block", size, g.leaf)
+			}
+		}
+		if total > g.blocks {
+			t.Fatalf("%d bytes: %d blocks used of %d", size, total, g.blocks)
+		}
+	}
+}
