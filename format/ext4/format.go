@@ -55,8 +55,9 @@ const (
 // metadata is written (a few blocks per group, the journal's superblock),
 // so it takes milliseconds for any size; everything else must read as
 // zeros, which Format makes sure of first: a file's range is punched to a
-// hole (fallocate(2)), a device's is zeroed (BLKZEROOUT, which a loop
-// device on a sparse file turns into a punched hole). The result is what
+// hole (fallocate(2)), a device's is zeroed (BLKZEROOUT; on a loop device
+// that allocates its backing file's blocks, so format an image file before
+// attaching it, not the device after). The result is what
 // mke2fs -t ext4 -b 4096 -I 256 -O ^resize_inode,^flex_bg,^metadata_csum,
 // ^64bit -m 0 would make: e2fsck -fn finds it clean and the kernel mounts
 // it read-write.
