@@ -2,7 +2,6 @@ package ext4
 
 import (
 	"crypto/rand"
-	"encoding/binary"
 	"fmt"
 	"os"
 	"time"
@@ -62,7 +61,7 @@ const (
 // ^64bit -m 0 would make: e2fsck -fn finds it clean and the kernel mounts
 // it read-write.
 func Format(f *os.File, opt Options) (Info, error) {
-	size, err := sizeOf(f)
+	size, regular, err := sizeOf(f)
 	if err != nil {
 		return Info{}, err
 	}
@@ -83,7 +82,7 @@ func Format(f *os.File, opt Options) (Info, error) {
 	if opt.Now.IsZero() {
 		opt.Now = time.Now()
 	}
-	if err := zero(f, size); err != nil {
+	if err := zero(f, size, regular); err != nil {
 		return Info{}, err
 	}
 	w := &writer{f: f, geo: geo, opt: opt}
@@ -97,32 +96,29 @@ func Format(f *os.File, opt Options) (Info, error) {
 		JournalBlocks: geo.journalBlocks, FreeBlocks: w.freeBlocks}, nil
 }
 
-// sizeOf is a file's length or a block device's size.
-func sizeOf(f *os.File) (int64, error) {
+// sizeOf is a file's length or a block device's size, and whether f is
+// a regular file.
+func sizeOf(f *os.File) (int64, bool, error) {
 	fi, err := f.Stat()
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if fi.Mode().IsRegular() {
-		return fi.Size(), nil
+		return fi.Size(), true, nil
 	}
 	if fi.Mode()&os.ModeDevice != 0 {
 		n, err := unix.IoctlGetUint64(int(f.Fd()), unix.BLKGETSIZE64)
 		if err != nil {
-			return 0, fmt.Errorf("reading the size of %s: %w", f.Name(), err)
+			return 0, false, fmt.Errorf("reading the size of %s: %w", f.Name(), err)
 		}
-		return int64(n), nil
+		return int64(n), false, nil
 	}
-	return 0, fmt.Errorf("%s is neither a regular file nor a block device", f.Name())
+	return 0, false, fmt.Errorf("%s is neither a regular file nor a block device", f.Name())
 }
 
 // zero makes the whole of f read as zeros without writing them.
-func zero(f *os.File, size int64) error {
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if fi.Mode().IsRegular() {
+func zero(f *os.File, size int64, regular bool) error {
+	if regular {
 		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, size); err != nil {
 			return fmt.Errorf("punching %s to a hole: %w", f.Name(), err)
 		}
@@ -164,7 +160,6 @@ func (w *writer) write() error {
 		}
 		freeInodes += uint64(geo.inodesPer - usedInodes)
 		d := gdt[int(g)*descSize:]
-		le := binary.LittleEndian
 		le.PutUint32(d[0:], uint32(geo.blockBitmap(g)))
 		le.PutUint32(d[4:], uint32(geo.inodeBitmap(g)))
 		le.PutUint32(d[8:], uint32(geo.inodeTable(g)))
