@@ -9,6 +9,7 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 
 	hcsi "github.com/hostpath-csi/hostpath/csi"
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 )
@@ -34,7 +35,7 @@ func BenchmarkZstdAPI(b *testing.B) {
 		for _, ds := range dataSets {
 			src, size := source(b, fs, ds)
 			state := outDir(b, fs, "api-state")
-			d, err := hcsi.New(hcsi.Config{DriverName: "bench", Version: "b", NodeID: "n", StateDir: state, MaxVolumeSize: 1 << 40})
+			d, err := hcsi.New(engine.Config{DriverName: "bench", Version: "b", NodeID: "n", StateDir: state, MaxVolumeSize: 1 << 40})
 			if err != nil {
 				b.Fatal(err)
 			}

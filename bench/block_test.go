@@ -12,6 +12,7 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 
 	hcsi "github.com/hostpath-csi/hostpath/csi"
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 	"github.com/hostpath-csi/hostpath/loop"
@@ -85,7 +86,7 @@ func BenchmarkBlockCreateAPI(b *testing.B) {
 	for r := 0; r < *rounds; r++ {
 		for _, size := range blockSizes {
 			b.Run(fmt.Sprintf("size=%dMiB/ours-api", size>>20), func(b *testing.B) {
-				cfg := hcsi.Config{DriverName: "bench", Version: "b", NodeID: "n", StateDir: outDir(b, ext4, "state"), MaxVolumeSize: 1 << 40}
+				cfg := engine.Config{DriverName: "bench", Version: "b", NodeID: "n", StateDir: outDir(b, ext4, "state"), MaxVolumeSize: 1 << 40}
 				d, err := hcsi.New(cfg)
 				if err != nil {
 					b.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 
 	hcsi "github.com/hostpath-csi/hostpath/csi"
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 	"github.com/hostpath-csi/hostpath/transfer"
@@ -40,7 +41,7 @@ func BenchmarkRestoreFromPeer(b *testing.B) {
 			for _, node := range []string{"node-a", "node-b"} {
 				state := outDir(b, fs, "peer-"+node)
 				states[node] = state
-				d, err := hcsi.New(hcsi.Config{DriverName: "bench", Version: "b", NodeID: node, StateDir: state, MaxVolumeSize: 1 << 40, MaxHeavyOps: 4})
+				d, err := hcsi.New(engine.Config{DriverName: "bench", Version: "b", NodeID: node, StateDir: state, MaxVolumeSize: 1 << 40, MaxHeavyOps: 4})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -63,7 +64,7 @@ func BenchmarkRestoreFromPeer(b *testing.B) {
 				addrs[node] = ln.Addr().String()
 				d.SetPeers(&transfer.Peers{Client: &transfer.Client{Creds: creds}, Resolve: func(_ context.Context, tag string) (string, string, error) {
 					for n, a := range addrs {
-						if hcsi.NodeTag(n) == tag {
+						if engine.NodeTag(n) == tag {
 							return a, n, nil
 						}
 					}

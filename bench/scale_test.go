@@ -12,6 +12,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	hcsi "github.com/hostpath-csi/hostpath/csi"
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 )
 
@@ -25,7 +26,7 @@ var scaleVolumes = flag.Int("scale.volumes", 300, "volumes for BenchmarkScale (m
 func BenchmarkScale(b *testing.B) {
 	testutil.RequireRoot(b)
 	n := *scaleVolumes
-	cfg := hcsi.Config{DriverName: "scale", Version: "b", NodeID: "n", StateDir: filepath.Join(b.TempDir(), "state"), MaxVolumeSize: 1 << 40}
+	cfg := engine.Config{DriverName: "scale", Version: "b", NodeID: "n", StateDir: filepath.Join(b.TempDir(), "state"), MaxVolumeSize: 1 << 40}
 	d, err := hcsi.New(cfg)
 	if err != nil {
 		b.Fatal(err)

@@ -2,76 +2,12 @@ package csi
 
 import (
 	"context"
-	"fmt"
-	"sort"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hostpath-csi/hostpath/engine"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"k8s.io/klog/v2"
-
-	"github.com/hostpath-csi/hostpath/fsops"
 )
-
-// checkCapacity runs under the store's lock when a volume is reserved, so
-// concurrent creates cannot overcommit. It picks a --capacity kind when the
-// request named none.
-func (d *engine) checkCapacity(v *volumeRecord, all map[string]volumeRecord) error {
-	p := d.poolOf(v.Pool)
-	st, err := d.usable(p)
-	if err != nil {
-		return err
-	}
-	if st.quota == quotaProject && v.AccessType == accessMount {
-		assignProjectID(v, all)
-	}
-	if len(d.cfg.Capacity) > 0 {
-		used := map[string]int64{}
-		for _, o := range all {
-			used[o.Kind] += o.CapacityBytes
-		}
-		kinds := []string{v.Kind}
-		if v.Kind == "" {
-			kinds = kinds[:0]
-			for k := range d.cfg.Capacity {
-				kinds = append(kinds, k)
-			}
-			sort.Strings(kinds)
-		}
-		for _, k := range kinds {
-			if d.cfg.Capacity[k]-used[k] >= v.CapacityBytes {
-				v.Kind = k
-				return nil
-			}
-		}
-		return storageErr(ErrNoCapacity, "no simulated capacity left for %d bytes (kinds %v)", v.CapacityBytes, kinds)
-	}
-	avail, err := d.availableBytes(p, all)
-	if err != nil {
-		return fmt.Errorf("reading pool %s's free space: %w", p.name, err)
-	}
-	if v.CapacityBytes > avail {
-		return storageErr(ErrNoCapacity, "%d bytes requested but only %d are free in pool %s (%s) after what existing volumes reserve", v.CapacityBytes, avail, p.name, p.paths.root)
-	}
-	return nil
-}
-
-// availableBytes is the state dir's free space minus what directory
-// volumes have been promised. A block volume's file is preallocated, so its
-// space is already out of the free count. The space directory volumes
-// already use is counted twice: GetCapacity errs on the side of caution.
-func (d *engine) availableBytes(p *pool, all map[string]volumeRecord) (int64, error) {
-	fs, err := fsops.Statfs(p.paths.root)
-	if err != nil {
-		return 0, err
-	}
-	avail := fs.AvailableBytes
-	for _, o := range all {
-		if o.AccessType == accessMount && o.LocalPath == "" && d.poolOf(o.Pool) == p {
-			avail -= o.CapacityBytes
-		}
-	}
-	return max(avail, 0), nil
-}
 
 // GetCapacity reports what a new volume may still take: the real free
 // space of the pool's file system (the StorageClass's pool parameter, else
@@ -83,31 +19,31 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 	if err != nil {
 		return nil, err
 	}
-	st := pl.get()
+	st := pl.Get()
 	zero := &csi.GetCapacityResponse{}
 	if len(req.GetVolumeCapabilities()) > 0 {
 		if _, err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
 			return zero, nil // capabilities this driver cannot serve have no capacity
 		}
 	}
-	if d.cfg.EnableTopology && req.GetAccessibleTopology() != nil && !d.onThisNode(req.GetAccessibleTopology()) {
+	if d.Config.EnableTopology && req.GetAccessibleTopology() != nil && !d.onThisNode(req.GetAccessibleTopology()) {
 		return zero, nil
 	}
-	all := map[string]volumeRecord{}
-	for _, v := range d.st.Volumes.All() {
+	all := map[string]engine.VolumeRecord{}
+	for _, v := range d.Records.Volumes.All() {
 		all[v.ID] = v
 	}
 	var avail int64
-	if len(d.cfg.Capacity) > 0 {
+	if len(d.Config.Capacity) > 0 {
 		kinds := []string{kind}
 		if kind == "" {
 			kinds = kinds[:0]
-			for k := range d.cfg.Capacity {
+			for k := range d.Config.Capacity {
 				kinds = append(kinds, k)
 			}
 		}
 		for _, k := range kinds {
-			left := d.cfg.Capacity[k]
+			left := d.Config.Capacity[k]
 			for _, v := range all {
 				if v.Kind == k {
 					left -= v.CapacityBytes
@@ -115,17 +51,17 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 			}
 			avail = max(avail, left)
 		}
-	} else if st.down != nil {
+	} else if st.Down != nil {
 		return zero, nil // a pool that is down has no room now
-	} else if avail, err = d.availableBytes(pl, all); err != nil {
-		return nil, toStatus(err, "reading pool %s's free space", pl.name)
+	} else if avail, err = d.AvailableBytes(pl, all); err != nil {
+		return nil, toStatus(err, "reading pool %s's free space", pl.Name)
 	}
-	if st.quota == quotaNone {
+	if st.Quota == engine.QuotaNone {
 		klog.V(2).InfoS("GetCapacity: directory volume sizes are accounted, not enforced (no project quotas or btrfs quota groups on the state dir)")
 	}
 	resp := &csi.GetCapacityResponse{AvailableCapacity: avail}
-	if d.cfg.MaxVolumeSize > 0 {
-		resp.MaximumVolumeSize = wrapperspb.Int64(min(d.cfg.MaxVolumeSize, avail))
+	if d.Config.MaxVolumeSize > 0 {
+		resp.MaximumVolumeSize = wrapperspb.Int64(min(d.Config.MaxVolumeSize, avail))
 	}
 	return resp, nil
 }

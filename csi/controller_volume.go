@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hostpath-csi/hostpath/engine"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -30,7 +31,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return nil, err
 	}
 	if len(req.GetMutableParameters()) > 0 {
-		if !d.cfg.EnableModifyVolume {
+		if !d.Config.EnableModifyVolume {
 			return nil, invalid("mutable_parameters need --enable-controller-modify-volume")
 		}
 		if err := d.checkMutable(req.GetMutableParameters()); err != nil {
@@ -41,27 +42,27 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if req.GetVolumeContentSource() != nil && srcSnap == nil && srcVol == nil {
 		return nil, invalid("volume_content_source names neither a snapshot nor a volume")
 	}
-	spec := volumeSpec{name: name, access: access, kind: kind, params: req.GetParameters(), pool: pl,
-		capacity: rangeOf(req.GetCapacityRange()), mutable: req.GetMutableParameters()}
+	spec := engine.VolumeSpec{Name: name, Access: access, Kind: kind, Params: req.GetParameters(), Pool: pl,
+		Capacity: rangeOf(req.GetCapacityRange()), Mutable: req.GetMutableParameters()}
 	// A source on another node is pulled from there when peers can be
 	// reached: decided here, once; otherwise it must be on this node.
 	switch {
 	case srcSnap != nil:
-		spec.source = d.sourceOf(sourceSnapshot, srcSnap.GetSnapshotId())
-		if spec.source.tag == "" {
-			if err := d.checkIDHere("volume_content_source.snapshot.snapshot_id", spec.source.id); err != nil {
+		spec.Source = d.SourceOf(engine.SourceSnapshot, srcSnap.GetSnapshotId())
+		if spec.Source.Tag == "" {
+			if err := d.checkIDHere("volume_content_source.snapshot.snapshot_id", spec.Source.ID); err != nil {
 				return nil, err
 			}
 		}
 	case srcVol != nil:
-		spec.source = d.sourceOf(sourceVolume, srcVol.GetVolumeId())
-		if spec.source.tag == "" {
-			if err := d.checkIDHere("volume_content_source.volume.volume_id", spec.source.id); err != nil {
+		spec.Source = d.SourceOf(engine.SourceVolume, srcVol.GetVolumeId())
+		if spec.Source.Tag == "" {
+			if err := d.checkIDHere("volume_content_source.volume.volume_id", spec.Source.ID); err != nil {
 				return nil, err
 			}
 		}
 	}
-	rec, err := d.createVolume(ctx, spec)
+	rec, err := d.MakeVolume(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -69,7 +70,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 }
 
 // csiVolume is the CSI view of a record.
-func (d *Driver) csiVolume(v volumeRecord) *csi.Volume {
+func (d *Driver) csiVolume(v engine.VolumeRecord) *csi.Volume {
 	out := &csi.Volume{VolumeId: v.ID, CapacityBytes: v.CapacityBytes}
 	switch {
 	case v.SourceSnapshot != "":
@@ -77,7 +78,7 @@ func (d *Driver) csiVolume(v volumeRecord) *csi.Volume {
 	case v.SourceVolume != "":
 		out.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: v.SourceVolume}}}
 	}
-	if d.cfg.EnableTopology {
+	if d.Config.EnableTopology {
 		out.AccessibleTopology = []*csi.Topology{d.nodeTopology()}
 	}
 	return out
@@ -91,7 +92,7 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	if err := d.checkIDHere("volume_id", id); err != nil {
 		return nil, err
 	}
-	v, unlock, err := lockForDelete(d.engine, "volume", id, validVolumeID, volIDKey, d.st.Volumes)
+	v, unlock, err := engine.LockForDelete(d.Engine, "volume", id, engine.ValidVolumeID, engine.VolIDKey, d.Records.Volumes)
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +100,7 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 		return &csi.DeleteVolumeResponse{}, nil // nothing by that id: already deleted
 	}
 	defer unlock()
-	if err := d.deleteVolume(v); err != nil {
+	if err := d.RemoveVolume(v); err != nil {
 		return nil, err
 	}
 	return &csi.DeleteVolumeResponse{}, nil
@@ -115,9 +116,9 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, invalid("volume_capabilities is required")
 	}
-	v, ok := d.st.Volumes.Get(req.GetVolumeId())
-	if !ok || v.Phase != phaseReady {
-		return nil, d.notFoundVolume(req.GetVolumeId())
+	v, ok := d.Records.Volumes.Get(req.GetVolumeId())
+	if !ok || v.Phase != engine.PhaseReady {
+		return nil, d.NotFoundVolume(req.GetVolumeId())
 	}
 	if _, _, err := d.checkVolumeParameters(req.GetParameters()); err != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
@@ -141,15 +142,15 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 // it are deleted; anything else is answered with Aborted.
 func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (_ *csi.ListVolumesResponse, err error) {
 	defer edge(&err)
-	all := d.st.Volumes.All()
+	all := d.Records.Volumes.All()
 	ready := all[:0]
 	for _, v := range all {
 		// Inline and local volumes belong to the node, not the CO's list.
-		if v.Phase == phaseReady && !nodeCreated(v) {
+		if v.Phase == engine.PhaseReady && !engine.NodeCreated(v) {
 			ready = append(ready, v)
 		}
 	}
-	page, next, err := paginate(ready, req.GetStartingToken(), req.GetMaxEntries(), validVolumeID, func(v volumeRecord) string { return v.ID })
+	page, next, err := paginate(ready, req.GetStartingToken(), req.GetMaxEntries(), engine.ValidVolumeID, func(v engine.VolumeRecord) string { return v.ID })
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +158,7 @@ func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 	for _, v := range page {
 		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{
 			Volume: d.csiVolume(v),
-			Status: &csi.ListVolumesResponse_VolumeStatus{PublishedNodeIds: attachedNodes(v)},
+			Status: &csi.ListVolumesResponse_VolumeStatus{PublishedNodeIds: engine.AttachedNodes(v)},
 		})
 	}
 	return resp, nil
@@ -192,13 +193,13 @@ func (d *Driver) ControllerGetVolume(ctx context.Context, req *csi.ControllerGet
 	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	v, ok := d.st.Volumes.Get(req.GetVolumeId())
-	if !ok || v.Phase != phaseReady {
-		return nil, d.notFoundVolume(req.GetVolumeId())
+	v, ok := d.Records.Volumes.Get(req.GetVolumeId())
+	if !ok || v.Phase != engine.PhaseReady {
+		return nil, d.NotFoundVolume(req.GetVolumeId())
 	}
 	return &csi.ControllerGetVolumeResponse{
 		Volume: d.csiVolume(v),
-		Status: &csi.ControllerGetVolumeResponse_VolumeStatus{PublishedNodeIds: attachedNodes(v)},
+		Status: &csi.ControllerGetVolumeResponse_VolumeStatus{PublishedNodeIds: engine.AttachedNodes(v)},
 	}, nil
 }
 
@@ -217,16 +218,16 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 		csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
 		csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
 	}
-	if d.cfg.controllerExpansion() {
+	if d.Config.ControllerExpansion() {
 		types = append(types, csi.ControllerServiceCapability_RPC_EXPAND_VOLUME)
 	}
-	if !d.cfg.DisableListSnapshots {
+	if !d.Config.DisableListSnapshots {
 		types = append(types, csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS)
 	}
-	if d.cfg.EnableModifyVolume {
+	if d.Config.EnableModifyVolume {
 		types = append(types, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME)
 	}
-	if d.cfg.EnableAttach {
+	if d.Config.EnableAttach {
 		types = append(types,
 			csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
 			csi.ControllerServiceCapability_RPC_PUBLISH_READONLY,
@@ -245,7 +246,7 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 // is already satisfied; a limit below it would be a shrink and is refused.
 func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (_ *csi.ControllerExpandVolumeResponse, err error) {
 	defer edge(&err)
-	if !d.cfg.controllerExpansion() {
+	if !d.Config.ControllerExpansion() {
 		return nil, status.Error(codes.Unimplemented, "controller expansion is disabled (--enable-volume-expansion=false or --disable-controller-expansion)")
 	}
 	id := req.GetVolumeId()
@@ -255,7 +256,7 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 	if req.GetCapacityRange() == nil {
 		return nil, invalid("capacity_range is required")
 	}
-	v, err := d.expandVolume(ctx, id, rangeOf(req.GetCapacityRange()))
+	v, err := d.ExpandVolume(ctx, id, rangeOf(req.GetCapacityRange()))
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/internal/dm"
 	"github.com/hostpath-csi/hostpath/internal/testfs"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
@@ -214,7 +215,7 @@ func writeSynced(t *testing.T, file string, size int) []byte {
 	return data
 }
 
-func deviceFaultConfig(t *testing.T, f *flakeyDisk) Config {
+func deviceFaultConfig(t *testing.T, f *flakeyDisk) engine.Config {
 	cfg := testConfig(t)
 	cfg.StateDir = filepath.Join(f.mnt, "state")
 	return cfg
@@ -222,7 +223,7 @@ func deviceFaultConfig(t *testing.T, f *flakeyDisk) Config {
 
 // startDriver starts a driver closed before the disk is unmounted (its
 // journal and records are held open until then).
-func startDriver(t *testing.T, cfg Config) *Driver {
+func startDriver(t *testing.T, cfg engine.Config) *Driver {
 	t.Helper()
 	d := newDriver(t, cfg)
 	t.Cleanup(func() { d.Close() })
@@ -282,7 +283,7 @@ func volumeReadErrors(t *testing.T, fstype string) {
 		}},
 	}
 	for _, s := range steps {
-		if (s.name == "clone" || s.name == "block snapshot") && d.defaultPool().reflink {
+		if (s.name == "clone" || s.name == "block snapshot") && d.defaultPool().Reflink {
 			// A reflink shares the blocks and reads none of them.
 			if _, err := s.call(); err != nil {
 				t.Fatalf("%s by reflink: %v", s.name, err)
@@ -335,7 +336,7 @@ func ioError(err error) bool {
 // snapshot of it, both made while the disk was healthy.
 type faultWorld struct {
 	f                 *flakeyDisk
-	cfg               Config
+	cfg               engine.Config
 	d                 *Driver
 	src, srcSum, snap string
 }

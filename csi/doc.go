@@ -1,4 +1,5 @@
-// Package csi maps CSI requests onto the leaf packages (fsops, loop,
-// archive). It owns the driver's state (kept by its store package), its
-// locking and the translation of errors into gRPC codes, in errors.go.
+// Package csi serves the CSI services over the storage engine (package
+// engine): each handler validates its request, makes one call into the
+// engine, and maps what it answers onto a gRPC code in one place
+// (errors.go).
 package csi

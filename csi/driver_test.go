@@ -10,19 +10,20 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hostpath-csi/hostpath/engine"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
-func testConfig(t *testing.T) Config {
-	return Config{
+func testConfig(t *testing.T) engine.Config {
+	return engine.Config{
 		DriverName: "test.hostpath.csi", Version: "test", NodeID: "node-1",
 		StateDir: filepath.Join(t.TempDir(), "state"), MaxVolumeSize: 1 << 40,
 		EnableTopology: true, EnableVolumeExpansion: true,
 	}
 }
 
-func newDriver(t *testing.T, cfg Config) *Driver {
+func newDriver(t *testing.T, cfg engine.Config) *Driver {
 	t.Helper()
 	d, err := New(cfg)
 	if err != nil {
@@ -34,7 +35,7 @@ func newDriver(t *testing.T, cfg Config) *Driver {
 var ctx = context.Background()
 
 // defaultPool is the state of the state dir's own pool.
-func (d *Driver) defaultPool() *poolState { return poolNow(d, DefaultPool) }
+func (d *Driver) defaultPool() *engine.PoolState { return poolNow(d, engine.DefaultPool) }
 
 func mountCap(mode csi.VolumeCapability_AccessMode_Mode, flags ...string) *csi.VolumeCapability {
 	return &csi.VolumeCapability{
@@ -100,11 +101,11 @@ func TestCreateVolumeValidation(t *testing.T) {
 		{"snapshot source not found", &csi.CreateVolumeRequest{Name: "x", VolumeCapabilities: []*csi.VolumeCapability{rwo},
 			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: "../../etc"}}}}, codes.NotFound},
 		{"volume source not found", &csi.CreateVolumeRequest{Name: "x", VolumeCapabilities: []*csi.VolumeCapability{rwo},
-			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: d.newVolumeID()}}}}, codes.NotFound},
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: d.NewVolumeID()}}}}, codes.NotFound},
 		{"volume source on another node", &csi.CreateVolumeRequest{Name: "x", VolumeCapabilities: []*csi.VolumeCapability{rwo},
-			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: newID(volumeIDPrefix, nodeTag("node-2"))}}}}, codes.ResourceExhausted},
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: engine.NewID(engine.VolumeIDPrefix, engine.NodeTag("node-2"))}}}}, codes.ResourceExhausted},
 		{"snapshot source on another node", &csi.CreateVolumeRequest{Name: "x", VolumeCapabilities: []*csi.VolumeCapability{rwo},
-			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: newID(snapshotIDPrefix, nodeTag("node-2"))}}}}, codes.ResourceExhausted},
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: engine.NewID(engine.SnapshotIDPrefix, engine.NodeTag("node-2"))}}}}, codes.ResourceExhausted},
 		{"topology elsewhere", &csi.CreateVolumeRequest{Name: "x", VolumeCapabilities: []*csi.VolumeCapability{rwo},
 			AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{{Segments: map[string]string{TopologyKey: "node-2"}}}}}, codes.ResourceExhausted},
 	}
@@ -173,7 +174,7 @@ func TestCreateVolumeConcurrentSameName(t *testing.T) {
 func TestDeleteVolume(t *testing.T) {
 	d := newDriver(t, testConfig(t))
 	v := mustCreate(t, d, "pvc-del", 1<<20)
-	for _, id := range []string{"unknown", newID(volumeIDPrefix, d.tag), "../../../etc", "vol-" + v.GetVolumeId()} {
+	for _, id := range []string{"unknown", engine.NewID(engine.VolumeIDPrefix, d.Tag), "../../../etc", "vol-" + v.GetVolumeId()} {
 		if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 			t.Fatalf("delete of %q: %v", id, err)
 		}
@@ -280,7 +281,7 @@ func TestExpandVolume(t *testing.T) {
 	wantCode(t, err, codes.OutOfRange)
 	_, err = d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: v.GetVolumeId(), CapacityRange: &csi.CapacityRange{RequiredBytes: 4 << 40}})
 	wantCode(t, err, codes.OutOfRange)
-	_, err = d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: d.newVolumeID(), CapacityRange: &csi.CapacityRange{RequiredBytes: 1}})
+	_, err = d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: d.NewVolumeID(), CapacityRange: &csi.CapacityRange{RequiredBytes: 1}})
 	wantCode(t, err, codes.NotFound)
 }
 
@@ -318,7 +319,7 @@ func TestHeavySlots(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.MaxHeavyOps = 1
 	d := newDriver(t, cfg)
-	release, err := d.heavy.wait(ctx)
+	release, err := d.Heavy.Wait(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,5 +341,5 @@ func TestHeavySlots(t *testing.T) {
 // the volumes' home.
 func volumeData(d *Driver) ([]os.DirEntry, error) {
 	entries, err := os.ReadDir(volumesDir(d))
-	return slices.DeleteFunc(entries, func(e os.DirEntry) bool { return e.Name() == volumesMarker }), err
+	return slices.DeleteFunc(entries, func(e os.DirEntry) bool { return e.Name() == engine.VolumesMarker }), err
 }

@@ -11,13 +11,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hostpath-csi/hostpath/archive"
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/engine/store"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
-
-// errCorrupt marks a snapshot whose content does not match what was
-// recorded when it was taken.
-var errCorrupt = errors.New("snapshot content is corrupt")
 
 // edge is what every CSI handler's error goes through as it returns (a
 // deferred call on its named result): whatever the storage side answered
@@ -45,26 +42,26 @@ func toStatus(err error, format string, args ...any) error {
 	if format != "" {
 		msg = fmt.Sprintf(format, args...) + ": " + msg
 	}
-	var down *PoolDownError
+	var down *engine.PoolDownError
 	switch {
 	case errors.As(err, &down):
 		return status.Error(codes.FailedPrecondition, msg)
-	case errors.Is(err, ErrBusy):
+	case errors.Is(err, engine.ErrBusy):
 		return status.Error(codes.Aborted, msg)
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, engine.ErrNotFound):
 		return status.Error(codes.NotFound, msg)
-	case errors.Is(err, ErrExists):
+	case errors.Is(err, engine.ErrExists):
 		return status.Error(codes.AlreadyExists, msg)
-	case errors.Is(err, ErrForbidden):
+	case errors.Is(err, engine.ErrForbidden):
 		return status.Error(codes.PermissionDenied, msg)
-	case errors.Is(err, ErrInvalid):
+	case errors.Is(err, engine.ErrInvalid):
 		return status.Error(codes.InvalidArgument, msg)
-	case errors.Is(err, ErrOutOfRange):
+	case errors.Is(err, engine.ErrOutOfRange):
 		return status.Error(codes.OutOfRange, msg)
-	case errors.Is(err, ErrNoCapacity):
+	case errors.Is(err, engine.ErrNoCapacity):
 		return status.Error(codes.ResourceExhausted, msg)
-	case errors.Is(err, ErrDamaged), errors.Is(err, ErrDataMissing), errors.Is(err, ErrInUse),
-		errors.Is(err, ErrUnsure):
+	case errors.Is(err, engine.ErrDamaged), errors.Is(err, engine.ErrDataMissing), errors.Is(err, engine.ErrInUse),
+		errors.Is(err, engine.ErrUnsure):
 		return status.Error(codes.FailedPrecondition, msg)
 	// A peer's answer for a source on its node.
 	case errors.Is(err, transfer.ErrNotFound):
@@ -88,7 +85,7 @@ func toStatus(err error, format string, args ...any) error {
 		return status.Error(codes.Aborted, msg+"; retry later")
 	case errors.Is(err, archive.ErrTooLarge):
 		return status.Error(codes.Aborted, msg+" (the source grew since its size was asked for; retry)")
-	case errors.Is(err, errCorrupt), errors.Is(err, archive.ErrFormat):
+	case errors.Is(err, engine.ErrCorrupt), errors.Is(err, archive.ErrFormat):
 		return status.Error(codes.DataLoss, msg)
 	case errors.Is(err, unix.EROFS):
 		return status.Error(codes.FailedPrecondition, msg+" (the state directory's file system is read-only)")

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hostpath-csi/hostpath/archive"
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/engine/store"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
@@ -28,20 +29,20 @@ func TestToStatus(t *testing.T) {
 		err  error
 		code codes.Code
 	}{
-		{"busy", storageErr(ErrBusy, "an operation on volume x is already in progress"), codes.Aborted},
-		{"not found", storageErr(ErrNotFound, "volume x does not exist"), codes.NotFound},
-		{"exists", storageErr(ErrExists, "volume x already exists"), codes.AlreadyExists},
-		{"no capacity", storageErr(ErrNoCapacity, "no room"), codes.ResourceExhausted},
-		{"in use", storageErr(ErrInUse, "volume x is still mounted at /t"), codes.FailedPrecondition},
-		{"damaged", storageErr(ErrDamaged, "the record is damaged"), codes.FailedPrecondition},
-		{"unsure", storageErr(ErrUnsure, "cannot tell whether volume x is mounted at /t"), codes.FailedPrecondition},
-		{"out of range", storageErr(ErrOutOfRange, "volume x has 2 bytes; shrinking to 1 is not supported"), codes.OutOfRange},
-		{"invalid", storageErr(ErrInvalid, "capacity_range has a negative value (required -1, limit 0)"), codes.InvalidArgument},
-		{"forbidden", storageErr(ErrForbidden, "local path /x is outside the allowed roots [/y] (--local-root)"), codes.PermissionDenied},
-		{"data missing", storageErr(ErrDataMissing, "the data is missing"), codes.FailedPrecondition},
+		{"busy", engine.StorageErr(engine.ErrBusy, "an operation on volume x is already in progress"), codes.Aborted},
+		{"not found", engine.StorageErr(engine.ErrNotFound, "volume x does not exist"), codes.NotFound},
+		{"exists", engine.StorageErr(engine.ErrExists, "volume x already exists"), codes.AlreadyExists},
+		{"no capacity", engine.StorageErr(engine.ErrNoCapacity, "no room"), codes.ResourceExhausted},
+		{"in use", engine.StorageErr(engine.ErrInUse, "volume x is still mounted at /t"), codes.FailedPrecondition},
+		{"damaged", engine.StorageErr(engine.ErrDamaged, "the record is damaged"), codes.FailedPrecondition},
+		{"unsure", engine.StorageErr(engine.ErrUnsure, "cannot tell whether volume x is mounted at /t"), codes.FailedPrecondition},
+		{"out of range", engine.StorageErr(engine.ErrOutOfRange, "volume x has 2 bytes; shrinking to 1 is not supported"), codes.OutOfRange},
+		{"invalid", engine.StorageErr(engine.ErrInvalid, "capacity_range has a negative value (required -1, limit 0)"), codes.InvalidArgument},
+		{"forbidden", engine.StorageErr(engine.ErrForbidden, "local path /x is outside the allowed roots [/y] (--local-root)"), codes.PermissionDenied},
+		{"data missing", engine.StorageErr(engine.ErrDataMissing, "the data is missing"), codes.FailedPrecondition},
 		// A pool down for a missing directory is not NotFound.
-		{"pool down", &PoolDownError{Pool: "fast", Path: "/p", Cause: enoent}, codes.FailedPrecondition},
-		{"pool down, wrapped", fmt.Errorf("reserving: %w", &PoolDownError{Pool: "fast", Path: "/p", Cause: enoent}), codes.FailedPrecondition},
+		{"pool down", &engine.PoolDownError{Pool: "fast", Path: "/p", Cause: enoent}, codes.FailedPrecondition},
+		{"pool down, wrapped", fmt.Errorf("reserving: %w", &engine.PoolDownError{Pool: "fast", Path: "/p", Cause: enoent}), codes.FailedPrecondition},
 		{"an EIO is an EIO, not missing", &os.PathError{Op: "lstat", Path: "/x", Err: unix.EIO}, codes.Internal},
 		{"ENOENT", enoent, codes.NotFound},
 		{"ENOSPC", unix.ENOSPC, codes.ResourceExhausted},
@@ -54,7 +55,7 @@ func TestToStatus(t *testing.T) {
 		{"name taken", &store.NameError{Kind: "volume", Name: "x"}, codes.Aborted},
 		{"source grew", archive.ErrTooLarge, codes.Aborted},
 		{"corrupt archive", archive.ErrFormat, codes.DataLoss},
-		{"corrupt snapshot", errCorrupt, codes.DataLoss},
+		{"corrupt snapshot", engine.ErrCorrupt, codes.DataLoss},
 		{"peer has none", fmt.Errorf("%w: snap-1", transfer.ErrNotFound), codes.NotFound},
 		{"peer unreachable", transfer.ErrUnreachable, codes.ResourceExhausted},
 		{"peer busy", transfer.ErrBusy, codes.ResourceExhausted},

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hostpath-csi/hostpath/engine"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -17,7 +18,7 @@ func FuzzPaginationToken(f *testing.F) {
 	}
 	all := ids(7)
 	f.Fuzz(func(t *testing.T, token string, max int32) {
-		page, next, err := paginate(all, token, max, validVolumeID, func(s string) string { return s })
+		page, next, err := paginate(all, token, max, engine.ValidVolumeID, func(s string) string { return s })
 		if err != nil {
 			if c := status.Code(err); c != codes.Aborted && c != codes.InvalidArgument {
 				t.Fatalf("token %q: code %v", token, c)
@@ -46,12 +47,12 @@ func FuzzIDsAndNames(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		_ = checkName("name", s)
 		_ = checkID("id", s)
-		if validVolumeID(s) || validSnapshotID(s) || validGroupID(s) {
+		if engine.ValidVolumeID(s) || engine.ValidSnapshotID(s) || engine.ValidGroupID(s) {
 			if strings.ContainsAny(s, "/\x00") || s == "." || s == ".." || strings.Contains(s, "..") {
 				t.Fatalf("%q accepted as an id", s)
 			}
 		}
-		_, _ = ParseQuantity(s)
+		_, _ = engine.ParseQuantity(s)
 	})
 }
 
@@ -62,7 +63,7 @@ func FuzzCreateVolume(f *testing.F) {
 	f.Add("pvc-1", int64(1<<20), int64(0), "kind", "x", "", "")
 	f.Add("", int64(-1), int64(5), "fsType", "ext4", "vol-0a0b0c0d0000000000000001", "")
 	f.Add("n", int64(10), int64(1), "csi.storage.k8s.io/pvc/name", "p", "", "snap-../../x")
-	cfg := Config{DriverName: "fuzz", Version: "t", NodeID: "n", StateDir: f.TempDir(), MaxVolumeSize: 1 << 30}
+	cfg := engine.Config{DriverName: "fuzz", Version: "t", NodeID: "n", StateDir: f.TempDir(), MaxVolumeSize: 1 << 30}
 	d, err := New(cfg)
 	if err != nil {
 		f.Fatal(err)

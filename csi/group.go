@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hostpath-csi/hostpath/engine"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -15,9 +16,6 @@ import (
 // locked, so no CSI call changes any of them in between; writes by pods
 // are not frozen (there is no fsfreeze without a file system per volume).
 
-func groupNameKey(name string) string { return "gname/" + name }
-func groupIDKey(id string) string     { return "gid/" + id }
-
 // GroupControllerGetCapabilities advertises group snapshots.
 func (d *Driver) GroupControllerGetCapabilities(context.Context, *csi.GroupControllerGetCapabilitiesRequest) (*csi.GroupControllerGetCapabilitiesResponse, error) {
 	return &csi.GroupControllerGetCapabilitiesResponse{Capabilities: []*csi.GroupControllerServiceCapability{{
@@ -25,18 +23,10 @@ func (d *Driver) GroupControllerGetCapabilities(context.Context, *csi.GroupContr
 	}}}, nil
 }
 
-// sameSet reports whether two lists hold the same ids in any order.
-func sameSet(a, b []string) bool {
-	a, b = slices.Clone(a), slices.Clone(b)
-	slices.Sort(a)
-	slices.Sort(b)
-	return slices.Equal(a, b)
-}
-
-func (d *Driver) csiGroup(g groupRecord) *csi.VolumeGroupSnapshot {
-	out := &csi.VolumeGroupSnapshot{GroupSnapshotId: g.ID, CreationTime: timestamppb.New(g.CreatedAt), ReadyToUse: g.Phase == phaseReady}
+func (d *Driver) csiGroup(g engine.GroupRecord) *csi.VolumeGroupSnapshot {
+	out := &csi.VolumeGroupSnapshot{GroupSnapshotId: g.ID, CreationTime: timestamppb.New(g.CreatedAt), ReadyToUse: g.Phase == engine.PhaseReady}
 	for _, id := range g.Snapshots {
-		if s, ok := d.st.Snapshots.Get(id); ok {
+		if s, ok := d.Records.Snapshots.Get(id); ok {
 			out.Snapshots = append(out.Snapshots, d.csiSnapshot(s))
 		}
 	}
@@ -63,10 +53,10 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 			return nil, invalid("volume %s is listed twice", id)
 		}
 	}
-	if _, _, _, err := d.snapshotOptions(req.GetParameters(), accessMount, nil); err != nil {
+	if _, _, _, err := d.SnapshotOptions(req.GetParameters(), engine.AccessMount, nil); err != nil {
 		return nil, err
 	}
-	g, err := d.createGroup(ctx, name, srcs, req.GetParameters())
+	g, err := d.CreateGroup(ctx, name, srcs, req.GetParameters())
 	if err != nil {
 		return nil, err
 	}
@@ -79,12 +69,12 @@ func (d *Driver) GetVolumeGroupSnapshot(ctx context.Context, req *csi.GetVolumeG
 	if err := d.checkIDHere("group_snapshot_id", req.GetGroupSnapshotId()); err != nil {
 		return nil, err
 	}
-	g, ok := d.st.Groups.Get(req.GetGroupSnapshotId())
-	if !ok || g.Phase != phaseReady {
+	g, ok := d.Records.Groups.Get(req.GetGroupSnapshotId())
+	if !ok || g.Phase != engine.PhaseReady {
 		return nil, status.Errorf(codes.NotFound, "group snapshot %q does not exist", req.GetGroupSnapshotId())
 	}
 	if len(req.GetSnapshotIds()) > 0 {
-		if !sameSet(g.Snapshots, req.GetSnapshotIds()) {
+		if !engine.SameSet(g.Snapshots, req.GetSnapshotIds()) {
 			return nil, invalid("snapshot_ids do not match the members of group snapshot %s", g.ID)
 		}
 	}
@@ -99,10 +89,10 @@ func (d *Driver) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteV
 	if err := d.checkIDHere("group_snapshot_id", id); err != nil {
 		return nil, err
 	}
-	if !validGroupID(id) {
+	if !engine.ValidGroupID(id) {
 		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 	}
-	if err := d.deleteGroup(id, req.GetSnapshotIds()); err != nil {
+	if err := d.DeleteGroup(id, req.GetSnapshotIds()); err != nil {
 		return nil, err
 	}
 	return &csi.DeleteVolumeGroupSnapshotResponse{}, nil

@@ -7,6 +7,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/loop"
 )
@@ -21,18 +22,18 @@ func healthEntry(t csi.VolumeHealthErrorType, reason, msg string) *csi.VolumeHea
 }
 
 // volumeHealth inspects one volume.
-func (d *Driver) volumeHealth(v volumeRecord) *csi.VolumeHealth {
+func (d *Driver) volumeHealth(v engine.VolumeRecord) *csi.VolumeHealth {
 	h := &csi.VolumeHealth{VolumeId: v.ID}
-	if p := d.poolOf(v.Pool); v.LocalPath == "" && p.get().down != nil {
-		h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_INACCESSIBLE, "PoolDown", fmt.Sprintf("pool %s (%s) is down: %v", p.name, p.paths.root, p.get().down)))
+	if p := d.PoolOf(v.Pool); v.LocalPath == "" && p.Get().Down != nil {
+		h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_INACCESSIBLE, "PoolDown", fmt.Sprintf("pool %s (%s) is down: %v", p.Name, p.Paths.Root, p.Get().Down)))
 		return h
 	}
-	path := d.volumeDataPath(v)
+	path := d.VolumeDataPath(v)
 	if _, err := os.Lstat(path); err != nil {
 		h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_INACCESSIBLE, "VolumeDataMissing", "the volume's data at "+path+" is gone: "+err.Error()))
 		return h
 	}
-	if v.AccessType == accessBlock {
+	if v.AccessType == engine.AccessBlock {
 		dev, ok, err := loop.Find(path)
 		switch {
 		case err != nil || !ok:
@@ -44,8 +45,8 @@ func (d *Driver) volumeHealth(v volumeRecord) *csi.VolumeHealth {
 		}
 		return h
 	}
-	if d.poolOf(v.Pool).get().quota != quotaNone {
-		if u, err := d.volumeUsage(v); err == nil && u.Bytes >= v.CapacityBytes {
+	if d.PoolOf(v.Pool).Get().Quota != engine.QuotaNone {
+		if u, err := d.VolumeUsage(v); err == nil && u.Bytes >= v.CapacityBytes {
 			h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "QuotaExhausted", "the volume has used all of its capacity; writes fail with EDQUOT"))
 		}
 	}
@@ -58,9 +59,9 @@ func (d *Driver) ControllerGetVolumeHealth(ctx context.Context, req *csi.Control
 	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	v, ok := d.st.Volumes.Get(req.GetVolumeId())
-	if !ok || v.Phase != phaseReady {
-		return nil, d.notFoundVolume(req.GetVolumeId())
+	v, ok := d.Records.Volumes.Get(req.GetVolumeId())
+	if !ok || v.Phase != engine.PhaseReady {
+		return nil, d.NotFoundVolume(req.GetVolumeId())
 	}
 	return &csi.ControllerGetVolumeHealthResponse{VolumeHealth: d.volumeHealth(v)}, nil
 }
@@ -68,13 +69,13 @@ func (d *Driver) ControllerGetVolumeHealth(ctx context.Context, req *csi.Control
 // ControllerListVolumeHealth pages through every volume's health.
 func (d *Driver) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (_ *csi.ControllerListVolumeHealthResponse, err error) {
 	defer edge(&err)
-	var ready []volumeRecord
-	for _, v := range d.st.Volumes.All() {
-		if v.Phase == phaseReady {
+	var ready []engine.VolumeRecord
+	for _, v := range d.Records.Volumes.All() {
+		if v.Phase == engine.PhaseReady {
 			ready = append(ready, v)
 		}
 	}
-	page, next, err := paginate(ready, req.GetStartingToken(), req.GetMaxEntries(), validVolumeID, func(v volumeRecord) string { return v.ID })
+	page, next, err := paginate(ready, req.GetStartingToken(), req.GetMaxEntries(), engine.ValidVolumeID, func(v engine.VolumeRecord) string { return v.ID })
 	if err != nil {
 		return nil, err
 	}
@@ -92,20 +93,20 @@ func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolume
 	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	v, ok := d.st.Volumes.Get(req.GetVolumeId())
-	if !ok || v.Phase != phaseReady {
-		return nil, d.notFoundVolume(req.GetVolumeId())
+	v, ok := d.Records.Volumes.Get(req.GetVolumeId())
+	if !ok || v.Phase != engine.PhaseReady {
+		return nil, d.NotFoundVolume(req.GetVolumeId())
 	}
 	h := d.volumeHealth(v)
 	for _, p := range []string{req.GetVolumePublishPath(), req.GetStagingTargetPath()} {
 		if p == "" {
 			continue
 		}
-		ours, err := d.showsVolume(p, v)
+		ours, err := d.ShowsVolume(p, v)
 		switch {
 		case err != nil:
 			h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "MountUninspectable", err.Error()))
-		case !ours && (v.AccessType == accessMount || p == req.GetVolumePublishPath()):
+		case !ours && (v.AccessType == engine.AccessMount || p == req.GetVolumePublishPath()):
 			h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_INACCESSIBLE, "NotMounted", "the volume is not mounted at "+p))
 		}
 	}
@@ -120,55 +121,34 @@ func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStora
 	bad := func(t csi.StorageHealthErrorType, reason, msg string) {
 		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{Status: t, Reason: reason, Message: msg})
 	}
-	if err := d.st.Err(); err != nil {
+	if err := d.Records.Err(); err != nil {
 		bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "StateJournalFailed", "the state store refuses changes until the driver restarts: "+err.Error())
 	}
-	if damaged := d.st.Damaged(); len(damaged) > 0 {
+	if damaged := d.Records.Damaged(); len(damaged) > 0 {
 		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "StateRecordsDamaged", fmt.Sprintf("%d state records are damaged (the first: %s, %s); their data is kept, see the driver's log for what to do", len(damaged), damaged[0].Path, damaged[0].Problem))
 	}
-	if n := d.unowned.Load(); n > 0 {
+	if n := d.Unowned.Load(); n > 0 {
 		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "UnownedData", fmt.Sprintf("%d entries under the volumes and snapshots directories of the pools belong to no record; they are kept, see the driver's log for their paths", n))
 	}
-	for _, p := range d.poolList()[1:] {
-		if why := d.recheck(p).down; why != nil {
-			bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "PoolDown", fmt.Sprintf("pool %s (%s) is down: %v; its volumes and snapshots are refused until it is back", p.name, p.paths.root, why))
+	for _, p := range d.PoolList()[1:] {
+		if why := d.Recheck(p).Down; why != nil {
+			bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "PoolDown", fmt.Sprintf("pool %s (%s) is down: %v; its volumes and snapshots are refused until it is back", p.Name, p.Paths.Root, why))
 		}
 	}
-	if err := probeWritable(d.paths.tmp(), ".health-probe"); err != nil {
-		bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "StateDirNotWritable", d.paths.root+": "+err.Error())
+	if err := engine.ProbeWritable(d.Paths.Tmp(), ".health-probe"); err != nil {
+		bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "StateDirNotWritable", d.Paths.Root+": "+err.Error())
 		return resp, nil
 	}
-	fs, err := fsops.Statfs(d.paths.root)
+	fs, err := fsops.Statfs(d.Paths.Root)
 	if err != nil {
 		bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "StateDirUnreadable", err.Error())
 		return resp, nil
 	}
 	if fs.TotalBytes > 0 && fs.AvailableBytes*20 < fs.TotalBytes {
-		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "StateDirNearlyFull", "less than 5% of "+d.paths.root+"'s file system is free")
+		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "StateDirNearlyFull", "less than 5% of "+d.Paths.Root+"'s file system is free")
 	}
 	if fs.TotalInodes > 0 && fs.FreeInodes*20 < fs.TotalInodes {
 		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "StateDirInodesNearlyExhausted", "less than 5% of the inodes are free")
 	}
 	return resp, nil
-}
-
-// notFoundVolume answers a lookup of a volume this node does not have.
-// (Ids of other nodes never get this far: checkIDHere.)
-func (d *engine) notFoundVolume(id string) error {
-	if err := d.damagedRecord("volume", id); err != nil {
-		return err
-	}
-	return storageErr(ErrNotFound, "volume %q does not exist", id)
-}
-
-// damagedRecord answers a request for an id whose record start found
-// damaged: its data is kept, and nothing is done to it until a person has
-// looked.
-func (d *engine) damagedRecord(kind, id string) error {
-	for _, bad := range d.st.Damaged() {
-		if bad.ID == id {
-			return storageErr(ErrDamaged, "the record of %s %s at %s is damaged (%s); its data is kept: restore the record from a backup and restart the driver, or move the record and the data away to give it up", kind, id, bad.Path, bad.Problem)
-		}
-	}
-	return nil
 }

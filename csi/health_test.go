@@ -8,6 +8,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/loop"
 )
 
@@ -54,7 +55,7 @@ func TestVolumeHealth(t *testing.T) {
 	if err != nil || len(l.GetEntries()) != 2 || l.GetNextToken() == "" {
 		t.Fatalf("list health: %v %v", l, err)
 	}
-	_, err = d.ControllerGetVolumeHealth(ctx, &csi.ControllerGetVolumeHealthRequest{VolumeId: newID(volumeIDPrefix, nodeTag("elsewhere"))})
+	_, err = d.ControllerGetVolumeHealth(ctx, &csi.ControllerGetVolumeHealthRequest{VolumeId: engine.NewID(engine.VolumeIDPrefix, engine.NodeTag("elsewhere"))})
 	wantCode(t, err, codes.ResourceExhausted)
 	_, err = d.ControllerGetVolumeHealth(ctx, &csi.ControllerGetVolumeHealthRequest{})
 	wantCode(t, err, codes.InvalidArgument)

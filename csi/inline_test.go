@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 )
 
@@ -20,14 +21,14 @@ func TestEphemeralInlineVolume(t *testing.T) {
 	d := newDriver(t, cfg)
 	target := filepath.Join(t.TempDir(), "pod", "vol")
 	unmountAll(t, target)
-	vctx := map[string]string{ctxEphemeral: "true", ctxSize: "10Mi", "csi.storage.k8s.io/pod.name": "p"}
+	vctx := map[string]string{engine.CtxEphemeral: "true", engine.CtxSize: "10Mi", "csi.storage.k8s.io/pod.name": "p"}
 	req := &csi.NodePublishVolumeRequest{VolumeId: "csi-0123abcd", TargetPath: target, VolumeCapability: rwo, VolumeContext: vctx}
 	for i := 0; i < 2; i++ {
 		if _, err := d.NodePublishVolume(ctx, req); err != nil {
 			t.Fatal(err)
 		}
 	}
-	v, ok := d.lookupNodeVolume("csi-0123abcd")
+	v, ok := d.LookupNodeVolume("csi-0123abcd")
 	if !ok || v.CapacityBytes != 10<<20 || mountOf(t, target) == nil {
 		t.Fatalf("inline volume %+v mounted=%v", v, mountOf(t, target) != nil)
 	}
@@ -37,36 +38,36 @@ func TestEphemeralInlineVolume(t *testing.T) {
 	}
 	// A driver restart while the pod runs keeps it.
 	d2 := newDriver(t, cfg)
-	if _, ok := d2.lookupNodeVolume("csi-0123abcd"); !ok {
+	if _, ok := d2.LookupNodeVolume("csi-0123abcd"); !ok {
 		t.Fatal("restart dropped a published inline volume")
 	}
 	if _, err := d2.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-0123abcd", TargetPath: target}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := d2.lookupNodeVolume("csi-0123abcd"); ok {
+	if _, ok := d2.LookupNodeVolume("csi-0123abcd"); ok {
 		t.Fatal("inline volume outlived its unpublish")
 	}
-	if _, err := os.Stat(d2.volumeDataPath(v)); !os.IsNotExist(err) {
+	if _, err := os.Stat(d2.VolumeDataPath(v)); !os.IsNotExist(err) {
 		t.Fatal("inline volume's data left behind")
 	}
 	// Crash after publish: the target is gone at the next start.
 	target2 := filepath.Join(t.TempDir(), "vol2")
 	unmountAll(t, target2)
-	if _, err := d2.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "csi-crash", TargetPath: target2, VolumeCapability: rwo, VolumeContext: map[string]string{ctxEphemeral: "true"}}); err != nil {
+	if _, err := d2.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "csi-crash", TargetPath: target2, VolumeCapability: rwo, VolumeContext: map[string]string{engine.CtxEphemeral: "true"}}); err != nil {
 		t.Fatal(err)
 	}
-	v2, _ := d2.lookupNodeVolume("csi-crash")
+	v2, _ := d2.LookupNodeVolume("csi-crash")
 	os.Stat(target2)
 	for unmount(target2) == nil {
 	}
 	d3 := newDriver(t, cfg)
-	if _, ok := d3.lookupNodeVolume("csi-crash"); ok {
+	if _, ok := d3.LookupNodeVolume("csi-crash"); ok {
 		t.Fatal("an inline volume nobody mounts survived the restart")
 	}
-	if _, err := os.Stat(d3.volumeDataPath(v2)); !os.IsNotExist(err) {
+	if _, err := os.Stat(d3.VolumeDataPath(v2)); !os.IsNotExist(err) {
 		t.Fatal("its data survived too")
 	}
-	for _, bad := range []map[string]string{{ctxEphemeral: "true", ctxSize: "lots"}, {ctxEphemeral: "true", "color": "red"}} {
+	for _, bad := range []map[string]string{{engine.CtxEphemeral: "true", engine.CtxSize: "lots"}, {engine.CtxEphemeral: "true", "color": "red"}} {
 		_, err := d3.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "csi-bad", TargetPath: target2, VolumeCapability: rwo, VolumeContext: bad})
 		wantCode(t, err, codes.InvalidArgument)
 	}
@@ -86,7 +87,7 @@ func TestLocalVolume(t *testing.T) {
 	target := filepath.Join(base, "target")
 	unmountAll(t, target)
 	pub := func(path string) error {
-		_, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "pv-local-1", TargetPath: target, VolumeCapability: rwo, VolumeContext: map[string]string{ctxLocalPath: path}})
+		_, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "pv-local-1", TargetPath: target, VolumeCapability: rwo, VolumeContext: map[string]string{engine.CtxLocalPath: path}})
 		return err
 	}
 	tests := []struct {
@@ -119,7 +120,7 @@ func TestLocalVolume(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(root, "ssd1", "data")); string(b) != "local" {
 		t.Fatal("unpublishing a local volume touched its data")
 	}
-	if _, ok := d.lookupNodeVolume("pv-local-1"); ok {
+	if _, ok := d.LookupNodeVolume("pv-local-1"); ok {
 		t.Fatal("local volume record outlived its publication")
 	}
 }
@@ -141,13 +142,13 @@ func TestInlineRecordWriteFailureReleasesName(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := &csi.NodePublishVolumeRequest{VolumeId: "csi-readonly-state", TargetPath: target, VolumeCapability: rwo,
-		VolumeContext: map[string]string{ctxEphemeral: "true"}}
+		VolumeContext: map[string]string{engine.CtxEphemeral: "true"}}
 	_, err := d.NodePublishVolume(ctx, req)
 	wantCode(t, err, codes.FailedPrecondition)
 	if !strings.Contains(err.Error(), "read-only") {
 		t.Fatalf("refusal does not say the state is read-only: %v", err)
 	}
-	if _, ok := volumeNamed(d, ephemeralPrefix+"csi-readonly-state"); ok {
+	if _, ok := volumeNamed(d, engine.EphemeralPrefix+"csi-readonly-state"); ok {
 		t.Fatal("the failed create kept its reservation")
 	}
 	if err := unix.Unmount(recs, 0); err != nil {

@@ -39,13 +39,13 @@ func newMetrics(d *Driver) *metrics {
 	count := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
-	m.reg.MustRegister(m.rpcs, m.latency, m.bytes, &d.ops, poolCollector{d.engine},
+	m.reg.MustRegister(m.rpcs, m.latency, m.bytes, &d.Ops, d.PoolCollector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		count("hostpath_volumes", "Volumes on this node.", func() float64 { return float64(len(d.st.Volumes.All())) }),
-		count("hostpath_snapshots", "Snapshots on this node.", func() float64 { return float64(len(d.st.Snapshots.All())) }),
-		count("hostpath_state_files_awaiting_checkpoint", "Record files changed since the state journal's last checkpoint, each held open (at most 1024) so the checkpoint's fsync sees their writeback errors.", func() float64 { return float64(d.st.AwaitingCheckpoint()) }),
+		count("hostpath_volumes", "Volumes on this node.", func() float64 { return float64(len(d.Records.Volumes.All())) }),
+		count("hostpath_snapshots", "Snapshots on this node.", func() float64 { return float64(len(d.Records.Snapshots.All())) }),
+		count("hostpath_state_files_awaiting_checkpoint", "Record files changed since the state journal's last checkpoint, each held open (at most 1024) so the checkpoint's fsync sees their writeback errors.", func() float64 { return float64(d.Records.AwaitingCheckpoint()) }),
 		count("hostpath_state_failed", "1 when the state store refuses every change until a restart (a failed sync), else 0.", func() float64 {
-			if d.st.Err() != nil {
+			if d.Records.Err() != nil {
 				return 1
 			}
 			return 0
@@ -81,7 +81,7 @@ func (d *Driver) Healthy() error {
 	if !d.ready.Load() {
 		return fmt.Errorf("state not loaded yet")
 	}
-	if err := d.st.Err(); err != nil {
+	if err := d.Records.Err(); err != nil {
 		return fmt.Errorf("the state store refuses changes until the driver restarts: %w", err)
 	}
 	d.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hostpath-csi/hostpath/engine"
 	"google.golang.org/grpc/codes"
 )
 
@@ -49,7 +50,7 @@ func TestModifyVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 	srec, _ := snapshotRec(d, s.GetSnapshot().GetSnapshotId())
-	if srec.Format != formatTarGz {
+	if srec.Format != engine.FormatTarGz {
 		t.Fatalf("snapshot format %q, want the volume's tar.gz", srec.Format)
 	}
 }

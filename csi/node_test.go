@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 	"github.com/hostpath-csi/hostpath/loop"
 )
@@ -154,8 +155,8 @@ func TestNodeHostilePaths(t *testing.T) {
 		{"dot-dot into state dir", v.GetVolumeId(), base + "/" + rel + "/x", codes.InvalidArgument},
 		{"NUL in target", v.GetVolumeId(), base + "/a\x00b", codes.InvalidArgument},
 		{"traversal id", "../../etc", base + "/t", codes.NotFound},
-		{"unknown id", newID(volumeIDPrefix, d.tag), base + "/t", codes.NotFound},
-		{"id of another node", newID(volumeIDPrefix, nodeTag("node-2")), base + "/t", codes.ResourceExhausted},
+		{"unknown id", engine.NewID(engine.VolumeIDPrefix, d.Tag), base + "/t", codes.NotFound},
+		{"id of another node", engine.NewID(engine.VolumeIDPrefix, engine.NodeTag("node-2")), base + "/t", codes.ResourceExhausted},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hostpath-csi/hostpath/engine"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -21,8 +22,8 @@ func TestOtherNodeIDsOneRule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := nodeTag("node-2")
-	vol, snap, group := newID(volumeIDPrefix, other), newID(snapshotIDPrefix, other), newID(groupIDPrefix, other)
+	other := engine.NodeTag("node-2")
+	vol, snap, group := engine.NewID(engine.VolumeIDPrefix, other), engine.NewID(engine.SnapshotIDPrefix, other), engine.NewID(engine.GroupIDPrefix, other)
 	target := t.TempDir() + "/target"
 	fromSnap := createReq("pvc-from-snap", 1<<20)
 	fromSnap.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snap}}}

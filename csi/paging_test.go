@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -11,7 +12,7 @@ import (
 func ids(n int) []string {
 	out := make([]string, n)
 	for i := range out {
-		out[i] = fmt.Sprintf("%s%024x", volumeIDPrefix, i+1)
+		out[i] = fmt.Sprintf("%s%024x", engine.VolumeIDPrefix, i+1)
 	}
 	return out
 }
@@ -33,19 +34,19 @@ func TestPaginate(t *testing.T) {
 		{name: "middle page", items: all, token: all[1], max: 2, want: all[2:4], wantNext: all[3]},
 		{name: "last page exact", items: all, token: all[2], max: 2, want: all[3:5]},
 		{name: "limit larger than rest", items: all, token: all[3], max: 10, want: all[4:]},
-		{name: "token past the end", items: all, token: fmt.Sprintf("%s%024x", volumeIDPrefix, 99), want: []string{}},
+		{name: "token past the end", items: all, token: fmt.Sprintf("%s%024x", engine.VolumeIDPrefix, 99), want: []string{}},
 		{name: "token of a deleted entry still works", items: append(append([]string{}, all[:2]...), all[3:]...), token: all[2], max: 1, want: all[3:4], wantNext: all[3]},
 		{name: "empty list", items: nil, max: 3, want: []string{}},
 		{name: "token zero", items: all, token: "0", wantCode: codes.Aborted},
 		{name: "token negative", items: all, token: "-1", wantCode: codes.Aborted},
 		{name: "token huge", items: all, token: "99999999999999999999999999", wantCode: codes.Aborted},
 		{name: "token garbage", items: all, token: "invalid-token", wantCode: codes.Aborted},
-		{name: "snapshot id as volume token", items: all, token: fmt.Sprintf("%s%024x", snapshotIDPrefix, 1), wantCode: codes.Aborted},
+		{name: "snapshot id as volume token", items: all, token: fmt.Sprintf("%s%024x", engine.SnapshotIDPrefix, 1), wantCode: codes.Aborted},
 		{name: "negative max", items: all, max: -1, wantCode: codes.InvalidArgument},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			page, next, err := paginate(tc.items, tc.token, tc.max, validVolumeID, key)
+			page, next, err := paginate(tc.items, tc.token, tc.max, engine.ValidVolumeID, key)
 			if tc.wantCode != codes.OK {
 				if status.Code(err) != tc.wantCode {
 					t.Fatalf("got %v, want code %v", err, tc.wantCode)
@@ -70,7 +71,7 @@ func TestPaginateWalk(t *testing.T) {
 		var got []string
 		token := ""
 		for i := 0; ; i++ {
-			page, next, err := paginate(all, token, max, validVolumeID, func(s string) string { return s })
+			page, next, err := paginate(all, token, max, engine.ValidVolumeID, func(s string) string { return s })
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -90,7 +91,7 @@ func TestPaginateWalk(t *testing.T) {
 }
 
 func TestIDs(t *testing.T) {
-	id := newID(volumeIDPrefix, "0a0b0c0d")
+	id := engine.NewID(engine.VolumeIDPrefix, "0a0b0c0d")
 	tests := []struct {
 		id   string
 		want bool
@@ -107,11 +108,11 @@ func TestIDs(t *testing.T) {
 		{"vol-", false},
 	}
 	for _, tc := range tests {
-		if got := validVolumeID(tc.id); got != tc.want {
+		if got := engine.ValidVolumeID(tc.id); got != tc.want {
 			t.Errorf("validVolumeID(%q) = %v, want %v", tc.id, got, tc.want)
 		}
 	}
-	if newID(volumeIDPrefix, "0a0b0c0d") == id {
+	if engine.NewID(engine.VolumeIDPrefix, "0a0b0c0d") == id {
 		t.Fatal("ids repeat")
 	}
 }

@@ -10,13 +10,14 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
 
 // growOnPull runs grow once, right before the first stream (not a stat)
 // is asked for: between the two requests of a pull from another node.
 type growOnPull struct {
-	Peers
+	engine.Peers
 	grow func()
 }
 
@@ -37,7 +38,7 @@ func (g *growOnPull) Open(ctx context.Context, tag, kind, id string, statOnly bo
 func TestBlockCloneFromGrownSource(t *testing.T) {
 	a, b, bp := newPeerPair(t, "")
 	src := createBlock(t, a.d, "blk", 16<<20)
-	path := a.d.volumeDataPath(volumeRecord{ID: src.GetVolumeId(), AccessType: accessBlock})
+	path := a.d.VolumeDataPath(engine.VolumeRecord{ID: src.GetVolumeId(), AccessType: engine.AccessBlock})
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +68,7 @@ func TestBlockCloneFromGrownSource(t *testing.T) {
 		t.Fatalf("the clone has %d bytes, want the grown source's", v.GetVolume().GetCapacityBytes())
 	}
 	got := make([]byte, 4096)
-	g, _ := os.Open(b.d.volumeDataPath(volumeRecord{ID: v.GetVolume().GetVolumeId(), AccessType: accessBlock}))
+	g, _ := os.Open(b.d.VolumeDataPath(engine.VolumeRecord{ID: v.GetVolume().GetVolumeId(), AccessType: engine.AccessBlock}))
 	defer g.Close()
 	g.ReadAt(got, 30<<20)
 	if string(got) != strings.Repeat("y", 4096) {

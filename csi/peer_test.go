@@ -16,6 +16,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/internal/testfs"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
@@ -60,7 +61,7 @@ func (n *peerNode) serve(t *testing.T) {
 // countingPeers counts the bytes received and, when cutAt > 0, cuts each
 // stream after that many.
 type countingPeers struct {
-	Peers
+	engine.Peers
 	got   atomic.Int64
 	cutAt int64
 }
@@ -115,7 +116,7 @@ func newPeerPair(t *testing.T, stateA string) (a, b *peerNode, bPeers *countingP
 	for name, n := range nodes {
 		p := &transfer.Peers{Client: &transfer.Client{Creds: n.creds}, Resolve: func(_ context.Context, tag string) (string, string, error) {
 			for other, o := range nodes {
-				if NodeTag(other) == tag && other != name {
+				if engine.NodeTag(other) == tag && other != name {
 					return o.addr, other, nil
 				}
 			}
@@ -170,7 +171,7 @@ func TestRestoreAndCloneFromAnotherNode(t *testing.T) {
 	srcDir := volumeDir(a.d, src.GetVolumeId())
 	fillVolume(t, srcDir)
 	blk := createBlock(t, a.d, "blk", 64<<20)
-	blkFile := a.d.volumeDataPath(volumeRecord{ID: blk.GetVolumeId(), AccessType: accessBlock})
+	blkFile := a.d.VolumeDataPath(engine.VolumeRecord{ID: blk.GetVolumeId(), AccessType: engine.AccessBlock})
 	pattern := bytes.Repeat([]byte("block data "), 100000) // ~1 MiB at two places
 	f, err := os.OpenFile(blkFile, os.O_WRONLY, 0)
 	if err != nil {
@@ -184,9 +185,9 @@ func TestRestoreAndCloneFromAnotherNode(t *testing.T) {
 
 	snaps := map[string]string{}
 	for name, params := range map[string]map[string]string{
-		"tar.gz":  {paramFormat: formatTarGz},
-		"tar.zst": {paramCompression: "zstd"},
-		"reflink": {paramFormat: formatReflink},
+		"tar.gz":  {engine.ParamFormat: engine.FormatTarGz},
+		"tar.zst": {engine.ParamCompression: "zstd"},
+		"reflink": {engine.ParamFormat: engine.FormatReflink},
 	} {
 		s, err := a.d.CreateSnapshot(ctx, snapReq("snap-"+name, src.GetVolumeId(), params))
 		if err != nil {
@@ -201,7 +202,7 @@ func TestRestoreAndCloneFromAnotherNode(t *testing.T) {
 
 	sameBlock := func(t *testing.T, v *csi.Volume) {
 		t.Helper()
-		got, err := os.ReadFile(b.d.volumeDataPath(volumeRecord{ID: v.GetVolumeId(), AccessType: accessBlock}))
+		got, err := os.ReadFile(b.d.VolumeDataPath(engine.VolumeRecord{ID: v.GetVolumeId(), AccessType: engine.AccessBlock}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -231,7 +232,7 @@ func TestRestoreAndCloneFromAnotherNode(t *testing.T) {
 			}
 			v := r.GetVolume()
 			t.Cleanup(func() { b.d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.GetVolumeId()}) })
-			if tag, _ := b.d.otherNode(v.GetVolumeId()); strings.Contains(tag, NodeTag("node-a")) {
+			if tag, _ := b.d.OtherNode(v.GetVolumeId()); strings.Contains(tag, engine.NodeTag("node-a")) {
 				t.Fatalf("volume %s was made with a's tag", v.GetVolumeId())
 			}
 			if c.check != nil {
@@ -257,7 +258,7 @@ func TestRestoreAndCloneFromAnotherNode(t *testing.T) {
 		wantCode(t, err, codes.InvalidArgument)
 	})
 	t.Run("a snapshot a does not have", func(t *testing.T) {
-		_, err := b.d.CreateVolume(ctx, fromSnapshot("none", newID(snapshotIDPrefix, NodeTag("node-a")), 1<<20))
+		_, err := b.d.CreateVolume(ctx, fromSnapshot("none", engine.NewID(engine.SnapshotIDPrefix, engine.NodeTag("node-a")), 1<<20))
 		wantCode(t, err, codes.NotFound)
 	})
 	t.Run("cut half-way, then retried", func(t *testing.T) {
@@ -312,9 +313,9 @@ func TestServeOnlyOwnSources(t *testing.T) {
 		{"volume", "vol-" + strings.Repeat("a", 23) + "/", transfer.ErrInvalid},
 		{"file", v.GetVolumeId(), transfer.ErrInvalid},
 		{"snapshot", v.GetVolumeId(), transfer.ErrInvalid},
-		{"volume", newID(volumeIDPrefix, NodeTag("node-2")), transfer.ErrNotFound},
-		{"volume", newID(volumeIDPrefix, NodeTag("node-1")), transfer.ErrNotFound},
-		{"snapshot", newID(snapshotIDPrefix, NodeTag("node-1")), transfer.ErrNotFound},
+		{"volume", engine.NewID(engine.VolumeIDPrefix, engine.NodeTag("node-2")), transfer.ErrNotFound},
+		{"volume", engine.NewID(engine.VolumeIDPrefix, engine.NodeTag("node-1")), transfer.ErrNotFound},
+		{"snapshot", engine.NewID(engine.SnapshotIDPrefix, engine.NodeTag("node-1")), transfer.ErrNotFound},
 	} {
 		_, rc, err := src.Open(ctx, "node-2", c.kind, c.id, false)
 		if !errors.Is(err, c.want) || rc != nil {
@@ -322,7 +323,7 @@ func TestServeOnlyOwnSources(t *testing.T) {
 		}
 	}
 	m, rc, err := src.Open(ctx, "node-2", "volume", v.GetVolumeId(), false)
-	if err != nil || m.Format != wireTarZst || m.Attrs["access"] != accessMount {
+	if err != nil || m.Format != engine.WireTarZst || m.Attrs["access"] != engine.AccessMount {
 		t.Fatal(m, err)
 	}
 	// While it is sent the volume is pinned: it cannot be deleted.

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 )
 
@@ -44,7 +45,7 @@ func TestSourceServedDuringLongCopy(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(volumeDir(d, src), "f"), []byte("data"), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			slot, err := d.heavy.wait(ctx)
+			slot, err := d.Heavy.Wait(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -80,7 +81,7 @@ func TestSourceServedDuringLongCopy(t *testing.T) {
 				t.Fatalf("%s: %v", op.name, err)
 			}
 			done <- nil // for the cleanup
-			if d.locks.pinned(volIDKey(src)) {
+			if d.Locks.Pinned(engine.VolIDKey(src)) {
 				t.Fatal("source still pinned after the copy")
 			}
 			if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: src}); err != nil {
@@ -93,7 +94,7 @@ func TestSourceServedDuringLongCopy(t *testing.T) {
 func waitPinned(t *testing.T, d *Driver, id string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for !d.locks.pinned(volIDKey(id)) {
+	for !d.Locks.Pinned(engine.VolIDKey(id)) {
 		if time.Now().After(deadline) {
 			t.Fatal("the copy never started")
 		}
@@ -111,7 +112,7 @@ func TestDeleteSnapshotWaitsForRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	sid := r.GetSnapshot().GetSnapshotId()
-	release, err := d.heavy.wait(ctx)
+	release, err := d.Heavy.Wait(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +124,7 @@ func TestDeleteSnapshotWaitsForRestore(t *testing.T) {
 		done <- err
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for !d.locks.pinned(snapIDKey(sid)) && time.Now().Before(deadline) {
+	for !d.Locks.Pinned(engine.SnapIDKey(sid)) && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 	_, err = d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: sid})

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/internal/testfs"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 )
@@ -64,7 +65,7 @@ func TestPoolDiskGoesAway(t *testing.T) {
 			t.Fatalf("written into the bare mount point's %s: %v", sub, entries)
 		}
 	}
-	if v, ok := volumeRec(d, id); !ok || v.Phase != phaseReady {
+	if v, ok := volumeRec(d, id); !ok || v.Phase != engine.PhaseReady {
 		t.Fatalf("the volume's record after a refused delete: %+v %v", v, ok)
 	}
 	h, err := d.NodeGetStorageHealth(ctx, &csi.NodeGetStorageHealthRequest{})
@@ -79,7 +80,7 @@ func TestPoolDiskGoesAway(t *testing.T) {
 		os.Remove(filepath.Join(fast, sub))
 	}
 	bindPool(t, disk, fast)
-	d.openPool(d.pools["fast"]) // what the watcher does at its next look
+	d.OpenPool(d.Pools["fast"]) // what the watcher does at its next look
 	if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 		t.Fatalf("delete once the disk is back: %v", err)
 	}
@@ -93,7 +94,7 @@ func TestPoolDiskGoesAway(t *testing.T) {
 // test's (another file system): the case where an empty mount point is
 // not on the state dir's file system, so only the memory of marked pools
 // keeps the driver from marking it.
-func statePool(t *testing.T) (cfg Config, fast, disk string) {
+func statePool(t *testing.T) (cfg engine.Config, fast, disk string) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	cfg = testConfig(t)
@@ -124,24 +125,24 @@ func TestPoolNeverMarkedTwice(t *testing.T) {
 	}
 	d = newDriver(t, cfg)
 	t.Cleanup(func() { d.Close() })
-	if st := poolNow(d, "fast"); st.down == nil || !strings.Contains(st.down.Error(), "--mark-pool=fast") {
-		t.Fatalf("pool fast on an empty mount point: %v, want down saying how to mark a new disk", st.down)
+	if st := poolNow(d, "fast"); st.Down == nil || !strings.Contains(st.Down.Error(), "--mark-pool=fast") {
+		t.Fatalf("pool fast on an empty mount point: %v, want down saying how to mark a new disk", st.Down)
 	}
-	if _, err := os.Stat(filepath.Join(fast, poolMarker)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(fast, engine.PoolMarker)); !os.IsNotExist(err) {
 		t.Fatalf("the empty mount point was marked: %v", err)
 	}
 
 	// A new disk for the pool, marked by a person while the driver runs.
 	newDisk := testfs.FileSystem(t, run, "ext4", 300<<20, nil, "")
 	bindPool(t, newDisk, fast)
-	msg, err := MarkPool(cfg, "fast")
+	msg, err := engine.MarkPool(cfg, "fast")
 	if err != nil || !strings.Contains(msg, "marked as pool fast") {
 		t.Fatalf("MarkPool: %q %v", msg, err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for poolNow(d, "fast").down != nil {
+	for poolNow(d, "fast").Down != nil {
 		if time.Now().After(deadline) {
-			t.Fatalf("the marked disk did not come up: %v", poolNow(d, "fast").down)
+			t.Fatalf("the marked disk did not come up: %v", poolNow(d, "fast").Down)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -158,16 +159,16 @@ func TestPoolNotMarkedBesideDamage(t *testing.T) {
 	id := mustCreateReq(t, d, inPool("v", "fast", 1<<20)).GetVolumeId()
 	d.Close()
 	os.WriteFile(filepath.Join(metaDir(d), "volumes", id+".json"), nil, 0o600)
-	os.RemoveAll(d.paths.knownPools())
+	os.RemoveAll(d.Paths.KnownPools())
 	if err := unix.Unmount(fast, 0); err != nil {
 		t.Fatal(err)
 	}
 	d = newDriver(t, cfg)
 	t.Cleanup(func() { d.Close() })
-	if st := poolNow(d, "fast"); st.down == nil || !strings.Contains(st.down.Error(), "damaged records") {
-		t.Fatalf("pool fast beside a damaged record: %v, want down", st.down)
+	if st := poolNow(d, "fast"); st.Down == nil || !strings.Contains(st.Down.Error(), "damaged records") {
+		t.Fatalf("pool fast beside a damaged record: %v, want down", st.Down)
 	}
-	if _, err := os.Stat(filepath.Join(fast, poolMarker)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(fast, engine.PoolMarker)); !os.IsNotExist(err) {
 		t.Fatalf("the empty mount point was marked: %v", err)
 	}
 }
@@ -191,10 +192,10 @@ func TestPoolPathsResolved(t *testing.T) {
 	os.Symlink(cfg.StateDir, stateLink)
 	cfg.StateDir, cfg.Pools = stateLink, map[string]string{"fast": link}
 	d := newDriver(t, cfg)
-	if st := poolNow(d, "fast"); st.down != nil {
-		t.Fatalf("a pool given as a symlink to its disk: %v", st.down)
+	if st := poolNow(d, "fast"); st.Down != nil {
+		t.Fatalf("a pool given as a symlink to its disk: %v", st.Down)
 	}
-	if got := d.pools["fast"].paths.root; got != fast {
+	if got := d.Pools["fast"].Paths.Root; got != fast {
 		t.Fatalf("pool path %s, want the link resolved to %s", got, fast)
 	}
 	mustCreateReq(t, d, inPool("v", "fast", 1<<20))
@@ -219,10 +220,10 @@ func TestPoolPathsResolved(t *testing.T) {
 	cfg.Pools = map[string]string{"fast": link, "twin": second}
 	d = newDriver(t, cfg)
 	defer d.Close()
-	if st := poolNow(d, "twin"); st.down == nil || !strings.Contains(st.down.Error(), "file system of pool fast") {
-		t.Fatalf("a second pool on pool fast's file system: %v, want down", st.down)
+	if st := poolNow(d, "twin"); st.Down == nil || !strings.Contains(st.Down.Error(), "file system of pool fast") {
+		t.Fatalf("a second pool on pool fast's file system: %v, want down", st.Down)
 	}
-	if poolNow(d, "fast").down != nil {
+	if poolNow(d, "fast").Down != nil {
 		t.Fatal("pool fast went down beside its twin")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/internal/testfs"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 	"github.com/hostpath-csi/hostpath/loop"
@@ -53,7 +54,7 @@ func bindPool(t *testing.T, disk, dir string) {
 
 // twoPools configures a driver with pool fast (ext4, not reflink; disk is
 // its file system) and pool big (XFS, reflink) beside the state dir.
-func twoPools(t *testing.T) (cfg Config, fast, disk, big string) {
+func twoPools(t *testing.T) (cfg engine.Config, fast, disk, big string) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	fast, disk = poolDir(t, "ext4")
@@ -66,14 +67,14 @@ func twoPools(t *testing.T) (cfg Config, fast, disk, big string) {
 func inPool(name, pool string, size int64) *csi.CreateVolumeRequest {
 	r := createReq(name, size)
 	if pool != "" {
-		r.Parameters = map[string]string{paramPool: pool}
+		r.Parameters = map[string]string{engine.ParamPool: pool}
 	}
 	return r
 }
 
 func poolCapacity(t *testing.T, d *Driver, pool string) int64 {
 	t.Helper()
-	r, err := d.GetCapacity(ctx, &csi.GetCapacityRequest{Parameters: map[string]string{paramPool: pool}})
+	r, err := d.GetCapacity(ctx, &csi.GetCapacityRequest{Parameters: map[string]string{engine.ParamPool: pool}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,13 +117,13 @@ func TestPools(t *testing.T) {
 	writeSynced(t, filepath.Join(dir, "data"), 3<<20)
 	sum := treeSum(t, dir)
 
-	blk, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "blk-big", Parameters: map[string]string{paramPool: "big"},
+	blk, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "blk-big", Parameters: map[string]string{engine.ParamPool: "big"},
 		VolumeCapabilities: []*csi.VolumeCapability{blockCap()}, CapacityRange: &csi.CapacityRange{RequiredBytes: 8 << 20}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	blkID := blk.GetVolume().GetVolumeId()
-	blkFile := filepath.Join(big, "volumes", blkID+blockSuffix)
+	blkFile := filepath.Join(big, "volumes", blkID+engine.BlockSuffix)
 	if _, err := os.Stat(blkFile); err != nil {
 		t.Fatalf("block volume in pool big: %v", err)
 	}
@@ -144,15 +145,15 @@ func TestPools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s, _ := snapshotRec(d, bs.GetSnapshot().GetSnapshotId()); s.Format != formatImage || s.Pool != "big" {
+	if s, _ := snapshotRec(d, bs.GetSnapshot().GetSnapshotId()); s.Format != engine.FormatImage || s.Pool != "big" {
 		t.Fatalf("block snapshot: %s in pool %q, want an image in big", s.Format, s.Pool)
 	}
-	br, err := d.CreateVolume(ctx, withSnapshotSource(&csi.CreateVolumeRequest{Name: "blk-restore-fast", Parameters: map[string]string{paramPool: "fast"},
+	br, err := d.CreateVolume(ctx, withSnapshotSource(&csi.CreateVolumeRequest{Name: "blk-restore-fast", Parameters: map[string]string{engine.ParamPool: "fast"},
 		VolumeCapabilities: []*csi.VolumeCapability{blockCap()}, CapacityRange: &csi.CapacityRange{RequiredBytes: 8 << 20}}, bs.GetSnapshot().GetSnapshotId()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	restored, err := os.ReadFile(filepath.Join(fast, "volumes", br.GetVolume().GetVolumeId()+blockSuffix))
+	restored, err := os.ReadFile(filepath.Join(fast, "volumes", br.GetVolume().GetVolumeId()+engine.BlockSuffix))
 	if err != nil || len(restored) < 3<<20 || !bytes.Equal(restored[2<<20:3<<20], blkData) {
 		t.Fatalf("block restore into pool fast: %d bytes, %v", len(restored), err)
 	}
@@ -169,25 +170,25 @@ func TestPools(t *testing.T) {
 	for _, tc := range []struct {
 		name, pool, format, wantDir string
 	}{
-		{"snap-with-volume", "", formatTarGz, fast},
-		{"snap-to-big", "big", formatTarGz, big},
-		{"snap-to-default", DefaultPool, formatTarGz, stateRoot(d)},
-		{"zstd-to-big", "big", formatTarZst, big},
+		{"snap-with-volume", "", engine.FormatTarGz, fast},
+		{"snap-to-big", "big", engine.FormatTarGz, big},
+		{"snap-to-default", engine.DefaultPool, engine.FormatTarGz, stateRoot(d)},
+		{"zstd-to-big", "big", engine.FormatTarZst, big},
 	} {
 		params := map[string]string{}
 		if tc.pool != "" {
-			params[paramPool] = tc.pool
+			params[engine.ParamPool] = tc.pool
 		}
-		if tc.format == formatTarZst {
-			params[paramCompression] = "zstd"
+		if tc.format == engine.FormatTarZst {
+			params[engine.ParamCompression] = "zstd"
 		}
 		r, err := d.CreateSnapshot(ctx, snapReq(tc.name, id, params))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		s, _ := snapshotRec(d, r.GetSnapshot().GetSnapshotId())
-		if s.Format != tc.format || !strings.HasPrefix(d.snapshotDataPath(s), tc.wantDir+"/snapshots/") {
-			t.Fatalf("%s: %s snapshot at %s, want %s under %s", tc.name, s.Format, d.snapshotDataPath(s), tc.format, tc.wantDir)
+		if s.Format != tc.format || !strings.HasPrefix(d.SnapshotDataPath(s), tc.wantDir+"/snapshots/") {
+			t.Fatalf("%s: %s snapshot at %s, want %s under %s", tc.name, s.Format, d.SnapshotDataPath(s), tc.format, tc.wantDir)
 		}
 		// Restored into another pool: a copy with the same bytes.
 		rv := mustCreateReq(t, d, withSnapshotSource(inPool("restore-"+tc.name, "big", 20<<20), s.ID))
@@ -195,7 +196,7 @@ func TestPools(t *testing.T) {
 			t.Fatalf("%s restored into pool big differs", tc.name)
 		}
 	}
-	_, err = d.CreateSnapshot(ctx, snapReq("reflink-across", id, map[string]string{paramPool: "big", paramFormat: formatReflink}))
+	_, err = d.CreateSnapshot(ctx, snapReq("reflink-across", id, map[string]string{engine.ParamPool: "big", engine.ParamFormat: engine.FormatReflink}))
 	wantCode(t, err, codes.InvalidArgument)
 
 	// A volume of the reflink pool snapshots by reflink there.
@@ -205,7 +206,7 @@ func TestPools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s, _ := snapshotRec(d, r.GetSnapshot().GetSnapshotId()); s.Format != formatReflink || s.Pool != "big" {
+	if s, _ := snapshotRec(d, r.GetSnapshot().GetSnapshotId()); s.Format != engine.FormatReflink || s.Pool != "big" {
 		t.Fatalf("snapshot of a volume in pool big (XFS): %s in pool %q, want a reflink in big", s.Format, s.Pool)
 	}
 
@@ -252,19 +253,19 @@ func TestPoolQuotas(t *testing.T) {
 		size                     int64
 		mkfs                     []string
 		setup                    [][]string
-		want                     quotaMode
+		want                     engine.QuotaMode
 	}
 	cases := []fsCase{
-		{"btrfs", "", "", 400 << 20, nil, [][]string{{"btrfs", "quota", "enable"}}, quotaBtrfs},
-		{"xfs", "CONFIG_XFS_QUOTA", "prjquota", 300 << 20, nil, nil, quotaProject},
-		{"ext4", "CONFIG_QFMT_V2", "prjquota", 300 << 20, []string{"-O", "project,quota"}, nil, quotaProject},
+		{"btrfs", "", "", 400 << 20, nil, [][]string{{"btrfs", "quota", "enable"}}, engine.QuotaBtrfs},
+		{"xfs", "CONFIG_XFS_QUOTA", "prjquota", 300 << 20, nil, nil, engine.QuotaProject},
+		{"ext4", "CONFIG_QFMT_V2", "prjquota", 300 << 20, []string{"-O", "project,quota"}, nil, engine.QuotaProject},
 	}
 	cfg := testConfig(t)
 	cfg.Pools = map[string]string{}
 	for i, c := range cases {
 		if c.option != "" && !testutil.KernelHas(t, c.option) {
 			t.Logf("kernel lacks %s: pool %s is checked to account, not enforce; make test-kernel enforces", c.option, c.fstype)
-			cases[i].mountOpt, cases[i].mkfs, cases[i].want = "", nil, quotaNone
+			cases[i].mountOpt, cases[i].mkfs, cases[i].want = "", nil, engine.QuotaNone
 			c = cases[i]
 		}
 		dir := poolOn(t, testfs.FileSystem(t, run, c.fstype, c.size, c.mkfs, c.mountOpt, c.setup...), c.fstype)
@@ -273,10 +274,10 @@ func TestPoolQuotas(t *testing.T) {
 	d := newDriver(t, cfg)
 	t.Cleanup(func() { d.Close() })
 	for _, c := range cases {
-		if got := poolNow(d, c.fstype).quota; got != c.want {
+		if got := poolNow(d, c.fstype).Quota; got != c.want {
 			t.Fatalf("pool %s: quota mode %v, want %v", c.fstype, got, c.want)
 		}
-		if c.want == quotaNone {
+		if c.want == engine.QuotaNone {
 			continue
 		}
 		id := mustCreateReq(t, d, inPool("q-"+c.fstype, c.fstype, 4<<20)).GetVolumeId()
@@ -408,7 +409,7 @@ func TestPoolRefused(t *testing.T) {
 		down  string // the pool that is down, and its reason
 		why   string
 	}{
-		{"default is taken", map[string]string{DefaultPool: "/mnt/x"}, "the state dir's own pool", "", ""},
+		{"default is taken", map[string]string{engine.DefaultPool: "/mnt/x"}, "the state dir's own pool", "", ""},
 		{"bad name", map[string]string{"Fast": "/mnt/x"}, "lower-case letters", "", ""},
 		{"relative", map[string]string{"fast": "mnt/x"}, "must be absolute", "", ""},
 		{"inside the state dir", map[string]string{"fast": filepath.Join(state, "p")}, "may not hold or lie inside", "", ""},
@@ -432,8 +433,8 @@ func TestPoolRefused(t *testing.T) {
 			}
 			defer d.Close()
 			st := poolNow(d, tc.down)
-			if st.down == nil || !strings.Contains(st.down.Error(), tc.why) {
-				t.Fatalf("pool %s: %v, want down for %q", tc.down, st.down, tc.why)
+			if st.Down == nil || !strings.Contains(st.Down.Error(), tc.why) {
+				t.Fatalf("pool %s: %v, want down for %q", tc.down, st.Down, tc.why)
 			}
 			if entries, _ := os.ReadDir(sameFS); len(entries) > 0 {
 				t.Fatalf("a refused pool was written to: %v", entries)

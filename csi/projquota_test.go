@@ -10,6 +10,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/internal/testfs"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
@@ -37,8 +38,8 @@ func TestProjectQuotaVolumes(t *testing.T) {
 				mnt := testfs.FileSystem(t, run, tc.fstype, 300<<20, nil, "")
 				cfg := testConfig(t)
 				cfg.StateDir = filepath.Join(mnt, "state")
-				if d := newDriver(t, cfg); d.defaultPool().quota != quotaNone {
-					t.Fatalf("kernel without %s, yet quota mode %v on %s", tc.option, d.defaultPool().quota, tc.fstype)
+				if d := newDriver(t, cfg); d.defaultPool().Quota != engine.QuotaNone {
+					t.Fatalf("kernel without %s, yet quota mode %v on %s", tc.option, d.defaultPool().Quota, tc.fstype)
 				}
 				t.Logf("kernel lacks %s: checked that the driver accounts instead; enforcement runs in make test-kernel", tc.option)
 				return
@@ -47,8 +48,8 @@ func TestProjectQuotaVolumes(t *testing.T) {
 			cfg := testConfig(t)
 			cfg.StateDir = filepath.Join(mnt, "state")
 			d := newDriver(t, cfg)
-			if d.defaultPool().quota != quotaProject {
-				t.Fatalf("quota mode %v on %s with prjquota", d.defaultPool().quota, tc.fstype)
+			if d.defaultPool().Quota != engine.QuotaProject {
+				t.Fatalf("quota mode %v on %s with prjquota", d.defaultPool().Quota, tc.fstype)
 			}
 			v := mustCreate(t, d, "pvc-prj", 4<<20)
 			id := v.GetVolumeId()
@@ -114,8 +115,8 @@ func TestProjectQuotaVolumes(t *testing.T) {
 			// A restart keeps every limit: the new driver finds project
 			// quotas, the kernel still has the limit, writes still stop.
 			d2 := newDriver(t, cfg)
-			if d2.defaultPool().quota != quotaProject {
-				t.Fatalf("quota mode %v after restart", d2.defaultPool().quota)
+			if d2.defaultPool().Quota != engine.QuotaProject {
+				t.Fatalf("quota mode %v after restart", d2.defaultPool().Quota)
 			}
 			for _, want := range []struct {
 				id    uint32
@@ -163,7 +164,7 @@ func TestProjectQuotaVolumes(t *testing.T) {
 	}
 }
 
-func mustRecord(t *testing.T, d *Driver, id string) volumeRecord {
+func mustRecord(t *testing.T, d *Driver, id string) engine.VolumeRecord {
 	t.Helper()
 	rec, ok := volumeRec(d, id)
 	if !ok {

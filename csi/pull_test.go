@@ -14,13 +14,14 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
 
 // slowPeers lets each stream through at about rate bytes a second and
 // counts the streams opened.
 type slowPeers struct {
-	Peers
+	engine.Peers
 	rate    int64
 	streams atomic.Int64
 }

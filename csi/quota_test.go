@@ -11,6 +11,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/internal/testfs"
 )
 
@@ -51,8 +52,8 @@ func TestQuotaEnforced(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.StateDir = filepath.Join(mnt, "state")
 	d := newDriver(t, cfg)
-	if d.defaultPool().quota != quotaBtrfs {
-		t.Fatalf("quota mode %v on btrfs with quota groups", d.defaultPool().quota)
+	if d.defaultPool().Quota != engine.QuotaBtrfs {
+		t.Fatalf("quota mode %v on btrfs with quota groups", d.defaultPool().Quota)
 	}
 	v := mustCreate(t, d, "pvc-quota", 4<<20)
 	t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.GetVolumeId()}) })
@@ -90,8 +91,8 @@ func TestQuotaUnavailable(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.StateDir = filepath.Join(mnt, "state")
 	d := newDriver(t, cfg)
-	if d.defaultPool().quota != quotaNone {
-		t.Fatalf("quota mode %v with btrfs quota groups off", d.defaultPool().quota)
+	if d.defaultPool().Quota != engine.QuotaNone {
+		t.Fatalf("quota mode %v with btrfs quota groups off", d.defaultPool().Quota)
 	}
 	v := mustCreate(t, d, "pvc-noquota", 4<<20)
 	if err := writeMiB(filepath.Join(volumeDir(d, v.GetVolumeId()), "big"), 8); err != nil {

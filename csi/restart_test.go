@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 	"github.com/hostpath-csi/hostpath/loop"
@@ -49,7 +50,7 @@ func TestReconcile(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A create interrupted after its record and part of its data.
-	half := volumeRecord{ID: d.newVolumeID(), Name: "pvc-half", CapacityBytes: 1 << 20, AccessType: accessMount, Phase: phaseCreating, CreatedAt: time.Now()}
+	half := engine.VolumeRecord{ID: d.NewVolumeID(), Name: "pvc-half", CapacityBytes: 1 << 20, AccessType: engine.AccessMount, Phase: engine.PhaseCreating, CreatedAt: time.Now()}
 	writeJSON(t, filepath.Join(metaDir(d), "volumes", half.ID+".json"), half)
 	os.MkdirAll(filepath.Join(volumeDir(d, half.ID), "partial"), 0o755)
 	// A delete interrupted after its record said so.
@@ -60,11 +61,11 @@ func TestReconcile(t *testing.T) {
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
-	rec.Phase = phaseDeleting
+	rec.Phase = engine.PhaseDeleting
 	writeJSON(t, filepath.Join(metaDir(d), "volumes", rec.ID+".json"), rec)
 	// Data without a record (no crash leaves it: kept), a temp file, a
 	// snapshot that never finished.
-	orphan := d.newVolumeID()
+	orphan := d.NewVolumeID()
 	os.MkdirAll(volumeDir(d, orphan), 0o755)
 	os.WriteFile(filepath.Join(tmpDir(d), "snap-x.partial"), []byte("x"), 0o600)
 	os.WriteFile(filepath.Join(metaDir(d), "volumes", ".vol-x.json.tmp-1"), []byte("{"), 0o600)
@@ -110,7 +111,7 @@ func TestOrphanBlockFiles(t *testing.T) {
 	testutil.RequireRoot(t)
 	cfg := testConfig(t)
 	d := newDriver(t, cfg)
-	bound := filepath.Join(volumesDir(d), d.newVolumeID()+".img")
+	bound := filepath.Join(volumesDir(d), d.NewVolumeID()+".img")
 	if err := fsops.CreateBackingFile(bound, 1<<20); err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +120,7 @@ func TestOrphanBlockFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { loop.Detach(dev) })
-	written := filepath.Join(volumesDir(d), d.newVolumeID()+".img")
+	written := filepath.Join(volumesDir(d), d.NewVolumeID()+".img")
 	if err := fsops.CreateBackingFile(written, 1<<20); err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +130,7 @@ func TestOrphanBlockFiles(t *testing.T) {
 	// Written through a loop device that a writer still holds open: the
 	// write is in the device's cache, not yet in the file, whose extents
 	// say it is empty until the device is flushed.
-	held := filepath.Join(volumesDir(d), d.newVolumeID()+".img")
+	held := filepath.Join(volumesDir(d), d.NewVolumeID()+".img")
 	if err := fsops.CreateBackingFile(held, 1<<20); err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +183,7 @@ func TestDamagedRecordKeepsData(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { detachAll(filepath.Join(volumesDir(d), blk.GetVolume().GetVolumeId()+".img")) })
+	t.Cleanup(func() { engine.DetachAll(filepath.Join(volumesDir(d), blk.GetVolume().GetVolumeId()+".img")) })
 	img := filepath.Join(volumesDir(d), blk.GetVolume().GetVolumeId()+".img")
 	if err := os.WriteFile(img, []byte("block data"), 0o600); err != nil {
 		t.Fatal(err)
@@ -274,7 +275,7 @@ func TestMissingDataComesBack(t *testing.T) {
 	brec, _ := volumeRec(d, blk)
 	t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: blk}) })
 	// The block volume's device goes with its disk.
-	devs, err := d.blockDevices(brec)
+	devs, err := d.BlockDevices(brec)
 	if err != nil || len(devs) != 1 {
 		t.Fatalf("block devices %v %v", devs, err)
 	}
@@ -287,11 +288,11 @@ func TestMissingDataComesBack(t *testing.T) {
 	os.Mkdir(away, 0o700)
 	moves := [][2]string{
 		{volumeDir(d, dir), filepath.Join(away, "dir")},
-		{d.volumeDataPath(brec), filepath.Join(away, "blk")},
-		{filepath.Join(volumesDir(d), volumesMarker), filepath.Join(away, "marker")},
+		{d.VolumeDataPath(brec), filepath.Join(away, "blk")},
+		{filepath.Join(volumesDir(d), engine.VolumesMarker), filepath.Join(away, "marker")},
 	}
 	srec, _ := snapshotRec(d, snap.GetSnapshot().GetSnapshotId())
-	moves = append(moves, [2]string{d.snapshotDataPath(srec), filepath.Join(away, "snap")})
+	moves = append(moves, [2]string{d.SnapshotDataPath(srec), filepath.Join(away, "snap")})
 	for _, m := range moves {
 		if err := os.Rename(m[0], m[1]); err != nil {
 			t.Fatal(err)
@@ -380,14 +381,14 @@ func TestFreshBlockVolumeAfterPowerLoss(t *testing.T) {
 			if !rec.Fresh {
 				t.Fatal("a new empty block volume is not marked fresh")
 			}
-			devs, err := d.blockDevices(rec)
+			devs, err := d.BlockDevices(rec)
 			if err != nil || len(devs) != 1 {
 				t.Fatalf("devices %v %v", devs, err)
 			}
 			if err := loop.Detach(devs[0]); err != nil {
 				t.Fatal(err)
 			}
-			path := d.volumeDataPath(rec)
+			path := d.VolumeDataPath(rec)
 			want := int64(8 << 20)
 			switch loss {
 			case "file":
@@ -408,7 +409,7 @@ func TestFreshBlockVolumeAfterPowerLoss(t *testing.T) {
 			if rec.Fresh {
 				t.Fatal("still fresh after start made its file durable")
 			}
-			if devs, err := d2.blockDevices(rec); err != nil || len(devs) != 1 {
+			if devs, err := d2.BlockDevices(rec); err != nil || len(devs) != 1 {
 				t.Fatalf("devices after start %v %v", devs, err)
 			}
 		})
@@ -454,7 +455,7 @@ func TestVolumesMarkerOnlyWhereEvident(t *testing.T) {
 				}
 			}
 			d := newDriver(t, cfg)
-			_, err := os.Stat(filepath.Join(volumesDir(d), volumesMarker))
+			_, err := os.Stat(filepath.Join(volumesDir(d), engine.VolumesMarker))
 			if got := err == nil; got != c.want {
 				t.Fatalf("marker written: %v, want %v", got, c.want)
 			}
@@ -468,7 +469,7 @@ func TestVolumesMarkerOnlyWhereEvident(t *testing.T) {
 func TestStateFormat(t *testing.T) {
 	cfg := testConfig(t)
 	d := newDriver(t, cfg)
-	if b, err := os.ReadFile(d.paths.formatFile()); err != nil || string(b) != "hostpath-csi state format 2\n" {
+	if b, err := os.ReadFile(d.Paths.FormatFile()); err != nil || string(b) != "hostpath-csi state format 2\n" {
 		t.Fatalf("format recorded: %q %v", b, err)
 	}
 	if err := d.Close(); err != nil {

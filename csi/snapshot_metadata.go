@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/fsops"
 )
 
@@ -21,16 +22,16 @@ const (
 	deltaBlock             = 4096
 )
 
-func (d *Driver) blockSnapshot(id string) (snapshotRecord, error) {
+func (d *Driver) blockSnapshot(id string) (engine.SnapshotRecord, error) {
 	if err := d.checkIDHere("snapshot_id", id); err != nil {
-		return snapshotRecord{}, err
+		return engine.SnapshotRecord{}, err
 	}
-	s, ok := d.st.Snapshots.Get(id)
-	if !ok || s.Phase != phaseReady {
-		return snapshotRecord{}, status.Errorf(codes.NotFound, "snapshot %q does not exist", id)
+	s, ok := d.Records.Snapshots.Get(id)
+	if !ok || s.Phase != engine.PhaseReady {
+		return engine.SnapshotRecord{}, status.Errorf(codes.NotFound, "snapshot %q does not exist", id)
 	}
-	if s.Format != formatImage {
-		return snapshotRecord{}, invalid("snapshot %s is of a directory volume; block metadata exists only for block volumes", id)
+	if s.Format != engine.FormatImage {
+		return engine.SnapshotRecord{}, invalid("snapshot %s is of a directory volume; block metadata exists only for block volumes", id)
 	}
 	return s, nil
 }
@@ -92,7 +93,7 @@ func (d *Driver) GetMetadataAllocated(req *csi.GetMetadataAllocatedRequest, stre
 	if err != nil {
 		return err
 	}
-	f, err := os.Open(d.snapshotDataPath(s))
+	f, err := os.Open(d.SnapshotDataPath(s))
 	if err != nil {
 		return toStatus(err, "opening snapshot %s", s.ID)
 	}
@@ -134,12 +135,12 @@ func (d *Driver) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, stream csi.S
 	if err != nil {
 		return err
 	}
-	a, err := os.Open(d.snapshotDataPath(base))
+	a, err := os.Open(d.SnapshotDataPath(base))
 	if err != nil {
 		return toStatus(err, "opening snapshot %s", base.ID)
 	}
 	defer a.Close()
-	b, err := os.Open(d.snapshotDataPath(target))
+	b, err := os.Open(d.SnapshotDataPath(target))
 	if err != nil {
 		return toStatus(err, "opening snapshot %s", target.ID)
 	}
@@ -156,7 +157,7 @@ func (d *Driver) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, stream csi.S
 
 // metadataType is the block metadata type the driver was started with.
 func (d *Driver) metadataType() csi.BlockMetadataType {
-	if d.cfg.SnapshotMetadataFixedLength {
+	if d.Config.SnapshotMetadataFixedLength {
 		return csi.BlockMetadataType_FIXED_LENGTH
 	}
 	return csi.BlockMetadataType_VARIABLE_LENGTH

@@ -11,6 +11,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/internal/testfs"
 )
@@ -61,11 +62,11 @@ func TestSnapshotRestoreClone(t *testing.T) {
 			srcDir := volumeDir(d, src.GetVolumeId())
 			fillVolume(t, srcDir)
 			formats := map[string]map[string]string{
-				formatTarGz:  {paramFormat: formatTarGz},
-				formatTarZst: {paramCompression: "zstd"},
+				engine.FormatTarGz:  {engine.ParamFormat: engine.FormatTarGz},
+				engine.FormatTarZst: {engine.ParamCompression: "zstd"},
 			}
-			if d.defaultPool().reflink {
-				formats[formatReflink] = map[string]string{paramFormat: formatReflink}
+			if d.defaultPool().Reflink {
+				formats[engine.FormatReflink] = map[string]string{engine.ParamFormat: engine.FormatReflink}
 			}
 			for format, params := range formats {
 				s1, err := d.CreateSnapshot(ctx, snapReq("snap-"+format, src.GetVolumeId(), params))
@@ -75,10 +76,10 @@ func TestSnapshotRestoreClone(t *testing.T) {
 				snap := s1.GetSnapshot()
 				if rec, _ := snapshotRec(d, snap.GetSnapshotId()); rec.Format != format {
 					t.Fatalf("parameters %v made a %s snapshot, want %s", params, rec.Format, format)
-				} else if format == formatTarZst {
-					b, _ := os.ReadFile(d.snapshotDataPath(rec))
-					if !strings.HasSuffix(d.snapshotDataPath(rec), ".tar.zst") || !isPzstd(b) {
-						t.Fatalf("tar.zst snapshot %s does not hold zstd frames with their lengths", d.snapshotDataPath(rec))
+				} else if format == engine.FormatTarZst {
+					b, _ := os.ReadFile(d.SnapshotDataPath(rec))
+					if !strings.HasSuffix(d.SnapshotDataPath(rec), ".tar.zst") || !isPzstd(b) {
+						t.Fatalf("tar.zst snapshot %s does not hold zstd frames with their lengths", d.SnapshotDataPath(rec))
 					}
 				}
 				s2, err := d.CreateSnapshot(ctx, snapReq("snap-"+format, src.GetVolumeId(), params))
@@ -129,7 +130,7 @@ func TestSnapshotParameters(t *testing.T) {
 		_, err := d.CreateSnapshot(ctx, snapReq("s", v.GetVolumeId(), p))
 		wantCode(t, err, codes.InvalidArgument)
 	}
-	if !d.defaultPool().reflink {
+	if !d.defaultPool().Reflink {
 		_, err := d.CreateSnapshot(ctx, snapReq("s", v.GetVolumeId(), map[string]string{"format": "reflink"}))
 		wantCode(t, err, codes.InvalidArgument)
 	}
@@ -138,7 +139,7 @@ func TestSnapshotParameters(t *testing.T) {
 	}
 	_, err := d.CreateSnapshot(ctx, snapReq("s", mustCreate(t, d, "other", 1<<20).GetVolumeId(), nil))
 	wantCode(t, err, codes.AlreadyExists)
-	_, err = d.CreateSnapshot(ctx, snapReq("s2", newID(volumeIDPrefix, d.tag), nil))
+	_, err = d.CreateSnapshot(ctx, snapReq("s2", engine.NewID(engine.VolumeIDPrefix, d.Tag), nil))
 	wantCode(t, err, codes.NotFound)
 }
 
@@ -153,7 +154,7 @@ func TestCorruptSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, _ := snapshotRec(d, s.GetSnapshot().GetSnapshotId())
-	path := d.snapshotDataPath(rec)
+	path := d.SnapshotDataPath(rec)
 	data, _ := os.ReadFile(path)
 	for name, bad := range map[string][]byte{"truncated": data[:len(data)/2], "flipped": flip(data)} {
 		os.WriteFile(path, bad, 0o600)
@@ -212,7 +213,7 @@ func TestListSnapshots(t *testing.T) {
 	}
 	_, err := d.ListSnapshots(ctx, &csi.ListSnapshotsRequest{StartingToken: "0"})
 	wantCode(t, err, codes.Aborted)
-	_, err = d.GetSnapshot(ctx, &csi.GetSnapshotRequest{SnapshotId: newID(snapshotIDPrefix, d.tag)})
+	_, err = d.GetSnapshot(ctx, &csi.GetSnapshotRequest{SnapshotId: engine.NewID(engine.SnapshotIDPrefix, d.Tag)})
 	wantCode(t, err, codes.NotFound)
 }
 

@@ -9,26 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/fsops"
-)
-
-const (
-	// maxNameLen bounds volume and snapshot names. The spec asks for at
-	// least 128 bytes; Kubernetes sends "pvc-<uuid>" (40).
-	maxNameLen = 256
-	// maxPathLen is PATH_MAX.
-	maxPathLen = 4096
-	// defaultVolumeSize is used when a request names no size.
-	defaultVolumeSize = 1 << 30
-	// blockSectorSize is the logical block size of a loop device: block
-	// volume sizes are rounded up to it, never down.
-	blockSectorSize = 512
-
-	// paramKind selects a simulated --capacity pool, as in the reference.
-	paramKind = "kind"
-	// coParamPrefix marks parameters the external-provisioner adds
-	// (csi.storage.k8s.io/pvc/name, ...): accepted and kept as metadata.
-	coParamPrefix = "csi.storage.k8s.io/"
 )
 
 func invalid(format string, args ...any) error {
@@ -42,8 +24,8 @@ func checkName(field, name string) error {
 	if name == "" {
 		return invalid("%s is required", field)
 	}
-	if len(name) > maxNameLen {
-		return invalid("%s is %d bytes long; at most %d are accepted", field, len(name), maxNameLen)
+	if len(name) > engine.MaxNameLen {
+		return invalid("%s is %d bytes long; at most %d are accepted", field, len(name), engine.MaxNameLen)
 	}
 	if !utf8.ValidString(name) {
 		return invalid("%s is not valid UTF-8", field)
@@ -62,7 +44,7 @@ func checkID(field, id string) error {
 	if id == "" {
 		return invalid("%s is required", field)
 	}
-	if len(id) > maxNameLen || !utf8.ValidString(id) || strings.ContainsRune(id, 0) {
+	if len(id) > engine.MaxNameLen || !utf8.ValidString(id) || strings.ContainsRune(id, 0) {
 		return invalid("%s is malformed", field)
 	}
 	return nil
@@ -77,7 +59,7 @@ func (d *Driver) checkIDHere(field, id string) error {
 	if err := checkID(field, id); err != nil {
 		return err
 	}
-	if tag, other := d.otherNode(id); other {
+	if tag, other := d.OtherNode(id); other {
 		return status.Errorf(codes.ResourceExhausted, "%s %s lives on another node (%s); node-local volumes and snapshots are reachable only there, so the work must run on that node", field, id, tag)
 	}
 	return nil
@@ -110,9 +92,9 @@ func capabilityAccessType(c *csi.VolumeCapability) (string, error) {
 		if _, err := fsops.ParseMountOptions(at.Mount.GetMountFlags()); err != nil {
 			return "", invalid("mount flags %q: %v (bind mounts take ro, nosuid, nodev, noexec, noatime, relatime, sync, ...)", at.Mount.GetMountFlags(), err)
 		}
-		return accessMount, nil
+		return engine.AccessMount, nil
 	case *csi.VolumeCapability_Block:
-		return accessBlock, nil
+		return engine.AccessBlock, nil
 	default:
 		return "", invalid("volume capability has neither block nor mount access type")
 	}
@@ -140,43 +122,43 @@ func checkCapabilities(caps []*csi.VolumeCapability) (string, error) {
 
 // checkVolumeParameters accepts only parameters the driver understands and
 // returns the capacity kind.
-func (d *Driver) checkVolumeParameters(params map[string]string) (string, *pool, error) {
+func (d *Driver) checkVolumeParameters(params map[string]string) (string, *engine.Pool, error) {
 	kind := ""
 	for k, v := range params {
 		switch {
-		case k == paramKind:
-			if len(d.cfg.Capacity) == 0 {
+		case k == engine.ParamKind:
+			if len(d.Config.Capacity) == 0 {
 				return "", nil, invalid("parameter %s=%q: no simulated capacity is configured (--capacity %s=SIZE)", k, v, v)
 			}
-			if _, ok := d.cfg.Capacity[v]; !ok {
+			if _, ok := d.Config.Capacity[v]; !ok {
 				return "", nil, invalid("parameter %s=%q names no configured --capacity kind", k, v)
 			}
 			kind = v
-		case k == paramPool:
-		case strings.HasPrefix(k, coParamPrefix):
+		case k == engine.ParamPool:
+		case strings.HasPrefix(k, engine.CoParamPrefix):
 		default:
-			return "", nil, invalid("unknown parameter %q; this driver accepts %q, %q and the %s* metadata the provisioner adds", k, paramPool, paramKind, coParamPrefix)
+			return "", nil, invalid("unknown parameter %q; this driver accepts %q, %q and the %s* metadata the provisioner adds", k, engine.ParamPool, engine.ParamKind, engine.CoParamPrefix)
 		}
 	}
-	p, err := d.choosePool(params)
+	p, err := d.ChoosePool(params)
 	return kind, p, err
 }
 
 // nodeTopology is this node's one segment.
 func (d *Driver) nodeTopology() *csi.Topology {
-	return &csi.Topology{Segments: map[string]string{TopologyKey: d.cfg.NodeID}}
+	return &csi.Topology{Segments: map[string]string{TopologyKey: d.Config.NodeID}}
 }
 
 // onThisNode reports whether a topology names this node.
 func (d *Driver) onThisNode(t *csi.Topology) bool {
 	v, ok := t.GetSegments()[TopologyKey]
-	return ok && v == d.cfg.NodeID
+	return ok && v == d.Config.NodeID
 }
 
 // checkTopology refuses a requisite topology that excludes this node, with
 // ResourceExhausted so the provisioner tries another node.
 func (d *Driver) checkTopology(req *csi.TopologyRequirement) error {
-	if !d.cfg.EnableTopology || len(req.GetRequisite()) == 0 {
+	if !d.Config.EnableTopology || len(req.GetRequisite()) == 0 {
 		return nil
 	}
 	for _, t := range req.GetRequisite() {
@@ -184,7 +166,7 @@ func (d *Driver) checkTopology(req *csi.TopologyRequirement) error {
 			return nil
 		}
 	}
-	return status.Errorf(codes.ResourceExhausted, "the requisite topology does not include this node (%s=%s); volumes are created only on the node that serves the request", TopologyKey, d.cfg.NodeID)
+	return status.Errorf(codes.ResourceExhausted, "the requisite topology does not include this node (%s=%s); volumes are created only on the node that serves the request", TopologyKey, d.Config.NodeID)
 }
 
 // checkCOPath validates a path the CO hands over (target or staging path):
@@ -194,39 +176,20 @@ func (d *Driver) checkCOPath(field, p string) (string, error) {
 	if p == "" {
 		return "", invalid("%s is required", field)
 	}
-	if len(p) > maxPathLen || strings.ContainsRune(p, 0) || !utf8.ValidString(p) {
+	if len(p) > engine.MaxPathLen || strings.ContainsRune(p, 0) || !utf8.ValidString(p) {
 		return "", invalid("%s is malformed", field)
 	}
 	if !filepath.IsAbs(p) {
 		return "", invalid("%s %q is not an absolute path", field, p)
 	}
 	clean := filepath.Clean(p)
-	if dir := d.ownDirHolding(clean); dir != "" {
+	if dir := d.OwnDirHolding(clean); dir != "" {
 		return "", invalid("%s %q is inside the driver's own directory %s", field, p, dir)
 	}
 	if real, err := fsops.ResolveParent(clean); err == nil {
-		if dir := d.ownDirHolding(real); dir != "" {
+		if dir := d.OwnDirHolding(real); dir != "" {
 			return "", invalid("%s %q leads into the driver's own directory %s through a symlink", field, p, dir)
 		}
 	}
 	return clean, nil
-}
-
-// ownDirHolding is the state dir or pool directory p is in, or "".
-func (d *engine) ownDirHolding(p string) string {
-	if within(d.paths.root, p) {
-		return d.paths.root
-	}
-	for _, pl := range d.pools {
-		if within(pl.paths.root, p) {
-			return pl.paths.root
-		}
-	}
-	return ""
-}
-
-// within reports whether p is dir or below it (both clean and absolute).
-func within(dir, p string) bool {
-	rel, err := filepath.Rel(dir, p)
-	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }

@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/csi"
+	"github.com/hostpath-csi/hostpath/engine"
 )
 
 // baseVersion is the release this tree is heading for; a build from a
@@ -41,7 +42,7 @@ func version() string {
 
 // options is the command line.
 type options struct {
-	cfg         csi.Config
+	cfg         engine.Config
 	showVersion bool
 	// httpEndpoint serves /healthz and /metrics.
 	httpEndpoint string
@@ -64,7 +65,7 @@ type options struct {
 	pluginRegistrationPath  string
 	kubeletRegistrationPath string
 	// markPool, when set, marks that pool's directory (a new disk for a
-	// pool the state dir knows) and exits: csi.MarkPool.
+	// pool the state dir knows) and exits: engine.MarkPool.
 	markPool string
 	// warnings are one line each about flags accepted for compatibility
 	// that change nothing here; main logs them at start.
@@ -81,7 +82,7 @@ func (c capacityFlag) Set(s string) error {
 	if !ok || kind == "" {
 		return fmt.Errorf("want kind=quantity (for example fast=100Gi), got %q", s)
 	}
-	n, err := csi.ParseQuantity(qty)
+	n, err := engine.ParseQuantity(qty)
 	if err != nil {
 		return err
 	}
@@ -125,7 +126,7 @@ func (q quantityFlag) String() string {
 	return fmt.Sprint(*q.v)
 }
 func (q quantityFlag) Set(s string) error {
-	n, err := csi.ParseQuantity(s)
+	n, err := engine.ParseQuantity(s)
 	if err == nil {
 		*q.v = n
 	}
@@ -135,7 +136,7 @@ func (q quantityFlag) Set(s string) error {
 // parseFlags parses args (without the program name). Every problem comes
 // back as one error line that says what to fix.
 func parseFlags(args []string) (options, error) {
-	o := options{cfg: csi.Config{
+	o := options{cfg: engine.Config{
 		DriverName:            "hostpath.csi.k8s.io",
 		StateDir:              "/csi-data-dir",
 		Endpoint:              "unix:///tmp/csi.sock",

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/hostpath-csi/hostpath/csi"
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/registrar"
 	"github.com/hostpath-csi/hostpath/snapimport"
 )
@@ -34,7 +35,7 @@ func main() {
 		return
 	}
 	if o.markPool != "" {
-		msg, err := csi.MarkPool(o.cfg, o.markPool)
+		msg, err := engine.MarkPool(o.cfg, o.markPool)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "hostpathplugin: %v\n", err)
 			os.Exit(1)

@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/csi"
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/kubepeers"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
@@ -63,7 +64,7 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 	go creds.Run(ctx, time.Minute, func(err error) {
 		klog.ErrorS(err, "refreshing node-to-node transfer credentials (the current ones stay in use)")
 	})
-	res := &kubepeers.Resolver{Client: client, Driver: o.cfg.DriverName, Port: port, KeyOf: csi.NodeTag}
+	res := &kubepeers.Resolver{Client: client, Driver: o.cfg.DriverName, Port: port, KeyOf: engine.NodeTag}
 	d.SetPeers(&transfer.Peers{Client: &transfer.Client{Creds: creds}, Resolve: res.Resolve})
 	klog.InfoS("serving this node's sources to the other nodes", "endpoint", o.transferEndpoint, "certificateUntil", creds.Expiry())
 	srv := &transfer.Server{Creds: creds, Source: d.TransferSource()}

@@ -1,13 +1,12 @@
-package csi
+package engine
 
 import (
 	"errors"
 	"fmt"
 )
 
-// The storage side (records, pools, locks, data: what becomes the
-// engine) answers in errors of its own; toStatus maps them onto gRPC codes,
-// once, and the transfer server onto its refusals (servable). Each is
+// The engine answers in errors of its own; csi's toStatus maps them onto
+// gRPC codes, once, and the transfer server onto its refusals (servable). Each is
 // a sentence a person can act on; the kinds say what it means.
 var (
 	// ErrBusy: another operation holds what is asked for (Aborted).
@@ -51,8 +50,8 @@ type storageError struct {
 func (e *storageError) Error() string { return e.msg }
 func (e *storageError) Unwrap() error { return e.kind }
 
-// storageErr makes a sentence of kind.
-func storageErr(kind error, format string, args ...any) error {
+// StorageErr makes a sentence of kind.
+func StorageErr(kind error, format string, args ...any) error {
 	return &storageError{kind: kind, msg: fmt.Sprintf(format, args...)}
 }
 
@@ -69,3 +68,7 @@ func (e *PoolDownError) Error() string {
 
 // Unwrap gives the cause.
 func (e *PoolDownError) Unwrap() error { return e.Cause }
+
+// ErrCorrupt marks a snapshot whose content does not match what was
+// recorded when it was taken.
+var ErrCorrupt = errors.New("snapshot content is corrupt")

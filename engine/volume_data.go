@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"context"
@@ -11,46 +11,46 @@ import (
 	"github.com/hostpath-csi/hostpath/fsops"
 )
 
-// volumeDataPath is where a volume's data lives: a directory for a mount
+// VolumeDataPath is where a volume's data lives: a directory for a mount
 // volume, a backing file for a block volume.
-func (d *engine) volumeDataPath(v volumeRecord) string {
+func (d *Engine) VolumeDataPath(v VolumeRecord) string {
 	if v.LocalPath != "" {
 		return v.LocalPath
 	}
-	pl := d.poolOf(v.Pool).paths
-	if v.AccessType == accessBlock {
-		return filepath.Join(pl.volumes(), v.ID+blockSuffix)
+	pl := d.PoolOf(v.Pool).Paths
+	if v.AccessType == AccessBlock {
+		return filepath.Join(pl.Volumes(), v.ID+BlockSuffix)
 	}
-	return pl.volumeDir(v.ID)
+	return pl.VolumeDir(v.ID)
 }
 
 // createVolumeData makes the volume's data, empty or from its source;
 // tag names the source's node when it is another one (createVolume
 // decided).
-func (d *engine) createVolumeData(ctx context.Context, v volumeRecord, tag string) error {
+func (d *Engine) createVolumeData(ctx context.Context, v VolumeRecord, tag string) error {
 	if tag != "" {
 		return d.pullVolumeData(ctx, v, tag)
 	}
 	if v.SourceSnapshot != "" || v.SourceVolume != "" {
-		release, err := d.heavy.wait(ctx)
+		release, err := d.Heavy.Wait(ctx)
 		if err != nil {
 			return err
 		}
 		defer release()
 		kind, expected := "clone", int64(0)
-		if s, ok := d.st.Snapshots.Get(v.SourceSnapshot); ok {
+		if s, ok := d.Records.Snapshots.Get(v.SourceSnapshot); ok {
 			kind, expected = "restore", s.SizeBytes
-		} else if src, ok := d.st.Volumes.Get(v.SourceVolume); ok {
+		} else if src, ok := d.Records.Volumes.Get(v.SourceVolume); ok {
 			expected = d.expectedBytes(src)
 		}
 		var done func()
 		ctx, done = d.track(ctx, kind, v.ID, expected)
 		defer done()
 	}
-	if v.AccessType == accessBlock {
+	if v.AccessType == AccessBlock {
 		return d.createBlockData(ctx, v)
 	}
-	dir := d.volumeDataPath(v)
+	dir := d.VolumeDataPath(v)
 	if err := d.makeVolumeDir(v, dir); err != nil {
 		return err
 	}
@@ -58,11 +58,11 @@ func (d *engine) createVolumeData(ctx context.Context, v volumeRecord, tag strin
 	case v.SourceSnapshot != "":
 		return d.restoreSnapshot(ctx, v.SourceSnapshot, dir)
 	case v.SourceVolume != "":
-		src, ok := d.st.Volumes.Get(v.SourceVolume)
+		src, ok := d.Records.Volumes.Get(v.SourceVolume)
 		if !ok {
-			return storageErr(ErrNotFound, "source volume %s disappeared", v.SourceVolume)
+			return StorageErr(ErrNotFound, "source volume %s disappeared", v.SourceVolume)
 		}
-		st, err := fsops.CopyTree(ctx, d.volumeDataPath(src), dir)
+		st, err := fsops.CopyTree(ctx, d.VolumeDataPath(src), dir)
 		d.moved("clone", st.Bytes)
 		return err
 	}
@@ -79,18 +79,18 @@ func (d *engine) createVolumeData(ctx context.Context, v volumeRecord, tag strin
 // a power loss on ext4. Block volumes are made durable as they are
 // written (fsops.CreateDurable), or repaired at start when fresh; static
 // local volumes are the operator's.
-func (d *engine) syncVolumeData(v volumeRecord) error {
-	if v.AccessType == accessBlock || v.LocalPath != "" {
+func (d *Engine) syncVolumeData(v VolumeRecord) error {
+	if v.AccessType == AccessBlock || v.LocalPath != "" {
 		return nil
 	}
-	path := d.volumeDataPath(v)
+	path := d.VolumeDataPath(v)
 	if v.SourceSnapshot != "" || v.SourceVolume != "" {
 		return fsops.SyncFS(path)
 	}
 	if err := fsops.SyncFile(path); err != nil {
 		return err
 	}
-	return fsops.SyncDir(d.poolOf(v.Pool).paths.volumes())
+	return fsops.SyncDir(d.PoolOf(v.Pool).Paths.Volumes())
 }
 
 // mkdirOpen makes a volume directory any pod uid may write to, as with the
@@ -104,27 +104,27 @@ func mkdirOpen(dir string) error {
 
 // removeVolumeData removes whatever a volume has on disk; what is already
 // gone is not an error.
-func (d *engine) removeVolumeData(v volumeRecord) error {
+func (d *Engine) removeVolumeData(v VolumeRecord) error {
 	if v.LocalPath != "" {
 		return nil // the operator's directory, never ours to remove
 	}
-	if v.AccessType == accessBlock {
+	if v.AccessType == AccessBlock {
 		return d.removeBlockData(v)
 	}
 	// Durable before the record goes: a removal a power loss undid would
 	// bring the data back owned by nothing.
-	if err := fsops.RemoveAllDurable(d.volumeDataPath(v)); err != nil {
+	if err := fsops.RemoveAllDurable(d.VolumeDataPath(v)); err != nil {
 		return err
 	}
-	if d.poolOf(v.Pool).get().quota == quotaProject && v.ProjectID != 0 {
+	if d.PoolOf(v.Pool).Get().Quota == QuotaProject && v.ProjectID != 0 {
 		return d.setVolumeLimit(v, 0)
 	}
 	return nil
 }
 
 // growVolume gives a volume its new size on disk.
-func (d *engine) growVolume(ctx context.Context, v volumeRecord, size int64) error {
-	if v.AccessType == accessBlock {
+func (d *Engine) growVolume(ctx context.Context, v VolumeRecord, size int64) error {
+	if v.AccessType == AccessBlock {
 		return d.growBlock(v, size)
 	}
 	return d.setVolumeLimit(v, size)
@@ -134,9 +134,9 @@ func (d *engine) growVolume(ctx context.Context, v volumeRecord, size int64) err
 // right now on this node, or "". Records of mounts that a reboot or an
 // outside umount removed do not count. A path that cannot be inspected is
 // an error, never "not mounted": callers remove data on that answer.
-func (d *engine) mountedAt(v volumeRecord) (string, error) {
+func (d *Engine) mountedAt(v VolumeRecord) (string, error) {
 	for _, p := range mountPaths(v) {
-		ours, err := d.showsVolume(p, v)
+		ours, err := d.ShowsVolume(p, v)
 		if err != nil {
 			return "", err
 		}
@@ -148,7 +148,7 @@ func (d *engine) mountedAt(v volumeRecord) (string, error) {
 }
 
 // mountPaths lists the staging and target paths recorded for a volume.
-func mountPaths(v volumeRecord) []string {
+func mountPaths(v VolumeRecord) []string {
 	out := append([]string(nil), v.Staged...)
 	for _, p := range v.Published {
 		out = append(out, p.Target)
@@ -156,19 +156,19 @@ func mountPaths(v volumeRecord) []string {
 	return out
 }
 
-// showsVolume reports whether path is a mount point showing this volume,
+// ShowsVolume reports whether path is a mount point showing this volume,
 // decided by the mounted inode's identity, not by names. A path that does
 // not exist shows nothing; any other failure to look is an error.
-func (d *engine) showsVolume(path string, v volumeRecord) (bool, error) {
+func (d *Engine) ShowsVolume(path string, v VolumeRecord) (bool, error) {
 	_, ours, err := d.inspectMount(path, v)
 	return ours, err
 }
 
 // mountShows reports whether a mount point shows this volume: the same
 // directory inode, or the device of one of its loop devices.
-func (d *engine) mountShows(mp *fsops.MountPoint, v volumeRecord) (bool, error) {
-	if v.AccessType == accessBlock {
-		devs, err := d.blockDevices(v)
+func (d *Engine) mountShows(mp *fsops.MountPoint, v VolumeRecord) (bool, error) {
+	if v.AccessType == AccessBlock {
+		devs, err := d.BlockDevices(v)
 		if err != nil {
 			return false, err
 		}
@@ -179,73 +179,73 @@ func (d *engine) mountShows(mp *fsops.MountPoint, v volumeRecord) (bool, error) 
 		}
 		return false, nil
 	}
-	dev, ino, _, err := fsops.Identity(d.volumeDataPath(v))
+	dev, ino, _, err := fsops.Identity(d.VolumeDataPath(v))
 	if err != nil {
 		return false, err
 	}
 	return mp.Dev == dev && mp.Ino == ino, nil
 }
 
-// snapshotDataPath is where a ready snapshot's data lives.
-func (d *engine) snapshotDataPath(s snapshotRecord) string {
-	pl := d.poolOf(s.Pool).paths
+// SnapshotDataPath is where a ready snapshot's data lives.
+func (d *Engine) SnapshotDataPath(s SnapshotRecord) string {
+	pl := d.PoolOf(s.Pool).Paths
 	switch s.Format {
-	case formatImage:
-		return filepath.Join(pl.snapshots(), s.ID+blockSuffix)
-	case formatReflink:
-		return filepath.Join(pl.snapshots(), s.ID)
-	case formatTarZst:
-		return filepath.Join(pl.snapshots(), s.ID+".tar.zst")
+	case FormatImage:
+		return filepath.Join(pl.Snapshots(), s.ID+BlockSuffix)
+	case FormatReflink:
+		return filepath.Join(pl.Snapshots(), s.ID)
+	case FormatTarZst:
+		return filepath.Join(pl.Snapshots(), s.ID+".tar.zst")
 	}
 	return pl.snapshotFile(s.ID)
 }
 
 // snapshotTempPath is where a snapshot is written before it is complete.
-func (d *engine) snapshotTempPath(s snapshotRecord) string {
-	return filepath.Join(d.poolOf(s.Pool).paths.tmp(), s.ID+".partial")
+func (d *Engine) snapshotTempPath(s SnapshotRecord) string {
+	return filepath.Join(d.PoolOf(s.Pool).Paths.Tmp(), s.ID+".partial")
 }
 
-func (d *engine) removeSnapshotData(s snapshotRecord) error {
+func (d *Engine) removeSnapshotData(s SnapshotRecord) error {
 	if err := fsops.RemoveAll(d.snapshotTempPath(s)); err != nil {
 		return err
 	}
 	// Durable before the record goes (see removeVolumeData); what is
 	// left in tmp/ is cleared at start.
-	return fsops.RemoveAllDurable(d.snapshotDataPath(s))
+	return fsops.RemoveAllDurable(d.SnapshotDataPath(s))
 }
 
-// dataPresent answers FailedPrecondition, naming the path, when a ready
+// DataPresent answers FailedPrecondition, naming the path, when a ready
 // volume's data is missing (a disk not mounted yet, a directory moved
 // away): the record is kept, and the volume serves again once the data is
 // back.
-func (d *engine) dataPresent(v volumeRecord) error {
+func (d *Engine) DataPresent(v VolumeRecord) error {
 	if err := d.volumePoolUp(v); err != nil {
 		return err
 	}
-	return present("volume", v.ID, v.Name, d.volumeDataPath(v))
+	return present("volume", v.ID, v.Name, d.VolumeDataPath(v))
 }
 
 // snapshotPresent is dataPresent for a snapshot.
-func (d *engine) snapshotPresent(s snapshotRecord) error {
+func (d *Engine) snapshotPresent(s SnapshotRecord) error {
 	if err := d.snapshotPoolUp(s); err != nil {
 		return err
 	}
-	return present("snapshot", s.ID, s.Name, d.snapshotDataPath(s))
+	return present("snapshot", s.ID, s.Name, d.SnapshotDataPath(s))
 }
 
 // volumePoolUp is nil when the pool holding a volume's data is up (a
 // static local volume's data is in no pool), else FailedPrecondition.
-func (d *engine) volumePoolUp(v volumeRecord) error {
+func (d *Engine) volumePoolUp(v VolumeRecord) error {
 	if v.LocalPath != "" {
 		return nil
 	}
-	_, err := d.usable(d.poolOf(v.Pool))
+	_, err := d.usable(d.PoolOf(v.Pool))
 	return err
 }
 
 // snapshotPoolUp is volumePoolUp for a snapshot.
-func (d *engine) snapshotPoolUp(s snapshotRecord) error {
-	_, err := d.usable(d.poolOf(s.Pool))
+func (d *Engine) snapshotPoolUp(s SnapshotRecord) error {
+	_, err := d.usable(d.PoolOf(s.Pool))
 	return err
 }
 
@@ -253,7 +253,7 @@ func present(kind, id, name, path string) error {
 	_, err := os.Lstat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return storageErr(ErrDataMissing, "the data of %s %s (%s) is missing at %s: %v; mount or restore it there and retry", kind, id, name, path, err)
+		return StorageErr(ErrDataMissing, "the data of %s %s (%s) is missing at %s: %v; mount or restore it there and retry", kind, id, name, path, err)
 	case err != nil:
 		return fmt.Errorf("the data of %s %s (%s) at %s cannot be looked at: %w", kind, id, name, path, err)
 	}
@@ -263,9 +263,9 @@ func present(kind, id, name, path string) error {
 // expectedBytes is what copying a volume will move, where it can be known
 // without walking the tree: a block volume's allocated bytes, a directory
 // volume's project quota usage. 0 means not known.
-func (d *engine) expectedBytes(v volumeRecord) int64 {
-	if v.AccessType == accessBlock {
-		if f, err := os.Open(d.volumeDataPath(v)); err == nil {
+func (d *Engine) expectedBytes(v VolumeRecord) int64 {
+	if v.AccessType == AccessBlock {
+		if f, err := os.Open(d.VolumeDataPath(v)); err == nil {
 			defer f.Close()
 			if _, allocated, err := fsops.FileSize(f); err == nil {
 				return allocated
@@ -273,8 +273,8 @@ func (d *engine) expectedBytes(v volumeRecord) int64 {
 		}
 		return 0
 	}
-	if p := d.poolOf(v.Pool); p.get().quota == quotaProject && v.ProjectID != 0 {
-		if u, err := fsops.GetProjectUsage(p.paths.volumes(), v.ProjectID); err == nil {
+	if p := d.PoolOf(v.Pool); p.Get().Quota == QuotaProject && v.ProjectID != 0 {
+		if u, err := fsops.GetProjectUsage(p.Paths.Volumes(), v.ProjectID); err == nil {
 			return u.UsedBytes
 		}
 	}

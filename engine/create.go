@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
@@ -9,7 +9,7 @@ import (
 // poolCollector shows each pool on /metrics: up or down, its file
 // system's size, free and used bytes (statfs at scrape time), and the
 // volumes and snapshots it holds.
-type poolCollector struct{ d *engine }
+type poolCollector struct{ d *Engine }
 
 var (
 	poolUpDesc        = prometheus.NewDesc("hostpath_pool_up", "1 when the pool serves, 0 when it is down (its disk missing or unusable).", []string{"pool", "path"}, nil)
@@ -30,36 +30,40 @@ func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 	d := c.d
-	if d.pools == nil || d.st == nil {
+	if d.Pools == nil || d.Records == nil {
 		return // still starting
 	}
-	vols, snaps := map[*pool]int{}, map[*pool]int{}
-	for _, v := range d.st.Volumes.All() {
+	vols, snaps := map[*Pool]int{}, map[*Pool]int{}
+	for _, v := range d.Records.Volumes.All() {
 		if v.LocalPath == "" {
-			vols[d.poolOf(v.Pool)]++
+			vols[d.PoolOf(v.Pool)]++
 		}
 	}
-	for _, s := range d.st.Snapshots.All() {
-		snaps[d.poolOf(s.Pool)]++
+	for _, s := range d.Records.Snapshots.All() {
+		snaps[d.PoolOf(s.Pool)]++
 	}
 	gauge := func(desc *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...)
 	}
-	for _, p := range d.poolList() {
+	for _, p := range d.PoolList() {
 		up := 1.0
-		if d.recheck(p).down != nil {
+		if d.Recheck(p).Down != nil {
 			up = 0
 		}
-		gauge(poolUpDesc, up, p.name, p.paths.root)
-		gauge(poolVolumesDesc, float64(vols[p]), p.name)
-		gauge(poolSnapshotsDesc, float64(snaps[p]), p.name)
+		gauge(poolUpDesc, up, p.Name, p.Paths.Root)
+		gauge(poolVolumesDesc, float64(vols[p]), p.Name)
+		gauge(poolSnapshotsDesc, float64(snaps[p]), p.Name)
 		if up == 0 {
 			continue
 		}
-		if fs, err := fsops.Statfs(p.paths.root); err == nil {
-			gauge(poolCapacityDesc, float64(fs.TotalBytes), p.name)
-			gauge(poolFreeDesc, float64(fs.AvailableBytes), p.name)
-			gauge(poolUsedDesc, float64(fs.TotalBytes-fs.FreeBytes), p.name)
+		if fs, err := fsops.Statfs(p.Paths.Root); err == nil {
+			gauge(poolCapacityDesc, float64(fs.TotalBytes), p.Name)
+			gauge(poolFreeDesc, float64(fs.AvailableBytes), p.Name)
+			gauge(poolUsedDesc, float64(fs.TotalBytes-fs.FreeBytes), p.Name)
 		}
 	}
 }
+
+// PoolCollector is the collector of the pools' metrics, for the
+// protocol side's registry.
+func (d *Engine) PoolCollector() prometheus.Collector { return poolCollector{d} }

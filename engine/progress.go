@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"context"
@@ -33,16 +33,16 @@ type inflight struct {
 // and its bytes on /metrics while it runs. The returned context carries
 // its Progress to the copy; done ends the reporting and, for an operation
 // that ran longer than one interval, logs its totals.
-func (d *engine) track(ctx context.Context, kind, id string, expected int64) (context.Context, func()) {
+func (d *Engine) track(ctx context.Context, kind, id string, expected int64) (context.Context, func()) {
 	op := &operation{kind: kind, id: id, expected: expected, start: time.Now()}
-	d.ops.mu.Lock()
-	d.ops.ops[op] = struct{}{}
-	d.ops.mu.Unlock()
+	d.Ops.mu.Lock()
+	d.Ops.ops[op] = struct{}{}
+	d.Ops.mu.Unlock()
 	stop := make(chan struct{})
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
-		t := time.NewTicker(d.cfg.ProgressInterval)
+		t := time.NewTicker(d.Config.ProgressInterval)
 		defer t.Stop()
 		for {
 			select {
@@ -56,10 +56,10 @@ func (d *engine) track(ctx context.Context, kind, id string, expected int64) (co
 	return fsops.WithProgress(ctx, &op.p), sync.OnceFunc(func() {
 		close(stop)
 		<-finished
-		d.ops.mu.Lock()
-		delete(d.ops.ops, op)
-		d.ops.mu.Unlock()
-		if time.Since(op.start) >= d.cfg.ProgressInterval {
+		d.Ops.mu.Lock()
+		delete(d.Ops.ops, op)
+		d.Ops.mu.Unlock()
+		if time.Since(op.start) >= d.Config.ProgressInterval {
 			op.log("finished")
 		}
 	})

@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"context"
@@ -8,24 +8,24 @@ import (
 // The storage side of deleting, expanding and locking volumes: each
 // answers in storage errors.
 
-// deleteVolume removes volume v, whose lock the caller holds: refused
+// RemoveVolume removes volume v, whose lock the caller holds: refused
 // while it is mounted on this node or its pool is down; recorded
 // deleting, its data removed durably, its record dropped.
-func (d *engine) deleteVolume(v volumeRecord) error {
+func (d *Engine) RemoveVolume(v VolumeRecord) error {
 	where, err := d.mountedAt(v)
 	if err != nil {
 		return err
 	}
 	if where != "" {
-		return storageErr(ErrInUse, "volume %s is still mounted at %s; unpublish and unstage it first", v.ID, where)
+		return StorageErr(ErrInUse, "volume %s is still mounted at %s; unpublish and unstage it first", v.ID, where)
 	}
 	// In a pool that is down the data cannot be reached: removing the
 	// record alone would leave it owned by nothing once the disk is back.
 	if err := d.volumePoolUp(v); err != nil {
 		return err
 	}
-	v.Phase = phaseDeleting
-	if err := d.st.Volumes.Put(v); err != nil {
+	v.Phase = PhaseDeleting
+	if err := d.Records.Volumes.Put(v); err != nil {
 		return fmt.Errorf("recording deletion of volume %s: %w", v.ID, err)
 	}
 	if err := d.removeVolumeData(v); err != nil {
@@ -36,36 +36,36 @@ func (d *engine) deleteVolume(v volumeRecord) error {
 	if err := d.volumePoolUp(v); err != nil {
 		return err
 	}
-	if err := d.st.Volumes.Drop(v.ID); err != nil {
+	if err := d.Records.Volumes.Drop(v.ID); err != nil {
 		return fmt.Errorf("removing record of volume %s: %w", v.ID, err)
 	}
 	return nil
 }
 
-// expandVolume grows volume id to what cr asks, if that is more than it
+// ExpandVolume grows volume id to what cr asks, if that is more than it
 // has, under its lock and unpinned (it may not be the source of a
 // snapshot or clone in progress). A request below its size is satisfied
 // already; a limit below it would be a shrink and is refused.
-func (d *engine) expandVolume(ctx context.Context, id string, cr sizeRange) (volumeRecord, error) {
+func (d *Engine) ExpandVolume(ctx context.Context, id string, cr SizeRange) (VolumeRecord, error) {
 	v, unlock, err := d.lockVolume(id, true)
 	if err != nil {
-		return volumeRecord{}, err
+		return VolumeRecord{}, err
 	}
 	defer unlock()
-	if lim := cr.limit; lim > 0 && lim < v.CapacityBytes {
-		return volumeRecord{}, storageErr(ErrOutOfRange, "volume %s has %d bytes; shrinking to limit_bytes %d is not supported", id, v.CapacityBytes, lim)
+	if lim := cr.Limit; lim > 0 && lim < v.CapacityBytes {
+		return VolumeRecord{}, StorageErr(ErrOutOfRange, "volume %s has %d bytes; shrinking to limit_bytes %d is not supported", id, v.CapacityBytes, lim)
 	}
 	size, err := d.resolveSize(cr, v.AccessType, v.CapacityBytes)
 	if err != nil {
-		return volumeRecord{}, err
+		return VolumeRecord{}, err
 	}
 	if size > v.CapacityBytes {
 		if err := d.growVolume(ctx, v, size); err != nil {
-			return volumeRecord{}, fmt.Errorf("expanding volume %s to %d bytes: %w", id, size, err)
+			return VolumeRecord{}, fmt.Errorf("expanding volume %s to %d bytes: %w", id, size, err)
 		}
 		v.CapacityBytes = size
-		if err := d.st.Volumes.Put(v); err != nil {
-			return volumeRecord{}, fmt.Errorf("recording the new size of volume %s: %w", id, err)
+		if err := d.Records.Volumes.Put(v); err != nil {
+			return VolumeRecord{}, fmt.Errorf("recording the new size of volume %s: %w", id, err)
 		}
 	}
 	return v, nil
@@ -75,19 +75,19 @@ func (d *engine) expandVolume(ctx context.Context, id string, cr sizeRange) (vol
 // ResourceExhausted for another node's id) if there is no ready volume.
 // A change to the volume's data (expand) asks for unpinned: the volume
 // must not be the source of a snapshot or clone in progress.
-func (d *engine) lockVolume(id string, unpinned bool) (volumeRecord, func(), error) {
-	lock := d.locks.lock
+func (d *Engine) lockVolume(id string, unpinned bool) (VolumeRecord, func(), error) {
+	lock := d.Locks.lock
 	if unpinned {
-		lock = d.locks.lockUnpinned
+		lock = d.Locks.lockUnpinned
 	}
-	unlock, err := lock("volume "+id, volIDKey(id))
+	unlock, err := lock("volume "+id, VolIDKey(id))
 	if err != nil {
-		return volumeRecord{}, nil, err
+		return VolumeRecord{}, nil, err
 	}
-	v, ok := d.st.Volumes.Get(id)
-	if !ok || v.Phase != phaseReady {
+	v, ok := d.Records.Volumes.Get(id)
+	if !ok || v.Phase != PhaseReady {
 		unlock()
-		return volumeRecord{}, nil, d.notFoundVolume(id)
+		return VolumeRecord{}, nil, d.NotFoundVolume(id)
 	}
 	return v, unlock, nil
 }
@@ -96,25 +96,25 @@ func (d *engine) lockVolume(id string, unpinned bool) (volumeRecord, func(), err
 // snapshot or clone. Its lock is held only for the check: publish, stats
 // and unpublish of the volume go on while it is copied, delete and expand
 // wait until unpin is called.
-func (d *engine) pinVolume(id string) (volumeRecord, func(), error) {
+func (d *Engine) pinVolume(id string) (VolumeRecord, func(), error) {
 	v, unlock, err := d.lockVolume(id, false)
 	if err != nil {
-		return volumeRecord{}, nil, err
+		return VolumeRecord{}, nil, err
 	}
 	defer unlock()
-	if err := d.dataPresent(v); err != nil {
-		return volumeRecord{}, nil, err
+	if err := d.DataPresent(v); err != nil {
+		return VolumeRecord{}, nil, err
 	}
-	return v, d.locks.pin(volIDKey(id)), nil
+	return v, d.Locks.pin(VolIDKey(id)), nil
 }
 
 // pinSnapshot pins a snapshot as the source of a restore: other restores
 // of it go on, its deletion waits.
-func (d *engine) pinSnapshot(id string) (func(), error) {
-	unlock, err := d.locks.lock("snapshot "+id, snapIDKey(id))
+func (d *Engine) pinSnapshot(id string) (func(), error) {
+	unlock, err := d.Locks.lock("snapshot "+id, SnapIDKey(id))
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	return d.locks.pin(snapIDKey(id)), nil
+	return d.Locks.pin(SnapIDKey(id)), nil
 }

@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"context"
@@ -15,21 +15,21 @@ import (
 // its request and locked the volume, makes one of these calls, which
 // answer in storage errors.
 
-// stageVolume shows volume v, whose lock the caller holds, at the staging
+// StageVolume shows volume v, whose lock the caller holds, at the staging
 // path: a directory volume bind-mounted there, a block volume's loop
 // device attached (it needs no staging mount). The staging is recorded
 // before the mount.
-func (d *engine) stageVolume(v volumeRecord, staging string) error {
+func (d *Engine) StageVolume(v VolumeRecord, staging string) error {
 	if err := d.settleBlock(&v); err != nil {
 		return fmt.Errorf("making the backing file of volume %s durable: %w", v.ID, err)
 	}
 	if !slices.Contains(v.Staged, staging) {
 		v.Staged = append(v.Staged, staging)
-		if err := d.st.Volumes.Put(v); err != nil {
+		if err := d.Records.Volumes.Put(v); err != nil {
 			return fmt.Errorf("recording staging of volume %s: %w", v.ID, err)
 		}
 	}
-	if v.AccessType == accessBlock {
+	if v.AccessType == AccessBlock {
 		if _, err := d.attachBlock(v); err != nil {
 			return fmt.Errorf("attaching block volume %s: %w", v.ID, err)
 		}
@@ -38,10 +38,10 @@ func (d *engine) stageVolume(v volumeRecord, staging string) error {
 	return d.bindVolume(v, staging, 0, true)
 }
 
-// unstageVolume undoes stageVolume: a staging path that is not mounted is
+// UnstageVolume undoes stageVolume: a staging path that is not mounted is
 // already unstaged. An inline or local volume no target or staging path
 // holds any more is released.
-func (d *engine) unstageVolume(id, staging string) error {
+func (d *Engine) UnstageVolume(id, staging string) error {
 	v, unlock, err := d.nodeVolume(id)
 	if err != nil {
 		return err
@@ -52,7 +52,7 @@ func (d *engine) unstageVolume(id, staging string) error {
 	}
 	if i := slices.Index(v.Staged, staging); i >= 0 {
 		v.Staged = slices.Delete(v.Staged, i, i+1)
-		if err := d.st.Volumes.Put(v); err != nil {
+		if err := d.Records.Volumes.Put(v); err != nil {
 			return fmt.Errorf("recording unstaging of volume %s: %w", v.ID, err)
 		}
 	}
@@ -62,13 +62,13 @@ func (d *engine) unstageVolume(id, staging string) error {
 	return nil
 }
 
-// unpublishVolume unmounts the volume from target and removes target; a
+// UnpublishVolume unmounts the volume from target and removes target; a
 // target that is not mounted is already unpublished. Of a volume that is
 // gone, an empty target is cleaned up and a mounted one left alone.
-func (d *engine) unpublishVolume(id, target string) error {
+func (d *Engine) UnpublishVolume(id, target string) error {
 	v, unlock, err := d.nodeVolume(id)
 	if errors.Is(err, ErrNotFound) {
-		if mp, inspectErr := d.mountPoint(target); mp != nil || (inspectErr != nil && !os.IsNotExist(inspectErr)) {
+		if mp, inspectErr := d.MountPoint(target); mp != nil || (inspectErr != nil && !os.IsNotExist(inspectErr)) {
 			return err
 		}
 		if rmErr := os.Remove(target); rmErr != nil && !os.IsNotExist(rmErr) {
@@ -85,7 +85,7 @@ func (d *engine) unpublishVolume(id, target string) error {
 	}
 	if i := slices.IndexFunc(v.Published, func(p publication) bool { return p.Target == target }); i >= 0 {
 		v.Published = slices.Delete(v.Published, i, i+1)
-		if err := d.st.Volumes.Put(v); err != nil {
+		if err := d.Records.Volumes.Put(v); err != nil {
 			return fmt.Errorf("recording unpublication of volume %s: %w", v.ID, err)
 		}
 	}
@@ -98,21 +98,21 @@ func (d *engine) unpublishVolume(id, target string) error {
 // volumeUsage is a volume's own usage: a block volume's device size, or a
 // directory volume's bytes and inodes against its capacity.
 type volumeStats struct {
-	block                  bool
-	total, used, available int64
-	inodesUsed, inodesFree int64
+	Block                  bool
+	Total, Used, Available int64
+	InodesUsed, InodesFree int64
 }
 
-// volumeStats measures the ready volume id mounted at path.
-func (d *engine) volumeStats(id, path string) (volumeStats, error) {
-	v, ok := d.st.Volumes.Get(id)
-	if !validVolumeID(id) || !ok || v.Phase != phaseReady {
-		return volumeStats{}, d.notFoundVolume(id)
+// VolumeStats measures the ready volume id mounted at path.
+func (d *Engine) VolumeStats(id, path string) (volumeStats, error) {
+	v, ok := d.Records.Volumes.Get(id)
+	if !ValidVolumeID(id) || !ok || v.Phase != PhaseReady {
+		return volumeStats{}, d.NotFoundVolume(id)
 	}
 	if err := d.mountedHere(v, path); err != nil {
 		return volumeStats{}, err
 	}
-	if v.AccessType == accessBlock {
+	if v.AccessType == AccessBlock {
 		dev, err := d.attachBlock(v)
 		if err != nil {
 			return volumeStats{}, fmt.Errorf("finding the device of volume %s: %w", v.ID, err)
@@ -121,42 +121,42 @@ func (d *engine) volumeStats(id, path string) (volumeStats, error) {
 		if err != nil {
 			return volumeStats{}, fmt.Errorf("reading the size of %s: %w", dev.Path(), err)
 		}
-		return volumeStats{block: true, total: size}, nil
+		return volumeStats{Block: true, Total: size}, nil
 	}
-	u, err := d.volumeUsage(v)
+	u, err := d.VolumeUsage(v)
 	if err != nil {
 		return volumeStats{}, fmt.Errorf("measuring volume %s: %w", v.ID, err)
 	}
-	fs, err := fsops.Statfs(d.volumeDataPath(v))
+	fs, err := fsops.Statfs(d.VolumeDataPath(v))
 	if err != nil {
 		return volumeStats{}, fmt.Errorf("reading the file system of volume %s: %w", v.ID, err)
 	}
 	return volumeStats{
-		total:      v.CapacityBytes,
-		used:       u.Bytes,
-		available:  min(max(v.CapacityBytes-u.Bytes, 0), fs.AvailableBytes),
-		inodesUsed: u.Inodes,
-		inodesFree: fs.FreeInodes,
+		Total:      v.CapacityBytes,
+		Used:       u.Bytes,
+		Available:  min(max(v.CapacityBytes-u.Bytes, 0), fs.AvailableBytes),
+		InodesUsed: u.Inodes,
+		InodesFree: fs.FreeInodes,
 	}, nil
 }
 
 // mountedHere answers NotFound unless path shows volume v.
-func (d *engine) mountedHere(v volumeRecord, path string) error {
-	ours, err := d.showsVolume(path, v)
+func (d *Engine) mountedHere(v VolumeRecord, path string) error {
+	ours, err := d.ShowsVolume(path, v)
 	if err != nil {
 		return err
 	}
 	if !ours {
-		return storageErr(ErrNotFound, "volume %s is not mounted at %s", v.ID, path)
+		return StorageErr(ErrNotFound, "volume %s is not mounted at %s", v.ID, path)
 	}
 	return nil
 }
 
-// expandOnNode makes the node see volume id's new size (a block volume's
+// ExpandOnNode makes the node see volume id's new size (a block volume's
 // loop device re-reads its file's size) and, with controller expansion
 // switched off, grows the volume to what cr asks first. It returns the
 // volume's size.
-func (d *engine) expandOnNode(ctx context.Context, id, path string, cr sizeRange) (int64, error) {
+func (d *Engine) ExpandOnNode(ctx context.Context, id, path string, cr SizeRange) (int64, error) {
 	v, unlock, err := d.nodeVolume(id)
 	if err != nil {
 		return 0, err
@@ -165,9 +165,9 @@ func (d *engine) expandOnNode(ctx context.Context, id, path string, cr sizeRange
 	if err := d.mountedHere(v, path); err != nil {
 		return 0, err
 	}
-	if cr.required > v.CapacityBytes && !d.cfg.controllerExpansion() {
-		if d.locks.pinned(volIDKey(v.ID)) {
-			return 0, storageErr(ErrBusy, "volume %s is the source of a snapshot or clone in progress; expand it once that is done", v.ID)
+	if cr.Required > v.CapacityBytes && !d.Config.ControllerExpansion() {
+		if d.Locks.Pinned(VolIDKey(v.ID)) {
+			return 0, StorageErr(ErrBusy, "volume %s is the source of a snapshot or clone in progress; expand it once that is done", v.ID)
 		}
 		size, err := d.resolveSize(cr, v.AccessType, v.CapacityBytes)
 		if err != nil {
@@ -177,11 +177,11 @@ func (d *engine) expandOnNode(ctx context.Context, id, path string, cr sizeRange
 			return 0, fmt.Errorf("expanding volume %s to %d bytes: %w", v.ID, size, err)
 		}
 		v.CapacityBytes = size
-		if err := d.st.Volumes.Put(v); err != nil {
+		if err := d.Records.Volumes.Put(v); err != nil {
 			return 0, fmt.Errorf("recording the new size of volume %s: %w", v.ID, err)
 		}
 	}
-	if v.AccessType == accessBlock {
+	if v.AccessType == AccessBlock {
 		dev, err := d.attachBlock(v)
 		if err == nil {
 			err = loop.Resize(dev)

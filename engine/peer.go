@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"context"
@@ -27,11 +27,11 @@ import (
 
 // Kinds of source a peer asks for, and the forms they travel in.
 const (
-	sourceSnapshot = "snapshot"
-	sourceVolume   = "volume"
+	SourceSnapshot = "snapshot"
+	SourceVolume   = "volume"
 
 	wireTarGz   = "tar.gz"  // a directory snapshot's archive as stored
-	wireTarZst  = "tar.zst" // as stored, or made on the fly from a tree
+	WireTarZst  = "tar.zst" // as stored, or made on the fly from a tree
 	wireExtents = "extents" // a block image's data ranges (archive.WriteExtents)
 )
 
@@ -41,15 +41,11 @@ type Peers interface {
 	Open(ctx context.Context, tag, kind, id string, statOnly bool) (transfer.Meta, io.ReadCloser, string, error)
 }
 
-// NodeTag is the prefix that a node's ids carry (see ids.go): how a peer
-// resolver finds the node an id lives on.
-func NodeTag(nodeID string) string { return nodeTag(nodeID) }
-
 // SetPeers lets restores and clones pull sources from other nodes. Without
 // it a source on another node is ResourceExhausted, as for the reference.
-func (d *engine) SetPeers(p Peers) { d.peers.Store(&p) }
+func (d *Engine) SetPeers(p Peers) { d.peers.Store(&p) }
 
-func (d *engine) peerSet() Peers {
+func (d *Engine) peerSet() Peers {
 	if p := d.peers.Load(); p != nil {
 		return *p
 	}
@@ -58,11 +54,11 @@ func (d *engine) peerSet() Peers {
 
 // remoteSource reports whether a well-formed source id lives on another
 // node that this driver can pull from, and that node's tag.
-func (d *engine) remoteSource(id string) (string, bool) {
-	if d.peerSet() == nil || (!validVolumeID(id) && !validSnapshotID(id)) {
+func (d *Engine) remoteSource(id string) (string, bool) {
+	if d.peerSet() == nil || (!ValidVolumeID(id) && !ValidSnapshotID(id)) {
 		return "", false
 	}
-	if _, other := d.otherNode(id); !other {
+	if _, other := d.OtherNode(id); !other {
 		return "", false
 	}
 	return id[len(id)-idHexLen : len(id)-idHexLen+nodeTagLen], true
@@ -70,36 +66,37 @@ func (d *engine) remoteSource(id string) (string, bool) {
 
 // statRemote asks the source's node what it is: its access type and the
 // bytes a volume made from it needs.
-func (d *engine) statRemote(ctx context.Context, tag, kind, id, access string) (int64, error) {
+func (d *Engine) statRemote(ctx context.Context, tag, kind, id, access string) (int64, error) {
 	m, _, node, err := d.peerSet().Open(ctx, tag, kind, id, true)
 	if err != nil {
 		return 0, peerStatus(err, kind, id, node)
 	}
 	if m.Attrs["access"] != access {
-		return 0, storageErr(ErrInvalid, "source %s %s on node %s is of a %s volume; it cannot fill a %s volume", kind, id, node, m.Attrs["access"], access)
+		return 0, StorageErr(ErrInvalid, "source %s %s on node %s is of a %s volume; it cannot fill a %s volume", kind, id, node, m.Attrs["access"], access)
 	}
 	return m.Size, nil
 }
 
-// peerStatus is the answer when a peer could not give a source: toStatus
-// chooses the code by the transfer's refusal (NotFound if the peer has
-// none, ResourceExhausted while it cannot be reached or the stream breaks,
-// FailedPrecondition if it refuses), this names the source and the node.
+// peerStatus is the answer when a peer could not give a source: it names
+// the source and the node, and keeps the transfer's refusal, by which the
+// CSI side chooses the code (NotFound if the peer has none,
+// ResourceExhausted while it cannot be reached or the stream breaks,
+// FailedPrecondition if it refuses).
 func peerStatus(err error, kind, id, node string) error {
 	if node == "" {
 		node = "(not found among the cluster's nodes)"
 	}
-	return toStatus(err, "source %s %s from node %s", kind, id, node)
+	return fmt.Errorf("source %s %s from node %s: %w", kind, id, node, err)
 }
 
 // pullVolumeData makes a volume's data from a source on another node. The
 // caller removes what a failure leaves.
-func (d *engine) pullVolumeData(ctx context.Context, v volumeRecord, tag string) error {
-	kind, id := sourceSnapshot, v.SourceSnapshot
+func (d *Engine) pullVolumeData(ctx context.Context, v VolumeRecord, tag string) error {
+	kind, id := SourceSnapshot, v.SourceSnapshot
 	if id == "" {
-		kind, id = sourceVolume, v.SourceVolume
+		kind, id = SourceVolume, v.SourceVolume
 	}
-	release, err := d.heavy.wait(ctx)
+	release, err := d.Heavy.Wait(ctx)
 	if err != nil {
 		return err
 	}
@@ -110,7 +107,7 @@ func (d *engine) pullVolumeData(ctx context.Context, v volumeRecord, tag string)
 	}
 	defer body.Close()
 	op := "restore"
-	if kind == sourceVolume {
+	if kind == SourceVolume {
 		op = "clone"
 	}
 	ctx, done := d.track(ctx, op, v.ID, m.Size)
@@ -142,9 +139,9 @@ func (w *watchedReader) Read(b []byte) (int, error) {
 }
 
 // buildFrom writes a received stream into the volume's data.
-func (d *engine) buildFrom(ctx context.Context, v volumeRecord, m transfer.Meta, body io.Reader) error {
-	path := d.volumeDataPath(v)
-	if v.AccessType == accessBlock {
+func (d *Engine) buildFrom(ctx context.Context, v VolumeRecord, m transfer.Meta, body io.Reader) error {
+	path := d.VolumeDataPath(v)
+	if v.AccessType == AccessBlock {
 		if m.Format != wireExtents {
 			return fmt.Errorf("%w: a block source came as %q", archive.ErrFormat, m.Format)
 		}
@@ -172,7 +169,7 @@ func (d *engine) buildFrom(ctx context.Context, v volumeRecord, m transfer.Meta,
 		_, err = loop.Attach(path, loop.Options{})
 		return err
 	}
-	if m.Format != wireTarGz && m.Format != wireTarZst {
+	if m.Format != wireTarGz && m.Format != WireTarZst {
 		return fmt.Errorf("%w: a directory source came as %q", archive.ErrFormat, m.Format)
 	}
 	if err := d.makeVolumeDir(v, path); err != nil {
@@ -190,7 +187,7 @@ func (d *engine) buildFrom(ctx context.Context, v volumeRecord, m transfer.Meta,
 	}
 	if want := m.Attrs["sha256"]; want != "" {
 		if got := hex.EncodeToString(h.Sum(nil)); got != want {
-			return fmt.Errorf("%w: the archive received has sha256 %s, recorded %s", errCorrupt, got, want)
+			return fmt.Errorf("%w: the archive received has sha256 %s, recorded %s", ErrCorrupt, got, want)
 		}
 	}
 	return nil
@@ -209,9 +206,9 @@ func extractExtents(ctx context.Context, r io.Reader, out *os.File, limit archiv
 }
 
 // TransferSource is what this node serves to its peers.
-func (d *engine) TransferSource() transfer.Source { return (*peerSource)(d) }
+func (d *Engine) TransferSource() transfer.Source { return (*peerSource)(d) }
 
-type peerSource engine
+type peerSource Engine
 
 // Open pins the source and returns it in the form it travels in. Only
 // well-formed ids of this node are looked up.
@@ -226,20 +223,20 @@ func (p *peerSource) Open(ctx context.Context, peer, kind, id string, statOnly b
 }
 
 func (p *peerSource) open(ctx context.Context, peer, kind, id string, statOnly bool) (transfer.Meta, io.ReadCloser, error) {
-	d := (*engine)(p)
+	d := (*Engine)(p)
 	switch {
-	case kind == sourceSnapshot && validSnapshotID(id), kind == sourceVolume && validVolumeID(id):
+	case kind == SourceSnapshot && ValidSnapshotID(id), kind == SourceVolume && ValidVolumeID(id):
 	default:
 		return transfer.Meta{}, nil, fmt.Errorf("%w: no source of kind %q and id %q can exist", transfer.ErrInvalid, kind, id)
 	}
-	if _, other := d.otherNode(id); other {
+	if _, other := d.OtherNode(id); other {
 		return transfer.Meta{}, nil, fmt.Errorf("%w: %s %s is not of this node", transfer.ErrNotFound, kind, id)
 	}
 	var m transfer.Meta
 	var open func(ctx context.Context) (io.ReadCloser, error)
 	var unpin func()
 	var err error
-	if kind == sourceSnapshot {
+	if kind == SourceSnapshot {
 		m, open, unpin, err = d.serveSnapshot(id)
 	} else {
 		m, open, unpin, err = d.serveVolume(id)
@@ -255,10 +252,10 @@ func (p *peerSource) open(ctx context.Context, peer, kind, id string, statOnly b
 	// same memory): it takes a slot, or the peer is told this node is busy
 	// and retries. It never waits for one: two nodes pulling from each
 	// other with every slot taken would otherwise wait on each other.
-	release, ok := d.heavy.try()
+	release, ok := d.Heavy.try()
 	if !ok {
 		unpin()
-		return m, nil, fmt.Errorf("%w: %d clones, snapshots, restores or sends are running here", transfer.ErrBusy, cap(d.heavy))
+		return m, nil, fmt.Errorf("%w: %d clones, snapshots, restores or sends are running here", transfer.ErrBusy, cap(d.Heavy))
 	}
 	prev := unpin
 	unpin = func() { release(); prev() }
@@ -284,46 +281,46 @@ func servable(err error, kind, id string) error {
 	return fmt.Errorf("serving %s %s: %w", kind, id, err)
 }
 
-func (d *engine) serveSnapshot(id string) (transfer.Meta, func(context.Context) (io.ReadCloser, error), func(), error) {
+func (d *Engine) serveSnapshot(id string) (transfer.Meta, func(context.Context) (io.ReadCloser, error), func(), error) {
 	unpin, err := d.pinSnapshot(id)
 	if err != nil {
-		return transfer.Meta{}, nil, nil, servable(err, sourceSnapshot, id)
+		return transfer.Meta{}, nil, nil, servable(err, SourceSnapshot, id)
 	}
-	s, ok := d.st.Snapshots.Get(id)
-	if !ok || s.Phase != phaseReady {
+	s, ok := d.Records.Snapshots.Get(id)
+	if !ok || s.Phase != PhaseReady {
 		unpin()
 		return transfer.Meta{}, nil, nil, fmt.Errorf("%w: snapshot %s", transfer.ErrNotFound, id)
 	}
 	if err := d.snapshotPresent(s); err != nil {
 		unpin()
-		return transfer.Meta{}, nil, nil, servable(err, sourceSnapshot, id)
+		return transfer.Meta{}, nil, nil, servable(err, SourceSnapshot, id)
 	}
 	m := transfer.Meta{Size: s.SizeBytes, Attrs: map[string]string{"access": s.AccessType}}
-	path := d.snapshotDataPath(s)
+	path := d.SnapshotDataPath(s)
 	var open func(context.Context) (io.ReadCloser, error)
 	switch s.Format {
-	case formatImage:
+	case FormatImage:
 		m.Format, open = wireExtents, func(ctx context.Context) (io.ReadCloser, error) { return extentsOf(ctx, path) }
-	case formatReflink:
-		m.Format, open = wireTarZst, func(ctx context.Context) (io.ReadCloser, error) { return archiveOf(ctx, path), nil }
+	case FormatReflink:
+		m.Format, open = WireTarZst, func(ctx context.Context) (io.ReadCloser, error) { return archiveOf(ctx, path), nil }
 	default:
 		m.Format, m.Attrs["sha256"] = wireTarGz, s.SHA256
-		if s.Format == formatTarZst {
-			m.Format = wireTarZst
+		if s.Format == FormatTarZst {
+			m.Format = WireTarZst
 		}
 		open = func(context.Context) (io.ReadCloser, error) { return os.Open(path) }
 	}
 	return m, open, unpin, nil
 }
 
-func (d *engine) serveVolume(id string) (transfer.Meta, func(context.Context) (io.ReadCloser, error), func(), error) {
+func (d *Engine) serveVolume(id string) (transfer.Meta, func(context.Context) (io.ReadCloser, error), func(), error) {
 	v, unpin, err := d.pinVolume(id)
 	if err != nil {
-		return transfer.Meta{}, nil, nil, servable(err, sourceVolume, id)
+		return transfer.Meta{}, nil, nil, servable(err, SourceVolume, id)
 	}
 	m := transfer.Meta{Size: v.CapacityBytes, Attrs: map[string]string{"access": v.AccessType}}
-	path := d.volumeDataPath(v)
-	if v.AccessType == accessBlock {
+	path := d.VolumeDataPath(v)
+	if v.AccessType == AccessBlock {
 		m.Format = wireExtents
 		return m, func(ctx context.Context) (io.ReadCloser, error) {
 			if err := flushAll(path); err != nil {
@@ -332,7 +329,7 @@ func (d *engine) serveVolume(id string) (transfer.Meta, func(context.Context) (i
 			return extentsOf(ctx, path)
 		}, unpin, nil
 	}
-	m.Format = wireTarZst
+	m.Format = WireTarZst
 	return m, func(ctx context.Context) (io.ReadCloser, error) { return archiveOf(ctx, path), nil }, unpin, nil
 }
 

@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"errors"
@@ -21,12 +21,12 @@ import (
 // marks that name again. A new disk for a known pool is marked by a
 // person: hostpathplugin --mark-pool=NAME (MarkPool).
 
-// knownPools is the state dir's memory of the pools ever marked.
-func (l layout) knownPools() string { return filepath.Join(l.meta(), "pools") }
+// KnownPools is the state dir's memory of the pools ever marked.
+func (l layout) KnownPools() string { return filepath.Join(l.Meta(), "pools") }
 
 // knownPool says when pool name was first marked, if ever.
-func (d *engine) knownPool(name string) (string, bool, error) {
-	b, err := os.ReadFile(filepath.Join(d.paths.knownPools(), name))
+func (d *Engine) knownPool(name string) (string, bool, error) {
+	b, err := os.ReadFile(filepath.Join(d.Paths.KnownPools(), name))
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", false, nil
 	}
@@ -38,20 +38,20 @@ func (d *engine) knownPool(name string) (string, bool, error) {
 
 // rememberPool records, durably, that pool name is marked at path.
 func rememberPool(l layout, name, path string) error {
-	if err := os.MkdirAll(l.knownPools(), 0o700); err != nil {
+	if err := os.MkdirAll(l.KnownPools(), 0o700); err != nil {
 		return err
 	}
-	if err := fsops.SyncDir(l.meta()); err != nil {
+	if err := fsops.SyncDir(l.Meta()); err != nil {
 		return err
 	}
 	note := fmt.Sprintf("marked at %s on %s\n", path, time.Now().UTC().Format(time.RFC3339))
-	return fsops.WriteFileAtomic(filepath.Join(l.knownPools(), name), []byte(note), 0o600)
+	return fsops.WriteFileAtomic(filepath.Join(l.KnownPools(), name), []byte(note), 0o600)
 }
 
 // readMarker returns the pool name marker at root says, and whether it is
 // there.
 func readMarker(root string) (string, bool, error) {
-	b, err := os.ReadFile(filepath.Join(root, poolMarker))
+	b, err := os.ReadFile(filepath.Join(root, PoolMarker))
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", false, nil
 	}
@@ -66,13 +66,13 @@ func readMarker(root string) (string, bool, error) {
 // marked pool never comes back from a power loss without its volumes
 // directory), then the state dir's memory of it.
 func writeMarker(l layout, root, name string) error {
-	pl := layout{root: root}
-	for _, dir := range []string{pl.volumes(), pl.snapshots(), pl.tmp()} {
+	pl := layout{Root: root}
+	for _, dir := range []string{pl.Volumes(), pl.Snapshots(), pl.Tmp()} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
 	}
-	if err := fsops.WriteFileAtomic(filepath.Join(root, poolMarker), []byte(name+"\n"), 0o644); err != nil {
+	if err := fsops.WriteFileAtomic(filepath.Join(root, PoolMarker), []byte(name+"\n"), 0o644); err != nil {
 		return fmt.Errorf("marking %s as pool %s: %w", root, name, err)
 	}
 	return rememberPool(l, name, root)
@@ -105,11 +105,11 @@ type poolDev struct {
 }
 
 // otherPoolsUp are the pools other than p that are up, and where.
-func (d *engine) otherPoolsUp(p *pool) map[string]poolDev {
+func (d *Engine) otherPoolsUp(p *Pool) map[string]poolDev {
 	out := map[string]poolDev{}
-	for _, q := range d.poolList()[1:] {
-		if st := q.get(); q != p && st.down == nil {
-			out[q.name] = poolDev{q.paths.root, st.dev}
+	for _, q := range d.PoolList()[1:] {
+		if st := q.Get(); q != p && st.Down == nil {
+			out[q.Name] = poolDev{q.Paths.Root, st.dev}
 		}
 	}
 	return out
@@ -117,8 +117,8 @@ func (d *engine) otherPoolsUp(p *pool) map[string]poolDev {
 
 // preparePool checks that a pool's directory is its home and makes it
 // ready: the marker names it, or, the first time, it is marked.
-func (d *engine) preparePool(p *pool) (*poolState, error) {
-	root := p.paths.root
+func (d *Engine) preparePool(p *Pool) (*PoolState, error) {
+	root := p.Paths.Root
 	fi, err := os.Stat(root)
 	if err != nil {
 		return nil, fmt.Errorf("its directory: %w", err)
@@ -130,50 +130,50 @@ func (d *engine) preparePool(p *pool) (*poolState, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ownFileSystem(root, dev, d.paths.root, d.otherPoolsUp(p)); err != nil {
+	if err := ownFileSystem(root, dev, d.Paths.Root, d.otherPoolsUp(p)); err != nil {
 		return nil, err
 	}
-	marker := filepath.Join(root, poolMarker)
+	marker := filepath.Join(root, PoolMarker)
 	name, marked, err := readMarker(root)
 	if err != nil {
 		return nil, err
 	}
-	since, known, err := d.knownPool(p.name)
+	since, known, err := d.knownPool(p.Name)
 	if err != nil {
 		return nil, err
 	}
 	switch {
-	case marked && name != p.name:
-		return nil, fmt.Errorf("%s says this directory is pool %q, not %q: fix --pool", marker, name, p.name)
+	case marked && name != p.Name:
+		return nil, fmt.Errorf("%s says this directory is pool %q, not %q: fix --pool", marker, name, p.Name)
 	case marked && !known:
 		// Marked by a release that did not remember its pools.
-		if err := rememberPool(d.paths, p.name, root); err != nil {
+		if err := rememberPool(d.Paths, p.Name, root); err != nil {
 			return nil, err
 		}
 	case !marked && known:
-		return nil, fmt.Errorf("%s is missing, and this pool was %s: is its disk mounted? A new disk for it is marked with hostpathplugin --mark-pool=%s", marker, since, p.name)
-	case !marked && d.poolHasRecords(p.name):
+		return nil, fmt.Errorf("%s is missing, and this pool was %s: is its disk mounted? A new disk for it is marked with hostpathplugin --mark-pool=%s", marker, since, p.Name)
+	case !marked && d.poolHasRecords(p.Name):
 		return nil, fmt.Errorf("%s is missing, yet volumes or snapshots are recorded in this pool: is its disk mounted?", marker)
-	case !marked && len(d.st.Damaged()) > 0:
-		return nil, fmt.Errorf("%s is missing, and %d damaged records may name this pool: it is not marked by itself; once its disk is known to be mounted, mark it with hostpathplugin --mark-pool=%s", marker, len(d.st.Damaged()), p.name)
+	case !marked && len(d.Records.Damaged()) > 0:
+		return nil, fmt.Errorf("%s is missing, and %d damaged records may name this pool: it is not marked by itself; once its disk is known to be mounted, mark it with hostpathplugin --mark-pool=%s", marker, len(d.Records.Damaged()), p.Name)
 	case !marked:
-		if err := writeMarker(d.paths, root, p.name); err != nil {
+		if err := writeMarker(d.Paths, root, p.Name); err != nil {
 			return nil, err
 		}
 	}
-	for _, dir := range []string{p.paths.volumes(), p.paths.snapshots(), p.paths.tmp()} {
+	for _, dir := range []string{p.Paths.Volumes(), p.Paths.Snapshots(), p.Paths.Tmp()} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
 		}
 	}
-	if err := probeWritable(p.paths.tmp(), ".write-probe"); err != nil {
+	if err := ProbeWritable(p.Paths.Tmp(), ".write-probe"); err != nil {
 		return nil, fmt.Errorf("not writable: %w", err)
 	}
 	mdev, mino, err := fsops.FileID(marker)
 	if err != nil {
 		return nil, err
 	}
-	return &poolState{quota: detectQuota(p.paths.volumes()), reflink: fsops.ReflinkSupported(p.paths.tmp()),
+	return &PoolState{Quota: detectQuota(p.Paths.Volumes()), Reflink: fsops.ReflinkSupported(p.Paths.Tmp()),
 		dev: dev, marker: fileID{mdev, mino}}, nil
 }
 
@@ -223,11 +223,11 @@ func MarkPool(cfg Config, name string) (string, error) {
 		return "", fmt.Errorf("%s is marked as pool %q: it is not pool %s's disk", root, got, name)
 	}
 	held := 0
-	for _, dir := range []string{layout{root: root}.volumes(), layout{root: root}.snapshots()} {
+	for _, dir := range []string{layout{Root: root}.Volumes(), layout{Root: root}.Snapshots()} {
 		entries, _ := os.ReadDir(dir)
 		held += len(entries)
 	}
-	if err := writeMarker(layout{root: state}, root, name); err != nil {
+	if err := writeMarker(layout{Root: state}, root, name); err != nil {
 		return "", err
 	}
 	msg := fmt.Sprintf("%s is marked as pool %s", root, name)

@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import "context"
 
@@ -8,13 +8,13 @@ import "context"
 // running one holds a slot.
 type heavySlots chan struct{}
 
-// wait takes a slot, or gives up with ErrBusy when the caller does.
-func (h heavySlots) wait(ctx context.Context) (func(), error) {
+// Wait takes a slot, or gives up with ErrBusy when the caller does.
+func (h heavySlots) Wait(ctx context.Context) (func(), error) {
 	select {
 	case h <- struct{}{}:
 		return h.release, nil
 	case <-ctx.Done():
-		return nil, storageErr(ErrBusy, "%d clones, snapshots or restores are running; this one waited until its deadline: %v", cap(h), ctx.Err())
+		return nil, StorageErr(ErrBusy, "%d clones, snapshots or restores are running; this one waited until its deadline: %v", cap(h), ctx.Err())
 	}
 }
 

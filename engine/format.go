@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"errors"
@@ -27,35 +27,35 @@ const stateFormat = 2
 
 const formatPrefix = "hostpath-csi state format "
 
-func (l layout) formatFile() string { return filepath.Join(l.meta(), "format") }
+func (l layout) FormatFile() string { return filepath.Join(l.Meta(), "format") }
 
 // checkStateFormat runs before anything is written to the state dir.
-func (d *engine) checkStateFormat() error {
-	b, err := os.ReadFile(d.paths.formatFile())
+func (d *Engine) checkStateFormat() error {
+	b, err := os.ReadFile(d.Paths.FormatFile())
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("state dir %s: reading its format: %w", d.paths.root, err)
+		return fmt.Errorf("state dir %s: reading its format: %w", d.Paths.Root, err)
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(string(b), formatPrefix)))
 	if err != nil || !strings.HasPrefix(string(b), formatPrefix) {
-		return fmt.Errorf("state dir %s: %s does not say a format (%q); nothing was changed", d.paths.root, d.paths.formatFile(), strings.TrimSpace(string(b)))
+		return fmt.Errorf("state dir %s: %s does not say a format (%q); nothing was changed", d.Paths.Root, d.Paths.FormatFile(), strings.TrimSpace(string(b)))
 	}
 	if n > stateFormat {
-		return fmt.Errorf("state dir %s was written by a newer driver (state format %d; this one reads formats up to %d): run that release or a newer one; nothing was changed", d.paths.root, n, stateFormat)
+		return fmt.Errorf("state dir %s was written by a newer driver (state format %d; this one reads formats up to %d): run that release or a newer one; nothing was changed", d.Paths.Root, n, stateFormat)
 	}
 	return nil
 }
 
 // recordStateFormat writes the current format, durably, once start has
 // brought the state dir to it.
-func (d *engine) recordStateFormat() error {
+func (d *Engine) recordStateFormat() error {
 	want := fmt.Sprintf("%s%d\n", formatPrefix, stateFormat)
-	if b, err := os.ReadFile(d.paths.formatFile()); err == nil && string(b) == want {
+	if b, err := os.ReadFile(d.Paths.FormatFile()); err == nil && string(b) == want {
 		return nil
 	}
-	return fsops.WriteFileAtomic(d.paths.formatFile(), []byte(want), 0o644)
+	return fsops.WriteFileAtomic(d.Paths.FormatFile(), []byte(want), 0o644)
 }
 
 // downgradeGuard is a directory in the state dir's tmp/ that stands while
@@ -81,22 +81,22 @@ release refuses to start here. Start the current release once and stop it
 
 // raiseDowngradeGuard puts the guard in place, durably, before anything
 // is committed to the journal.
-func (d *engine) raiseDowngradeGuard() error {
-	guard := filepath.Join(d.paths.tmp(), downgradeGuard)
+func (d *Engine) raiseDowngradeGuard() error {
+	guard := filepath.Join(d.Paths.Tmp(), downgradeGuard)
 	if err := os.Mkdir(guard, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
 	if err := fsops.WriteFileAtomic(filepath.Join(guard, "README"), []byte(guardNote), 0o644); err != nil {
 		return err
 	}
-	return fsops.SyncDir(d.paths.tmp())
+	return fsops.SyncDir(d.Paths.Tmp())
 }
 
 // lowerDowngradeGuard removes the guard once a clean stop has
 // checkpointed the journal.
-func (d *engine) lowerDowngradeGuard() error {
-	if err := fsops.RemoveAll(filepath.Join(d.paths.tmp(), downgradeGuard)); err != nil {
+func (d *Engine) lowerDowngradeGuard() error {
+	if err := fsops.RemoveAll(filepath.Join(d.Paths.Tmp(), downgradeGuard)); err != nil {
 		return err
 	}
-	return fsops.SyncDir(d.paths.tmp())
+	return fsops.SyncDir(d.Paths.Tmp())
 }

@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"os"
@@ -26,19 +26,19 @@ import (
 // Start does this for the default pool (the state dir); each other pool
 // gets it when it comes up (reconcilePool), and until then its records
 // are left as they are.
-func (d *engine) reconcile() error {
+func (d *Engine) reconcile() error {
 	home, err := d.volumesDirIsHome()
 	if err != nil {
 		return err
 	}
-	for _, note := range d.st.Notes() {
+	for _, note := range d.Records.Notes() {
 		klog.ErrorS(nil, "repair: "+note)
 	}
-	for _, bad := range d.st.Damaged() {
+	for _, bad := range d.Records.Damaged() {
 		klog.ErrorS(nil, "a state record is damaged; its data is kept and its id refused until the record is repaired: restore the file from a backup (the data is at the path named), or move the file and the data away to give up the volume or snapshot",
 			"id", bad.ID, "record", bad.Path, "problem", bad.Problem, "data", d.dataOf(bad.ID))
 	}
-	def := d.pools[DefaultPool]
+	def := d.Pools[DefaultPool]
 	if err := d.reconcileRecords(def, home); err != nil {
 		return err
 	}
@@ -47,7 +47,7 @@ func (d *engine) reconcile() error {
 
 // reconcilePool is reconcile for a pool other than the default as it comes
 // up: its marker proves its volumes directory is the volumes' home.
-func (d *engine) reconcilePool(p *pool) error {
+func (d *Engine) reconcilePool(p *Pool) error {
 	if err := d.reconcileRecords(p, true); err != nil {
 		return err
 	}
@@ -55,22 +55,22 @@ func (d *engine) reconcilePool(p *pool) error {
 }
 
 // reconcileRecords repairs the records of pool p.
-func (d *engine) reconcileRecords(p *pool, home bool) error {
-	for _, v := range d.st.Volumes.All() {
-		if d.poolOf(v.Pool) != p {
+func (d *Engine) reconcileRecords(p *Pool, home bool) error {
+	for _, v := range d.Records.Volumes.All() {
+		if d.PoolOf(v.Pool) != p {
 			continue
 		}
 		switch v.Phase {
-		case phaseCreating, phaseDeleting:
+		case PhaseCreating, PhaseDeleting:
 			klog.InfoS("repair: finishing interrupted volume operation", "volume_id", v.ID, "name", v.Name, "phase", v.Phase)
 			if err := d.removeVolumeData(v); err != nil {
 				return err
 			}
-			if err := d.st.Volumes.Drop(v.ID); err != nil {
+			if err := d.Records.Volumes.Drop(v.ID); err != nil {
 				return err
 			}
-		case phaseReady:
-			if nodeCreated(v) {
+		case PhaseReady:
+			if NodeCreated(v) {
 				where, err := d.mountedAt(v)
 				if err != nil {
 					// Cannot tell: keep it (removing a mounted volume's
@@ -91,52 +91,52 @@ func (d *engine) reconcileRecords(p *pool, home bool) error {
 			}
 			// The data's own presence: the pool being reconciled is not
 			// up yet, so dataPresent would answer for the pool.
-			if v.Fresh && (home || present("volume", v.ID, v.Name, d.volumeDataPath(v)) == nil) {
+			if v.Fresh && (home || present("volume", v.ID, v.Name, d.VolumeDataPath(v)) == nil) {
 				if err := d.repairFresh(v); err != nil {
 					return err
 				}
 				continue
 			}
-			if err := present("volume", v.ID, v.Name, d.volumeDataPath(v)); err != nil {
-				klog.InfoS("volume data is missing; its record is kept and publish refused until the data is back", "volume_id", v.ID, "name", v.Name, "path", d.volumeDataPath(v))
+			if err := present("volume", v.ID, v.Name, d.VolumeDataPath(v)); err != nil {
+				klog.InfoS("volume data is missing; its record is kept and publish refused until the data is back", "volume_id", v.ID, "name", v.Name, "path", d.VolumeDataPath(v))
 			}
 		}
 	}
-	for _, s := range d.st.Snapshots.All() {
-		if d.poolOf(s.Pool) != p {
+	for _, s := range d.Records.Snapshots.All() {
+		if d.PoolOf(s.Pool) != p {
 			continue
 		}
 		switch s.Phase {
-		case phaseCreating, phaseDeleting:
+		case PhaseCreating, PhaseDeleting:
 			klog.InfoS("repair: finishing interrupted snapshot operation", "snapshot_id", s.ID, "name", s.Name, "phase", s.Phase)
 			if err := d.removeSnapshotData(s); err != nil {
 				return err
 			}
-			if err := d.st.Snapshots.Drop(s.ID); err != nil {
+			if err := d.Records.Snapshots.Drop(s.ID); err != nil {
 				return err
 			}
-		case phaseReady:
-			if err := present("snapshot", s.ID, s.Name, d.snapshotDataPath(s)); err != nil {
-				klog.InfoS("snapshot data is missing; its record is kept and restores refused until the data is back", "snapshot_id", s.ID, "name", s.Name, "path", d.snapshotDataPath(s))
+		case PhaseReady:
+			if err := present("snapshot", s.ID, s.Name, d.SnapshotDataPath(s)); err != nil {
+				klog.InfoS("snapshot data is missing; its record is kept and restores refused until the data is back", "snapshot_id", s.ID, "name", s.Name, "path", d.SnapshotDataPath(s))
 			}
 		}
 	}
-	for _, g := range d.st.Groups.All() {
-		if g.Phase == phaseReady || !d.membersReachable(g, p) {
+	for _, g := range d.Records.Groups.All() {
+		if g.Phase == PhaseReady || !d.membersReachable(g, p) {
 			continue
 		}
 		klog.InfoS("repair: finishing interrupted group snapshot operation", "group_snapshot_id", g.ID, "phase", g.Phase)
-		for _, s := range d.st.Snapshots.All() {
+		for _, s := range d.Records.Snapshots.All() {
 			if s.Group == g.ID {
 				if err := d.removeSnapshotData(s); err != nil {
 					return err
 				}
-				if err := d.st.Snapshots.Drop(s.ID); err != nil {
+				if err := d.Records.Snapshots.Drop(s.ID); err != nil {
 					return err
 				}
 			}
 		}
-		if err := d.st.Groups.Drop(g.ID); err != nil {
+		if err := d.Records.Groups.Drop(g.ID); err != nil {
 			return err
 		}
 	}
@@ -146,12 +146,12 @@ func (d *engine) reconcileRecords(p *pool, home bool) error {
 // membersReachable reports whether every snapshot of group g is in pool p
 // (being reconciled) or in a pool that is up: an interrupted group is
 // undone only when all of it can be.
-func (d *engine) membersReachable(g groupRecord, p *pool) bool {
-	for _, s := range d.st.Snapshots.All() {
+func (d *Engine) membersReachable(g GroupRecord, p *Pool) bool {
+	for _, s := range d.Records.Snapshots.All() {
 		if s.Group != g.ID {
 			continue
 		}
-		if sp := d.poolOf(s.Pool); sp != p && sp.get().down != nil {
+		if sp := d.PoolOf(s.Pool); sp != p && sp.Get().Down != nil {
 			return false
 		}
 	}
@@ -160,22 +160,22 @@ func (d *engine) membersReachable(g groupRecord, p *pool) bool {
 
 // reconcileDirs looks at what pool p's directories hold beside the
 // records: data no record owns, and unfinished work in tmp/.
-func (d *engine) reconcileDirs(p *pool) error {
-	if err := d.removeOrphans(p.paths.volumes(), func(id string) bool { _, ok := d.st.Volumes.Get(id); return ok }, validVolumeID, true); err != nil {
+func (d *Engine) reconcileDirs(p *Pool) error {
+	if err := d.removeOrphans(p.Paths.Volumes(), func(id string) bool { _, ok := d.Records.Volumes.Get(id); return ok }, ValidVolumeID, true); err != nil {
 		return err
 	}
-	if err := d.removeOrphans(p.paths.snapshots(), func(id string) bool { _, ok := d.st.Snapshots.Get(id); return ok }, validSnapshotID, false); err != nil {
+	if err := d.removeOrphans(p.Paths.Snapshots(), func(id string) bool { _, ok := d.Records.Snapshots.Get(id); return ok }, ValidSnapshotID, false); err != nil {
 		return err
 	}
-	entries, err := os.ReadDir(p.paths.tmp())
+	entries, err := os.ReadDir(p.Paths.Tmp())
 	if err != nil {
 		return err
 	}
 	for _, e := range entries {
-		if p.name == DefaultPool && e.Name() == downgradeGuard {
+		if p.Name == DefaultPool && e.Name() == downgradeGuard {
 			continue
 		}
-		path := filepath.Join(p.paths.tmp(), e.Name())
+		path := filepath.Join(p.Paths.Tmp(), e.Name())
 		klog.InfoS("repair: removing unfinished temporary data", "path", path)
 		if err := fsops.RemoveAll(path); err != nil {
 			return err
@@ -193,7 +193,7 @@ func (d *engine) reconcileDirs(p *pool) error {
 // the file): deleting it loses nothing, and its loop device goes first.
 // Entries of a damaged record are left alone, and so is anything else in
 // the directory: the driver did not make it.
-func (d *engine) removeOrphans(dir string, known func(string) bool, valid func(string) bool, emptyBlockFiles bool) error {
+func (d *Engine) removeOrphans(dir string, known func(string) bool, valid func(string) bool, emptyBlockFiles bool) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return err
@@ -201,18 +201,18 @@ func (d *engine) removeOrphans(dir string, known func(string) bool, valid func(s
 	for _, e := range entries {
 		id, _, _ := strings.Cut(e.Name(), ".")
 		p := filepath.Join(dir, e.Name())
-		if e.Name() == volumesMarker {
+		if e.Name() == VolumesMarker {
 			continue
 		}
 		if !valid(id) {
 			klog.InfoS("unexpected entry in state dir left alone", "path", p)
 			continue
 		}
-		if known(id) || d.st.Volumes.IsDamaged(id) || d.st.Snapshots.IsDamaged(id) {
+		if known(id) || d.Records.Volumes.IsDamaged(id) || d.Records.Snapshots.IsDamaged(id) {
 			continue
 		}
 		empty := false
-		if emptyBlockFiles && e.Type().IsRegular() && strings.HasSuffix(e.Name(), blockSuffix) {
+		if emptyBlockFiles && e.Type().IsRegular() && strings.HasSuffix(e.Name(), BlockSuffix) {
 			// A loop device still bound to it may hold writes in its own
 			// cache that the file does not show yet.
 			if err := flushAll(p); err != nil {
@@ -224,13 +224,13 @@ func (d *engine) removeOrphans(dir string, known func(string) bool, valid func(s
 		}
 		if !empty {
 			klog.ErrorS(nil, "data that no record owns is kept: no crash leaves it, so a record was lost or it was put here by hand; remove it once it is known not to be needed", "path", p)
-			d.unowned.Add(1)
+			d.Unowned.Add(1)
 			continue
 		}
 		klog.InfoS("repair: removing the file of an empty block volume whose create did not finish", "path", p)
 		// A crash between the attach and the record may have left the
 		// file bound: let it go, or the device keeps its blocks.
-		if err := detachAll(p); err != nil {
+		if err := DetachAll(p); err != nil {
 			return err
 		}
 		if err := fsops.RemoveAll(p); err != nil {
@@ -240,18 +240,18 @@ func (d *engine) removeOrphans(dir string, known func(string) bool, valid func(s
 	return nil
 }
 
-// blockSuffix ends the name of a block volume's backing file.
-const blockSuffix = ".img"
+// BlockSuffix ends the name of a block volume's backing file.
+const BlockSuffix = ".img"
 
 // dataOf lists what the volumes and snapshots directories hold under id
 // (nothing for an id the rules do not take: it is no name to look up).
-func (d *engine) dataOf(id string) []string {
-	if !validVolumeID(id) && !validSnapshotID(id) {
+func (d *Engine) dataOf(id string) []string {
+	if !ValidVolumeID(id) && !ValidSnapshotID(id) {
 		return nil
 	}
 	var out []string
-	for _, p := range d.poolList() {
-		for _, dir := range []string{p.paths.volumes(), p.paths.snapshots()} {
+	for _, p := range d.PoolList() {
+		for _, dir := range []string{p.Paths.Volumes(), p.Paths.Snapshots()} {
 			found, _ := filepath.Glob(filepath.Join(dir, id+"*"))
 			out = append(out, found...)
 		}
@@ -259,10 +259,10 @@ func (d *engine) dataOf(id string) []string {
 	return out
 }
 
-// volumesMarker is a file in the volumes directory that says it is the
+// VolumesMarker is a file in the volumes directory that says it is the
 // directory the records were made in, not an empty mount point whose disk
 // has not arrived yet.
-const volumesMarker = ".hostpath-volumes"
+const VolumesMarker = ".hostpath-volumes"
 
 // volumesDirIsHome tells whether the volumes directory is the one the
 // records' data lives in: only then may start make again the backing file
@@ -270,8 +270,8 @@ const volumesMarker = ".hostpath-volumes"
 // it would be attached, and written, in place of the real one). The marker
 // is written durably the first time that is evident: no volume records
 // yet, or the data of a ready volume present.
-func (d *engine) volumesDirIsHome() (bool, error) {
-	marker := filepath.Join(d.paths.volumes(), volumesMarker)
+func (d *Engine) volumesDirIsHome() (bool, error) {
+	marker := filepath.Join(d.Paths.Volumes(), VolumesMarker)
 	if _, err := os.Lstat(marker); err == nil {
 		return true, nil
 	} else if !os.IsNotExist(err) {
@@ -282,24 +282,24 @@ func (d *engine) volumesDirIsHome() (bool, error) {
 	// state dir's file system may be a mount point whose disk is late.
 	home := d.volumesMade
 	if !home {
-		vdev, _, _, err := fsops.Identity(d.paths.volumes())
+		vdev, _, _, err := fsops.Identity(d.Paths.Volumes())
 		if err != nil {
 			return false, err
 		}
-		rdev, _, _, err := fsops.Identity(d.paths.root)
+		rdev, _, _, err := fsops.Identity(d.Paths.Root)
 		if err != nil {
 			return false, err
 		}
 		home = vdev != rdev
 	}
-	for _, v := range d.st.Volumes.All() {
-		if d.poolOf(v.Pool).name == DefaultPool && v.Phase == phaseReady && !v.Fresh && v.LocalPath == "" && d.dataPresent(v) == nil {
+	for _, v := range d.Records.Volumes.All() {
+		if d.PoolOf(v.Pool).Name == DefaultPool && v.Phase == PhaseReady && !v.Fresh && v.LocalPath == "" && d.DataPresent(v) == nil {
 			home = true
 			break
 		}
 	}
 	if !home {
-		klog.InfoS("the volumes directory is not known to be the volumes' home (it was there before, is no mount point and holds no volume's data): empty block volumes that a power loss took are not made again until it is", "path", d.paths.volumes())
+		klog.InfoS("the volumes directory is not known to be the volumes' home (it was there before, is no mount point and holds no volume's data): empty block volumes that a power loss took are not made again until it is", "path", d.Paths.Volumes())
 		return false, nil
 	}
 	return true, fsops.WriteFileAtomic(marker, []byte("the volumes of this hostpath driver's state dir\n"), 0o600)

@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"fmt"
@@ -20,14 +20,14 @@ import (
 // in it (its records leave the pool out).
 const DefaultPool = "default"
 
-// paramPool chooses a volume's pool (StorageClass) or a snapshot's
+// ParamPool chooses a volume's pool (StorageClass) or a snapshot's
 // (VolumeSnapshotClass; by default the source volume's).
-const paramPool = "pool"
+const ParamPool = "pool"
 
-// poolMarker is the file in a pool's directory that names the pool: the
+// PoolMarker is the file in a pool's directory that names the pool: the
 // proof that the directory is the pool's home and not an empty mount
 // point whose disk has not arrived.
-const poolMarker = ".hostpath-pool"
+const PoolMarker = ".hostpath-pool"
 
 var validPoolName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
@@ -71,23 +71,23 @@ func resolvePools(pools map[string]string) map[string]string {
 	return out
 }
 
-// pool is one directory holding volumes and snapshots (volumes/,
+// Pool is one directory holding volumes and snapshots (volumes/,
 // snapshots/, tmp/), on a file system of its own. Its state changes when a
 // pool that was down comes back.
-type pool struct {
-	name  string
-	paths layout
+type Pool struct {
+	Name  string
+	Paths layout
 	// mu serialises bringing the pool up; state is read without it.
 	mu    sync.Mutex
-	state atomic.Pointer[poolState]
+	state atomic.Pointer[PoolState]
 }
 
-// poolState is what is known of a pool: up with the file system's
+// PoolState is what is known of a pool: up with the file system's
 // abilities and identity, or down and why.
-type poolState struct {
-	down    error
-	quota   quotaMode
-	reflink bool
+type PoolState struct {
+	Down    error
+	Quota   QuotaMode
+	Reflink bool
 	// dev is the pool's file system; marker the identity of its marker
 	// file when it came up. A pool whose marker is no longer that file
 	// (its disk went away: an empty mount point, another disk, an I/O
@@ -99,69 +99,69 @@ type poolState struct {
 // fileID is a file's device and inode.
 type fileID struct{ dev, ino uint64 }
 
-func (p *pool) get() *poolState { return p.state.Load() }
+func (p *Pool) Get() *PoolState { return p.state.Load() }
 
 // pools lists the pools, the default first, then by name.
-func (d *engine) poolList() []*pool {
-	out := []*pool{d.pools[DefaultPool]}
-	names := make([]string, 0, len(d.pools))
-	for n := range d.pools {
+func (d *Engine) PoolList() []*Pool {
+	out := []*Pool{d.Pools[DefaultPool]}
+	names := make([]string, 0, len(d.Pools))
+	for n := range d.Pools {
 		if n != DefaultPool {
 			names = append(names, n)
 		}
 	}
 	slices.Sort(names)
 	for _, n := range names {
-		out = append(out, d.pools[n])
+		out = append(out, d.Pools[n])
 	}
 	return out
 }
 
 // poolNames lists the pools' names for messages.
-func (d *engine) poolNames() string {
+func (d *Engine) poolNames() string {
 	var names []string
-	for _, p := range d.poolList() {
-		names = append(names, p.name)
+	for _, p := range d.PoolList() {
+		names = append(names, p.Name)
 	}
 	return strings.Join(names, ", ")
 }
 
-// poolOf is the pool a record names ("" is the default). A pool no longer
+// PoolOf is the pool a record names ("" is the default). A pool no longer
 // configured is a down pool of its own, so its records are kept and
 // refused with a message saying so.
-func (d *engine) poolOf(name string) *pool {
+func (d *Engine) PoolOf(name string) *Pool {
 	if name == "" {
 		name = DefaultPool
 	}
-	if p, ok := d.pools[name]; ok {
+	if p, ok := d.Pools[name]; ok {
 		return p
 	}
-	p := &pool{name: name}
-	p.state.Store(&poolState{down: fmt.Errorf("pool %q is not configured on this node (--pool %s=PATH)", name, name)})
+	p := &Pool{Name: name}
+	p.state.Store(&PoolState{Down: fmt.Errorf("pool %q is not configured on this node (--pool %s=PATH)", name, name)})
 	return p
 }
 
-// choosePool reads the pool a request's parameters name; an unknown one is
+// ChoosePool reads the pool a request's parameters name; an unknown one is
 // InvalidArgument naming the node's pools.
-func (d *engine) choosePool(params map[string]string) (*pool, error) {
-	name, ok := params[paramPool]
+func (d *Engine) ChoosePool(params map[string]string) (*Pool, error) {
+	name, ok := params[ParamPool]
 	if !ok || name == "" {
-		return d.pools[DefaultPool], nil
+		return d.Pools[DefaultPool], nil
 	}
-	p, ok := d.pools[name]
+	p, ok := d.Pools[name]
 	if !ok {
-		return nil, storageErr(ErrInvalid, "parameter %s=%q: this node has the pools %s", paramPool, name, d.poolNames())
+		return nil, StorageErr(ErrInvalid, "parameter %s=%q: this node has the pools %s", ParamPool, name, d.poolNames())
 	}
 	return p, nil
 }
 
 // recordPool is what a record stores for a pool: nothing for the default,
 // so state dirs from before pools stay byte for byte the same.
-func recordPool(p *pool) string {
-	if p.name == DefaultPool {
+func recordPool(p *Pool) string {
+	if p.Name == DefaultPool {
 		return ""
 	}
-	return p.name
+	return p.Name
 }
 
 // usable answers the state of a pool a request needs. A pool that is down
@@ -169,42 +169,42 @@ func recordPool(p *pool) string {
 // it up once its disk is back, without a restart. Requests never bring a
 // pool up themselves: that repairs the pool's records, which no request
 // may be using.
-func (d *engine) usable(p *pool) (*poolState, error) {
-	st := d.recheck(p)
-	if st.down != nil {
-		return nil, &PoolDownError{Pool: p.name, Path: p.paths.root, Cause: st.down}
+func (d *Engine) usable(p *Pool) (*PoolState, error) {
+	st := d.Recheck(p)
+	if st.Down != nil {
+		return nil, &PoolDownError{Pool: p.Name, Path: p.Paths.Root, Cause: st.Down}
 	}
 	return st, nil
 }
 
-// recheck returns the state of pool p, first taking it down if it is up
+// Recheck returns the state of pool p, first taking it down if it is up
 // and its marker is no longer the file it was when it came up: its disk
 // went away (unmounted, leaving the bare mount point; replaced; failing).
 // One stat: every request that needs the pool makes it, so none writes
 // into a mount point whose disk is gone, and none deletes a record whose
 // data it cannot reach.
-func (d *engine) recheck(p *pool) *poolState {
-	st := p.get()
-	if st.down != nil || p.name == DefaultPool {
+func (d *Engine) Recheck(p *Pool) *PoolState {
+	st := p.Get()
+	if st.Down != nil || p.Name == DefaultPool {
 		return st
 	}
-	dev, ino, err := fsops.FileID(filepath.Join(p.paths.root, poolMarker))
+	dev, ino, err := fsops.FileID(filepath.Join(p.Paths.Root, PoolMarker))
 	if err == nil && (fileID{dev, ino}) == st.marker {
 		return st
 	}
 	if err == nil {
-		err = fmt.Errorf("%s is another file than when the pool came up", filepath.Join(p.paths.root, poolMarker))
+		err = fmt.Errorf("%s is another file than when the pool came up", filepath.Join(p.Paths.Root, PoolMarker))
 	}
-	down := &poolState{down: fmt.Errorf("its disk went away while it was up: %w", err)}
+	down := &PoolState{Down: fmt.Errorf("its disk went away while it was up: %w", err)}
 	if p.state.CompareAndSwap(st, down) {
-		klog.ErrorS(down.down, "pool is down: its volumes and snapshots are refused until it is back", "pool", p.name, "path", p.paths.root)
+		klog.ErrorS(down.Down, "pool is down: its volumes and snapshots are refused until it is back", "pool", p.Name, "path", p.Paths.Root)
 	}
-	return p.get()
+	return p.Get()
 }
 
 // watchPools, every interval until stop is closed, takes down the pools
 // whose disk went away and tries to bring up the pools that are down.
-func (d *engine) watchPools(every time.Duration, stop <-chan struct{}) {
+func (d *Engine) watchPools(every time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -213,24 +213,24 @@ func (d *engine) watchPools(every time.Duration, stop <-chan struct{}) {
 			return
 		case <-t.C:
 		}
-		for _, p := range d.poolList()[1:] {
-			if d.recheck(p).down != nil {
-				d.openPool(p)
+		for _, p := range d.PoolList()[1:] {
+			if d.Recheck(p).Down != nil {
+				d.OpenPool(p)
 			}
 		}
 	}
 }
 
-// openPool brings a pool other than the default up, or records why it is
+// OpenPool brings a pool other than the default up, or records why it is
 // down. Its directory must be the pool's (preparePool): the marker names
 // it, or, the first time the state dir sees the pool, it is marked. Once
 // up, what start does for the state dir is done
 // for the pool: unfinished work cleared, interrupted operations finished,
 // block volumes attached.
-func (d *engine) openPool(p *pool) {
+func (d *Engine) OpenPool(p *Pool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.get().down == nil {
+	if p.Get().Down == nil {
 		return
 	}
 	st, err := d.preparePool(p)
@@ -238,27 +238,27 @@ func (d *engine) openPool(p *pool) {
 		err = d.reconcilePool(p)
 	}
 	if err != nil {
-		if prev := p.get().down; prev == nil || prev.Error() != err.Error() {
-			klog.ErrorS(err, "pool is down: its volumes and snapshots are refused until it is back", "pool", p.name, "path", p.paths.root)
+		if prev := p.Get().Down; prev == nil || prev.Error() != err.Error() {
+			klog.ErrorS(err, "pool is down: its volumes and snapshots are refused until it is back", "pool", p.Name, "path", p.Paths.Root)
 		}
-		p.state.Store(&poolState{down: err})
+		p.state.Store(&PoolState{Down: err})
 		return
 	}
 	p.state.Store(st)
-	klog.InfoS("pool is up", "pool", p.name, "path", p.paths.root, "quota", st.quota.String(), "reflink", st.reflink)
+	klog.InfoS("pool is up", "pool", p.Name, "path", p.Paths.Root, "quota", st.Quota.String(), "reflink", st.Reflink)
 	if err := d.reattachBlockVolumes(); err != nil {
-		klog.ErrorS(err, "re-attaching the pool's block volumes; each is attached on publish", "pool", p.name)
+		klog.ErrorS(err, "re-attaching the pool's block volumes; each is attached on publish", "pool", p.Name)
 	}
 }
 
 // poolHasRecords reports whether any record is in pool name.
-func (d *engine) poolHasRecords(name string) bool {
-	for _, v := range d.st.Volumes.All() {
+func (d *Engine) poolHasRecords(name string) bool {
+	for _, v := range d.Records.Volumes.All() {
 		if v.Pool == name {
 			return true
 		}
 	}
-	for _, s := range d.st.Snapshots.All() {
+	for _, s := range d.Records.Snapshots.All() {
 		if s.Pool == name {
 			return true
 		}

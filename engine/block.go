@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"context"
@@ -16,22 +16,22 @@ import (
 // createBlockData makes a block volume: a preallocated backing file (or a
 // copy of its source's) bound to a loop device. A failure at any step
 // leaves neither file nor device; removeBlockData is the undo.
-func (d *engine) createBlockData(ctx context.Context, v volumeRecord) error {
-	path := d.volumeDataPath(v)
+func (d *Engine) createBlockData(ctx context.Context, v VolumeRecord) error {
+	path := d.VolumeDataPath(v)
 	var src string
 	switch {
 	case v.SourceSnapshot != "":
-		s, ok := d.st.Snapshots.Get(v.SourceSnapshot)
+		s, ok := d.Records.Snapshots.Get(v.SourceSnapshot)
 		if !ok {
 			return os.ErrNotExist
 		}
-		src = d.snapshotDataPath(s)
+		src = d.SnapshotDataPath(s)
 	case v.SourceVolume != "":
-		s, ok := d.st.Volumes.Get(v.SourceVolume)
+		s, ok := d.Records.Volumes.Get(v.SourceVolume)
 		if !ok {
 			return os.ErrNotExist
 		}
-		src = d.volumeDataPath(s)
+		src = d.VolumeDataPath(s)
 	}
 	if src == "" && v.Fresh {
 		return createFreshBlock(path, v.CapacityBytes)
@@ -70,7 +70,7 @@ func createFreshBlock(path string, size int64) error {
 // copyBacking makes dst a copy of the file src (reflinked or sparse) and
 // then gives it its full size, allocated: a restore keeps the new
 // volume's size, never the snapshot's. dst appears only complete.
-func (d *engine) copyBacking(ctx context.Context, src, dst string, size int64) error {
+func (d *Engine) copyBacking(ctx context.Context, src, dst string, size int64) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
@@ -90,19 +90,19 @@ func (d *engine) copyBacking(ctx context.Context, src, dst string, size int64) e
 }
 
 // removeBlockData detaches the volume's loop device and removes its file.
-func (d *engine) removeBlockData(v volumeRecord) error {
-	path := d.volumeDataPath(v)
+func (d *Engine) removeBlockData(v VolumeRecord) error {
+	path := d.VolumeDataPath(v)
 	if _, err := os.Lstat(path); os.IsNotExist(err) {
 		return nil
 	}
-	if err := detachAll(path); err != nil {
+	if err := DetachAll(path); err != nil {
 		return err
 	}
 	return fsops.RemoveDurable(path)
 }
 
-// detachAll lets go of every loop device bound to the file at path.
-func detachAll(path string) error {
+// DetachAll lets go of every loop device bound to the file at path.
+func DetachAll(path string) error {
 	devs, err := loop.FindAll(path)
 	if err != nil {
 		return err
@@ -139,8 +139,8 @@ func flushAll(path string) error {
 
 // growBlock grows the backing file and tells the loop device, so the new
 // size shows in BLKGETSIZE64 at once, also while the volume is published.
-func (d *engine) growBlock(v volumeRecord, size int64) error {
-	path := d.volumeDataPath(v)
+func (d *Engine) growBlock(v VolumeRecord, size int64) error {
+	path := d.VolumeDataPath(v)
 	if err := fsops.GrowFile(path, size); err != nil {
 		return err
 	}
@@ -153,11 +153,11 @@ func (d *engine) growBlock(v volumeRecord, size int64) error {
 
 // settleBlock makes a fresh block volume's backing file durable (its
 // blocks and its name) before a pod can write to it, and records that.
-func (d *engine) settleBlock(v *volumeRecord) error {
-	if v.AccessType != accessBlock || !v.Fresh {
+func (d *Engine) settleBlock(v *VolumeRecord) error {
+	if v.AccessType != AccessBlock || !v.Fresh {
 		return nil
 	}
-	if err := fsops.SyncFile(d.volumeDataPath(*v)); err != nil {
+	if err := fsops.SyncFile(d.VolumeDataPath(*v)); err != nil {
 		return err
 	}
 	return d.markSettled(v)
@@ -165,19 +165,19 @@ func (d *engine) settleBlock(v *volumeRecord) error {
 
 // markSettled makes the name of a fresh volume's fsynced backing file
 // durable and records that the volume is no longer fresh.
-func (d *engine) markSettled(v *volumeRecord) error {
-	if err := fsops.SyncDir(filepath.Dir(d.volumeDataPath(*v))); err != nil {
+func (d *Engine) markSettled(v *VolumeRecord) error {
+	if err := fsops.SyncDir(filepath.Dir(d.VolumeDataPath(*v))); err != nil {
 		return err
 	}
 	v.Fresh = false
-	return d.st.Volumes.Put(*v)
+	return d.Records.Volumes.Put(*v)
 }
 
 // repairFresh makes a fresh block volume's backing file whole and durable
 // at start: a power loss may have taken it, or its size, before anything
 // was written to it, so making it again loses nothing.
-func (d *engine) repairFresh(v volumeRecord) error {
-	path := d.volumeDataPath(v)
+func (d *Engine) repairFresh(v VolumeRecord) error {
+	path := d.VolumeDataPath(v)
 	st, err := os.Lstat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -201,8 +201,8 @@ func (d *engine) repairFresh(v volumeRecord) error {
 
 // attachBlock returns the volume's loop device, binding one if the file
 // has none (after a reboot, or if someone detached it).
-func (d *engine) attachBlock(v volumeRecord) (loop.Device, error) {
-	path := d.volumeDataPath(v)
+func (d *Engine) attachBlock(v VolumeRecord) (loop.Device, error) {
+	path := d.VolumeDataPath(v)
 	dev, ok, err := loop.Find(path)
 	if err != nil || ok {
 		return dev, err
@@ -210,23 +210,23 @@ func (d *engine) attachBlock(v volumeRecord) (loop.Device, error) {
 	return loop.Attach(path, loop.Options{})
 }
 
-// blockDevices lists the loop devices bound to a volume's file: its
+// BlockDevices lists the loop devices bound to a volume's file: its
 // writable device and one read-only device per read-only publication.
-func (d *engine) blockDevices(v volumeRecord) ([]loop.Device, error) {
-	return loop.FindAll(d.volumeDataPath(v))
+func (d *Engine) BlockDevices(v VolumeRecord) ([]loop.Device, error) {
+	return loop.FindAll(d.VolumeDataPath(v))
 }
 
 // readOnlyBlockDevice binds a read-only loop device for a read-only
 // publication. A read-only bind mount of a device node would not stop
 // writes to the device, so read-only must come from the device itself.
-func (d *engine) readOnlyBlockDevice(v volumeRecord) (loop.Device, error) {
-	return loop.Attach(d.volumeDataPath(v), loop.Options{ReadOnly: true})
+func (d *Engine) readOnlyBlockDevice(v VolumeRecord) (loop.Device, error) {
+	return loop.Attach(d.VolumeDataPath(v), loop.Options{ReadOnly: true})
 }
 
 // releaseBlockDevice detaches a read-only device that no mount uses any
 // more; the writable device stays until the volume is deleted.
-func (d *engine) releaseBlockDevice(rdev uint64, v volumeRecord) error {
-	devs, err := d.blockDevices(v)
+func (d *Engine) releaseBlockDevice(rdev uint64, v VolumeRecord) error {
+	devs, err := d.BlockDevices(v)
 	if err != nil {
 		return err
 	}
@@ -241,7 +241,7 @@ func (d *engine) releaseBlockDevice(rdev uint64, v volumeRecord) error {
 // reattachBlockVolumes gives every block volume of the pools that are up
 // its loop device back after a restart or reboot (before Probe reports
 // ready), or when a pool comes up; those already bound are left alone.
-func (d *engine) reattachBlockVolumes() error {
+func (d *Engine) reattachBlockVolumes() error {
 	bound, err := loop.List()
 	if err != nil {
 		return err
@@ -252,14 +252,14 @@ func (d *engine) reattachBlockVolumes() error {
 			attached[[2]uint64{b.BackingDev, b.BackingIno}] = true
 		}
 	}
-	for _, v := range d.st.Volumes.All() {
-		if v.AccessType != accessBlock || v.Phase != phaseReady {
+	for _, v := range d.Records.Volumes.All() {
+		if v.AccessType != AccessBlock || v.Phase != PhaseReady {
 			continue
 		}
-		if d.poolOf(v.Pool).get().down != nil {
+		if d.PoolOf(v.Pool).Get().Down != nil {
 			continue
 		}
-		path := d.volumeDataPath(v)
+		path := d.VolumeDataPath(v)
 		fdev, ino, _, err := fsops.Identity(path)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // reported by reconcile and health; attached on publish once back
@@ -282,8 +282,8 @@ func (d *engine) reattachBlockVolumes() error {
 // reflinks it) into the snapshot: a 10 GiB volume holding 200 MiB costs
 // about 200 MiB, or only metadata where blocks can be shared. It returns
 // the bytes the snapshot occupies.
-func (d *engine) writeBlockSnapshot(ctx context.Context, v volumeRecord, s snapshotRecord) (int64, string, error) {
-	src, err := os.Open(d.volumeDataPath(v))
+func (d *Engine) writeBlockSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord) (int64, string, error) {
+	src, err := os.Open(d.VolumeDataPath(v))
 	if err != nil {
 		return 0, "", err
 	}
@@ -293,11 +293,11 @@ func (d *engine) writeBlockSnapshot(ctx context.Context, v volumeRecord, s snaps
 		return 0, "", err
 	}
 	// The device's page cache may hold writes the file has not seen.
-	if err := flushAll(d.volumeDataPath(v)); err != nil {
+	if err := flushAll(d.VolumeDataPath(v)); err != nil {
 		return 0, "", err
 	}
 	var allocated int64
-	err = fsops.CreateDurable(d.snapshotDataPath(s), d.snapshotTempPath(s), 0o600, func(out *os.File) error {
+	err = fsops.CreateDurable(d.SnapshotDataPath(s), d.snapshotTempPath(s), 0o600, func(out *os.File) error {
 		if _, err := fsops.CopyFileData(int(out.Fd()), int(src.Fd()), size, nil, fsops.ProgressFrom(ctx)); err != nil {
 			return err
 		}

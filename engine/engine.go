@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"sync"
@@ -8,28 +8,33 @@ import (
 	"github.com/hostpath-csi/hostpath/fsops"
 )
 
-// engine is the storage side of the driver: it owns the records, the
+// Engine is the storage side of the driver: it owns the records, the
 // pools, the locks, placement, reconcile and every byte of volume and
 // snapshot data, and answers in its own errors (storage_errors.go). It
-// calls nothing of the CSI protocol; the protocol (Driver) calls it, one
-// call per request. It is the part that moves into engine/.
-type engine struct {
-	cfg   Config
-	paths layout // the state dir: meta/, and the default pool's directories
-	// pools are the default pool (the state dir) and the --pool ones,
+// calls nothing of the CSI protocol; the protocol (csi.Driver) calls it,
+// one call per request.
+type Engine struct {
+	// Config is what the engine was opened with, its defaults filled in
+	// and its directories resolved.
+	Config Config
+	Paths  layout // the state dir: meta/, and the default pool's directories
+	// Pools are the default pool (the state dir) and the --pool ones,
 	// fixed at start; each one's state changes as it goes down or up.
-	pools map[string]*pool
-	st    *store.Store
-	locks *keyLocks
-	tag   string // this node's id prefix
+	Pools map[string]*Pool
+	// Records are the state. The protocol side reads them (listings,
+	// health); only the engine's methods change them.
+	Records *store.Store
+	// Locks are the per-name and per-id locks every change takes.
+	Locks *keyLocks
+	Tag   string // this node's id prefix
 	// volumesMade: this start made the volumes directory, so it is the
 	// home of the volumes (not an empty mount point of a late disk).
 	volumesMade bool
-	// unowned counts the entries start found under a volume or snapshot
+	// Unowned counts the entries start found under a volume or snapshot
 	// id that no record owns, kept and reported by health.
-	unowned atomic.Int64
-	ops     inflight   // snapshots, restores and clones running now
-	heavy   heavySlots // MaxHeavyOps slots for clones, snapshots, restores, sends
+	Unowned atomic.Int64
+	Ops     inflight   // snapshots, restores and clones running now
+	Heavy   heavySlots // MaxHeavyOps slots for clones, snapshots, restores, sends
 	// peers reaches the other nodes' drivers for sources they hold
 	// (SetPeers); nil when there are none to reach.
 	peers atomic.Pointer[Peers]
@@ -41,7 +46,7 @@ type engine struct {
 
 	// mountPoint inspects a path's mount (fsops.GetMountPoint); tests
 	// replace it to make inspection fail.
-	mountPoint func(path string) (*fsops.MountPoint, error)
+	MountPoint func(path string) (*fsops.MountPoint, error)
 
 	// bg is the work that outlives requests (pulls from other nodes),
 	// stopped by Close before the state is.

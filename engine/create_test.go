@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"bytes"
@@ -28,35 +28,35 @@ func TestCreateProtocol(t *testing.T) {
 	boom := errors.New("make failed")
 	for _, tc := range []struct {
 		name     string
-		make     func(volumeRecord) (volumeRecord, error)
+		make     func(VolumeRecord) (VolumeRecord, error)
 		undoErr  error
 		phase    string // the record's phase after; "" for no record
 		undone   bool
 		wantLogs string
 	}{
-		{"made", func(v volumeRecord) (volumeRecord, error) { v.Phase = phaseReady; return v, nil }, nil, phaseReady, false, ""},
-		{"make fails", func(volumeRecord) (volumeRecord, error) { return volumeRecord{}, boom }, nil, "", true, ""},
-		{"make and undo fail", func(volumeRecord) (volumeRecord, error) { return volumeRecord{}, boom }, errors.New("undo failed"), phaseCreating, true, "cleaning up after a failed create"},
-		{"nothing to make", nil, nil, phaseReady, false, ""},
+		{"made", func(v VolumeRecord) (VolumeRecord, error) { v.Phase = PhaseReady; return v, nil }, nil, PhaseReady, false, ""},
+		{"make fails", func(VolumeRecord) (VolumeRecord, error) { return VolumeRecord{}, boom }, nil, "", true, ""},
+		{"make and undo fail", func(VolumeRecord) (VolumeRecord, error) { return VolumeRecord{}, boom }, errors.New("undo failed"), PhaseCreating, true, "cleaning up after a failed create"},
+		{"nothing to make", nil, nil, PhaseReady, false, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			logs.Reset()
-			st, err := store.Open(t.TempDir(), store.IDRules{Volume: validVolumeID, Snapshot: validSnapshotID, Group: validGroupID})
+			st, err := store.Open(t.TempDir(), store.IDRules{Volume: ValidVolumeID, Snapshot: ValidSnapshotID, Group: ValidGroupID})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer st.Close()
 			undone := false
-			c := creation[volumeRecord]{table: st.Volumes, kind: "volume", undo: func(volumeRecord) error { undone = true; return tc.undoErr }}
-			rec := volumeRecord{ID: newID(volumeIDPrefix, "ab12"), Name: "pvc", Phase: phaseCreating}
+			c := creation[VolumeRecord]{table: st.Volumes, kind: "volume", undo: func(VolumeRecord) error { undone = true; return tc.undoErr }}
+			rec := VolumeRecord{ID: NewID(VolumeIDPrefix, "ab12"), Name: "pvc", Phase: PhaseCreating}
 			if tc.make == nil {
-				rec.Phase = phaseReady
+				rec.Phase = PhaseReady
 			}
 			got, err := c.create(rec, nil, tc.make)
-			if (err != nil) != errors.Is(err, boom) || (tc.phase == phaseReady) != (err == nil) {
+			if (err != nil) != errors.Is(err, boom) || (tc.phase == PhaseReady) != (err == nil) {
 				t.Fatalf("create: %v", err)
 			}
-			if err == nil && got.Phase != phaseReady {
+			if err == nil && got.Phase != PhaseReady {
 				t.Fatalf("created %+v", got)
 			}
 			v, ok := st.Volumes.Get(rec.ID)

@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"sync"
@@ -59,7 +59,7 @@ func (k *keyLocks) unlock(keys ...string) {
 // function releases them.
 func (k *keyLocks) lock(what string, keys ...string) (func(), error) {
 	if !k.tryLock(false, keys...) {
-		return nil, storageErr(ErrBusy, "an operation on %s is already in progress; retry later", what)
+		return nil, StorageErr(ErrBusy, "an operation on %s is already in progress; retry later", what)
 	}
 	return func() { k.unlock(keys...) }, nil
 }
@@ -68,7 +68,7 @@ func (k *keyLocks) lock(what string, keys ...string) (func(), error) {
 // snapshot or clone is reading is busy too.
 func (k *keyLocks) lockUnpinned(what string, keys ...string) (func(), error) {
 	if !k.tryLock(true, keys...) {
-		return nil, storageErr(ErrBusy, "an operation on %s is in progress, or it is the source of a snapshot, clone or restore being made; retry later", what)
+		return nil, StorageErr(ErrBusy, "an operation on %s is in progress, or it is the source of a snapshot, clone or restore being made; retry later", what)
 	}
 	return func() { k.unlock(keys...) }, nil
 }
@@ -91,24 +91,24 @@ func (k *keyLocks) pin(key string) func() {
 	}
 }
 
-// pinned reports whether slow work is reading key.
-func (k *keyLocks) pinned(key string) bool {
+// Pinned reports whether slow work is reading key.
+func (k *keyLocks) Pinned(key string) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.pins[key] > 0
 }
 
-// lockForDelete is what DeleteVolume and DeleteSnapshot do once the id is
+// LockForDelete is what DeleteVolume and DeleteSnapshot do once the id is
 // checked: take its lock (refused while the record is being copied)
 // and find the record. A malformed id or one with no record is already
 // deleted: it returns no unlock function and no error, and the caller
 // answers success.
-func lockForDelete[T store.Record[T]](d *engine, kind, id string, valid func(string) bool, key func(string) string, t *store.Table[T]) (T, func(), error) {
+func LockForDelete[T store.Record[T]](d *Engine, kind, id string, valid func(string) bool, key func(string) string, t *store.Table[T]) (T, func(), error) {
 	var zero T
 	if !valid(id) {
 		return zero, nil, nil
 	}
-	unlock, err := d.locks.lockUnpinned(kind+" "+id, key(id))
+	unlock, err := d.Locks.lockUnpinned(kind+" "+id, key(id))
 	if err != nil {
 		return zero, nil, err
 	}
@@ -118,14 +118,14 @@ func lockForDelete[T store.Record[T]](d *engine, kind, id string, valid func(str
 		// Nothing by that id, unless its record is damaged: deleting
 		// would succeed and leave the data unowned for ever, so that is
 		// refused and the CO keeps the object where a person sees why.
-		return zero, nil, d.damagedRecord(kind, id)
+		return zero, nil, d.DamagedRecord(kind, id)
 	}
 	return r, unlock, nil
 }
 
 func volNameKey(name string) string { return "vname/" + name }
-func volIDKey(id string) string     { return "vid/" + id }
+func VolIDKey(id string) string     { return "vid/" + id }
 func snapNameKey(name string) string {
 	return "sname/" + name
 }
-func snapIDKey(id string) string { return "sid/" + id }
+func SnapIDKey(id string) string { return "sid/" + id }

@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"hash/fnv"
@@ -8,49 +8,49 @@ import (
 	"github.com/hostpath-csi/hostpath/fsops"
 )
 
-// quotaMode is how directory volumes get a hard size limit.
-type quotaMode int
+// QuotaMode is how directory volumes get a hard size limit.
+type QuotaMode int
 
 const (
 	// quotaNone: the file system cannot limit a directory; capacity is
 	// accounted, not enforced.
-	quotaNone quotaMode = iota
+	QuotaNone QuotaMode = iota
 	// quotaProject: XFS, or ext4 with the project feature, mounted with
 	// prjquota: each volume is a project with a hard limit.
-	quotaProject
+	QuotaProject
 	// quotaBtrfs: btrfs with quota groups on: each volume is a subvolume
 	// with a qgroup limit.
-	quotaBtrfs
+	QuotaBtrfs
 )
 
-func (q quotaMode) String() string {
+func (q QuotaMode) String() string {
 	return [...]string{"none", "project quota", "btrfs qgroup"}[q]
 }
 
 // detectQuota finds what the state dir's file system offers and says so
 // once, at start.
-func detectQuota(dir string) quotaMode {
+func detectQuota(dir string) QuotaMode {
 	projErr := fsops.ProjectQuotaSupported(dir)
 	if projErr == nil {
-		klog.InfoS("directory volumes get a hard limit", "mechanism", quotaProject.String(), "dir", dir)
-		return quotaProject
+		klog.InfoS("directory volumes get a hard limit", "mechanism", QuotaProject.String(), "dir", dir)
+		return QuotaProject
 	}
 	if fsops.IsBtrfs(dir) {
 		err := fsops.BtrfsQuotaEnabled(dir)
 		if err == nil {
-			klog.InfoS("directory volumes get a hard limit", "mechanism", quotaBtrfs.String(), "dir", dir)
-			return quotaBtrfs
+			klog.InfoS("directory volumes get a hard limit", "mechanism", QuotaBtrfs.String(), "dir", dir)
+			return QuotaBtrfs
 		}
 		klog.InfoS("capacity of directory volumes is accounted, not enforced: btrfs quota groups are off (btrfs quota enable turns them on)", "dir", dir)
-		return quotaNone
+		return QuotaNone
 	}
 	klog.InfoS("capacity of directory volumes is accounted, not enforced: the state dir's file system has no project quotas (XFS or ext4 with the project feature, mounted with prjquota)", "dir", dir, "reason", projErr)
-	return quotaNone
+	return QuotaNone
 }
 
 // assignProjectID gives a new volume a project id no other volume has. It
 // runs under the store's lock, with every record in view.
-func assignProjectID(v *volumeRecord, all map[string]volumeRecord) {
+func assignProjectID(v *VolumeRecord, all map[string]VolumeRecord) {
 	used := make(map[uint32]bool, len(all))
 	for _, o := range all {
 		used[o.ProjectID] = true
@@ -66,46 +66,46 @@ func assignProjectID(v *volumeRecord, all map[string]volumeRecord) {
 }
 
 // makeVolumeDir creates a directory volume with its limit.
-func (d *engine) makeVolumeDir(v volumeRecord, dir string) error {
-	p := d.poolOf(v.Pool)
-	switch p.get().quota {
-	case quotaBtrfs:
+func (d *Engine) makeVolumeDir(v VolumeRecord, dir string) error {
+	p := d.PoolOf(v.Pool)
+	switch p.Get().Quota {
+	case QuotaBtrfs:
 		if err := fsops.CreateSubvolume(dir); err != nil {
 			return err
 		}
 		return fsops.SetSubvolumeLimit(dir, v.CapacityBytes)
-	case quotaProject:
+	case QuotaProject:
 		if err := mkdirOpen(dir); err != nil {
 			return err
 		}
 		if err := fsops.SetProject(dir, v.ProjectID); err != nil {
 			return err
 		}
-		return fsops.SetProjectLimit(p.paths.volumes(), v.ProjectID, v.CapacityBytes)
+		return fsops.SetProjectLimit(p.Paths.Volumes(), v.ProjectID, v.CapacityBytes)
 	}
 	return mkdirOpen(dir)
 }
 
 // setVolumeLimit gives an existing directory volume a new limit.
-func (d *engine) setVolumeLimit(v volumeRecord, size int64) error {
-	p := d.poolOf(v.Pool)
-	switch p.get().quota {
-	case quotaBtrfs:
-		return fsops.SetSubvolumeLimit(d.volumeDataPath(v), size)
-	case quotaProject:
-		return fsops.SetProjectLimit(p.paths.volumes(), v.ProjectID, size)
+func (d *Engine) setVolumeLimit(v VolumeRecord, size int64) error {
+	p := d.PoolOf(v.Pool)
+	switch p.Get().Quota {
+	case QuotaBtrfs:
+		return fsops.SetSubvolumeLimit(d.VolumeDataPath(v), size)
+	case QuotaProject:
+		return fsops.SetProjectLimit(p.Paths.Volumes(), v.ProjectID, size)
 	}
 	return nil
 }
 
-// volumeUsage is what a directory volume uses: the quota's count where
+// VolumeUsage is what a directory volume uses: the quota's count where
 // there is one, else a walk of the tree.
-func (d *engine) volumeUsage(v volumeRecord) (fsops.Usage, error) {
-	if p := d.poolOf(v.Pool); p.get().quota == quotaProject && v.ProjectID != 0 {
-		u, err := fsops.GetProjectUsage(p.paths.volumes(), v.ProjectID)
+func (d *Engine) VolumeUsage(v VolumeRecord) (fsops.Usage, error) {
+	if p := d.PoolOf(v.Pool); p.Get().Quota == QuotaProject && v.ProjectID != 0 {
+		u, err := fsops.GetProjectUsage(p.Paths.Volumes(), v.ProjectID)
 		if err == nil {
 			return fsops.Usage{Bytes: u.UsedBytes, Inodes: u.Inodes}, nil
 		}
 	}
-	return fsops.TreeUsage(d.volumeDataPath(v))
+	return fsops.TreeUsage(d.VolumeDataPath(v))
 }

@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"crypto/rand"
@@ -17,22 +17,23 @@ import (
 // exist" (NotFound), which the reference driver confuses into a restore
 // that waits forever.
 const (
-	volumeIDPrefix   = "vol-"
-	snapshotIDPrefix = "snap-"
-	groupIDPrefix    = "group-"
+	VolumeIDPrefix   = "vol-"
+	SnapshotIDPrefix = "snap-"
+	GroupIDPrefix    = "group-"
 	idHexLen         = 24
 )
 
 const nodeTagLen = 8
 
-// nodeTag is the id prefix of a node's volumes and snapshots.
-func nodeTag(nodeID string) string {
+// NodeTag is the id prefix of a node's volumes and snapshots: how a peer
+// resolver finds the node an id lives on.
+func NodeTag(nodeID string) string {
 	h := fnv.New32a()
 	h.Write([]byte(nodeID))
 	return fmt.Sprintf("%08x", h.Sum32())
 }
 
-func newID(prefix, tag string) string {
+func NewID(prefix, tag string) string {
 	b := make([]byte, (idHexLen-nodeTagLen)/2)
 	if _, err := rand.Read(b); err != nil {
 		panic("crypto/rand failed: " + err.Error()) // never happens on Linux
@@ -40,17 +41,17 @@ func newID(prefix, tag string) string {
 	return prefix + tag + hex.EncodeToString(b)
 }
 
-// newVolumeID and newSnapshotID make ids of this node.
-func (d *engine) newVolumeID() string   { return newID(volumeIDPrefix, d.tag) }
-func (d *engine) newSnapshotID() string { return newID(snapshotIDPrefix, d.tag) }
+// NewVolumeID and newSnapshotID make ids of this node.
+func (d *Engine) NewVolumeID() string   { return NewID(VolumeIDPrefix, d.Tag) }
+func (d *Engine) newSnapshotID() string { return NewID(SnapshotIDPrefix, d.Tag) }
 
-// otherNode reports whether a well-formed id was made by another node,
+// OtherNode reports whether a well-formed id was made by another node,
 // and that node's tag.
-func (d *engine) otherNode(id string) (string, bool) {
-	for _, p := range []string{volumeIDPrefix, snapshotIDPrefix, groupIDPrefix} {
+func (d *Engine) OtherNode(id string) (string, bool) {
+	for _, p := range []string{VolumeIDPrefix, SnapshotIDPrefix, GroupIDPrefix} {
 		if validID(p, id) {
 			tag := id[len(p) : len(p)+nodeTagLen]
-			return "node tag " + tag, tag != d.tag
+			return "node tag " + tag, tag != d.Tag
 		}
 	}
 	return "", false
@@ -70,6 +71,6 @@ func validID(prefix, id string) bool {
 	return true
 }
 
-func validVolumeID(id string) bool   { return validID(volumeIDPrefix, id) }
-func validSnapshotID(id string) bool { return validID(snapshotIDPrefix, id) }
-func validGroupID(id string) bool    { return validID(groupIDPrefix, id) }
+func ValidVolumeID(id string) bool   { return validID(VolumeIDPrefix, id) }
+func ValidSnapshotID(id string) bool { return validID(SnapshotIDPrefix, id) }
+func ValidGroupID(id string) bool    { return validID(GroupIDPrefix, id) }

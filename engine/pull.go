@@ -1,4 +1,4 @@
-package csi
+package engine
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 // pullJob is one volume being pulled in the background.
 type pullJob struct {
 	done chan struct{}
-	rec  volumeRecord
+	rec  VolumeRecord
 	err  error
 }
 
@@ -50,7 +50,7 @@ func (b *background) stop() {
 }
 
 // pulling answers a CreateVolume of a name whose pull is in progress.
-func (d *engine) pulling(name string) error {
+func (d *Engine) pulling(name string) error {
 	d.bg.mu.Lock()
 	_, ok := d.bg.pulls[name]
 	d.bg.mu.Unlock()
@@ -58,18 +58,18 @@ func (d *engine) pulling(name string) error {
 		return nil
 	}
 	msg := fmt.Sprintf("volume %q is being pulled from another node", name)
-	if v, ok := d.st.Volumes.ByName(name); ok {
-		if b, expected, ok := d.ops.progressOf(v.ID); ok {
+	if v, ok := d.Records.Volumes.ByName(name); ok {
+		if b, expected, ok := d.Ops.progressOf(v.ID); ok {
 			msg += fmt.Sprintf(" (%s of %s moved)", formatBytes(b), formatBytes(expected))
 		}
 	}
-	return storageErr(ErrBusy, "%s; it is returned once ready, retry later", msg)
+	return StorageErr(ErrBusy, "%s; it is returned once ready, retry later", msg)
 }
 
 // provisionPulled provisions rec, whose source is on another node, in the
 // background, and takes over unlock (the name's lock), which it releases
 // when the pull ends. It returns the volume if it is ready within ctx.
-func (d *engine) provisionPulled(ctx context.Context, rec volumeRecord, tag string, unlock func()) (volumeRecord, error) {
+func (d *Engine) provisionPulled(ctx context.Context, rec VolumeRecord, tag string, unlock func()) (VolumeRecord, error) {
 	job := &pullJob{done: make(chan struct{})}
 	d.bg.mu.Lock()
 	d.bg.pulls[rec.Name] = job
@@ -98,6 +98,6 @@ func (d *engine) provisionPulled(ctx context.Context, rec volumeRecord, tag stri
 				klog.InfoS("pulled a volume from another node after its request ended; a retry returns it", "name", rec.Name, "volume_id", job.rec.ID)
 			}
 		}()
-		return volumeRecord{}, storageErr(ErrBusy, "volume %q is being pulled from another node; the pull goes on past this request (%v), and a retry returns the volume once it is ready", rec.Name, ctx.Err())
+		return VolumeRecord{}, StorageErr(ErrBusy, "volume %q is being pulled from another node; the pull goes on past this request (%v), and a retry returns the volume once it is ready", rec.Name, ctx.Err())
 	}
 }

@@ -1,0 +1,302 @@
+package engine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/hostpath-csi/hostpath/archive"
+	"github.com/hostpath-csi/hostpath/fsops"
+)
+
+// Snapshot formats.
+const (
+	FormatTarGz   = "tar.gz"  // portable archive of a directory volume
+	FormatTarZst  = "tar.zst" // the same, zstd-compressed (compression: zstd)
+	FormatReflink = "reflink" // reflinked copy of a directory volume
+	FormatImage   = "img"     // extent or reflink copy of a block volume's file
+)
+
+// Snapshot parameters (VolumeSnapshotClass).
+const (
+	ParamFormat      = "format"      // auto (default), tar.gz or reflink
+	ParamCompression = "compression" // fast (default) or compact for tar.gz, or zstd for tar.zst
+)
+
+// SnapshotOptions reads and checks the parameters of CreateSnapshot for a
+// volume in pool src (nil: only checking the parameters): the format, and
+// the pool the snapshot goes to (the pool parameter, else src's). A
+// reflink shares blocks, so it needs the snapshot in the volume's pool on
+// a file system that can.
+func (d *Engine) SnapshotOptions(params map[string]string, access string, src *Pool) (format string, compact bool, dst *Pool, err error) {
+	checking := src == nil // the volume, and so what its pool can do, is not known yet
+	if checking {
+		src = d.Pools[DefaultPool]
+	}
+	dst = src
+	if params[ParamPool] != "" {
+		if dst, err = d.ChoosePool(params); err != nil {
+			return "", false, nil, err
+		}
+	}
+	canReflink := dst == src && dst.Get().Reflink
+	format = FormatTarGz
+	if canReflink {
+		format = FormatReflink
+	}
+	zstd := false
+	for k, v := range params {
+		switch {
+		case k == ParamPool:
+		case k == ParamFormat:
+			switch v {
+			case "", "auto":
+			case FormatTarGz:
+				format = FormatTarGz
+			case FormatReflink:
+				if checking {
+					format = FormatReflink
+					break
+				}
+				if dst != src {
+					return "", false, nil, StorageErr(ErrInvalid, "parameter %s=%s: a reflink shares the volume's blocks, so it cannot go to pool %s from pool %s; use %s", k, v, dst.Name, src.Name, FormatTarGz)
+				}
+				if !canReflink {
+					return "", false, nil, StorageErr(ErrInvalid, "parameter %s=%s: pool %s's file system cannot share blocks (XFS with reflink=1 or btrfs can); use %s", k, v, dst.Name, FormatTarGz)
+				}
+				format = FormatReflink
+			default:
+				return "", false, nil, StorageErr(ErrInvalid, "parameter %s=%q: want auto, %s or %s", k, v, FormatTarGz, FormatReflink)
+			}
+		case k == ParamCompression:
+			switch v {
+			case "", "fast":
+			case "compact":
+				compact = true
+			case "zstd":
+				zstd = true
+			default:
+				return "", false, nil, StorageErr(ErrInvalid, "parameter %s=%q: want fast, compact or zstd", k, v)
+			}
+		case strings.HasPrefix(k, CoParamPrefix):
+		default:
+			return "", false, nil, StorageErr(ErrInvalid, "unknown snapshot parameter %q; this driver accepts %q, %q and %q", k, ParamFormat, ParamCompression, ParamPool)
+		}
+	}
+	// zstd asks for an archive: tar.zst, unless the format says reflink,
+	// which has nothing to compress.
+	if zstd {
+		if params[ParamFormat] == FormatReflink {
+			return "", false, nil, StorageErr(ErrInvalid, "parameter %s=zstd compresses archives; %s=%s makes none (use %s=auto or %s)", ParamCompression, ParamFormat, FormatReflink, ParamFormat, FormatTarGz)
+		}
+		format = FormatTarZst
+	}
+	if access == AccessBlock {
+		format = FormatImage
+	}
+	return format, compact, dst, nil
+}
+
+// MakeSnapshot snapshots volume srcID as name, or returns the snapshot
+// of that name if it is of the same volume. The name's lock is held
+// throughout; the volume is pinned (it may be read and published
+// meanwhile, not deleted or expanded).
+func (d *Engine) MakeSnapshot(ctx context.Context, name, srcID string, params map[string]string) (SnapshotRecord, error) {
+	unlock, err := d.Locks.lock(fmt.Sprintf("snapshot %q", name), snapNameKey(name))
+	if err != nil {
+		return SnapshotRecord{}, err
+	}
+	defer unlock()
+	if old, ok := d.Records.Snapshots.ByName(name); ok {
+		if old.SourceVolume != srcID {
+			return SnapshotRecord{}, StorageErr(ErrExists, "snapshot %q already exists as %s of volume %s, not of %s", name, old.ID, old.SourceVolume, srcID)
+		}
+		return old, nil
+	}
+	_, unpin, err := d.pinVolume(srcID)
+	if err != nil {
+		return SnapshotRecord{}, err
+	}
+	defer unpin()
+	return d.takeSnapshot(ctx, name, srcID, params, "")
+}
+
+// takeSnapshot snapshots a volume; the caller holds the lock of the name
+// and has pinned the volume. A failure leaves no data and no record.
+func (d *Engine) takeSnapshot(ctx context.Context, name, srcID string, reqParams map[string]string, group string) (SnapshotRecord, error) {
+	v, ok := d.Records.Volumes.Get(srcID)
+	if !ValidVolumeID(srcID) || !ok || v.Phase != PhaseReady {
+		return SnapshotRecord{}, StorageErr(ErrNotFound, "source volume %q does not exist", srcID)
+	}
+	// The volume's mutable parameters fill in what the class leaves out.
+	params := maps.Clone(reqParams)
+	if params == nil {
+		params = map[string]string{}
+	}
+	if f, ok := v.Mutable[MutableSnapshotFormat]; ok && params[ParamFormat] == "" {
+		params[ParamFormat] = f
+	}
+	if c, ok := v.Mutable[MutableSnapshotCompression]; ok && params[ParamCompression] == "" {
+		params[ParamCompression] = c
+	}
+	format, compact, dst, err := d.SnapshotOptions(params, v.AccessType, d.PoolOf(v.Pool))
+	if err != nil {
+		return SnapshotRecord{}, err
+	}
+	if _, err := d.usable(dst); err != nil {
+		return SnapshotRecord{}, err
+	}
+	s := SnapshotRecord{
+		ID: d.newSnapshotID(), Name: name, SourceVolume: srcID, AccessType: v.AccessType,
+		Phase: PhaseCreating, CreatedAt: time.Now().UTC(), VolumeBytes: v.CapacityBytes, Format: format, Group: group,
+		Pool: recordPool(dst),
+	}
+	return d.snapshots().create(s, nil, func(s SnapshotRecord) (SnapshotRecord, error) {
+		release, err := d.Heavy.Wait(ctx)
+		if err != nil {
+			return SnapshotRecord{}, err
+		}
+		size, sum, err := d.writeSnapshot(ctx, v, s, compact)
+		release()
+		if err != nil {
+			return SnapshotRecord{}, fmt.Errorf("snapshotting volume %s: %w", srcID, err)
+		}
+		s.Phase, s.SizeBytes, s.SHA256 = PhaseReady, size, sum
+		if s.AccessType == AccessBlock {
+			// A block restore needs the whole device, whatever is
+			// allocated.
+			s.SizeBytes = s.VolumeBytes
+		}
+		return s, nil
+	})
+}
+
+// snapshots is the create protocol of snapshots (creation.create).
+func (d *Engine) snapshots() creation[SnapshotRecord] {
+	return creation[SnapshotRecord]{table: d.Records.Snapshots, kind: "snapshot", undo: d.removeSnapshotData}
+}
+
+// writeSnapshot writes the snapshot under a temporary name and renames it
+// into place once it is on disk. It returns the bytes of data the
+// snapshot holds (what a restore needs room for) and, for archives, the
+// archive's sha256.
+func (d *Engine) writeSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord, compact bool) (int64, string, error) {
+	ctx, done := d.track(ctx, "snapshot", s.ID, d.expectedBytes(v))
+	defer done()
+	switch s.Format {
+	case FormatImage:
+		return d.writeBlockSnapshot(ctx, v, s)
+	case FormatReflink:
+		return d.writeReflinkSnapshot(ctx, v, s)
+	}
+	h := sha256.New()
+	var st archive.Stats
+	err := fsops.CreateDurable(d.SnapshotDataPath(s), d.snapshotTempPath(s), 0o600, func(f *os.File) error {
+		var err error
+		st, err = archive.Write(ctx, d.VolumeDataPath(v), io.MultiWriter(f, h), archive.Options{Compact: compact, Zstd: s.Format == FormatTarZst})
+		d.moved("archive", st.Bytes)
+		return err
+	})
+	if err != nil {
+		return 0, "", err
+	}
+	return st.DataBytes, hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// writeReflinkSnapshot makes the snapshot a reflinked copy of the volume:
+// blocks are shared, so it costs metadata only, and the copy is made
+// durable with one syncfs(2) before it is renamed into place.
+func (d *Engine) writeReflinkSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord) (int64, string, error) {
+	tmp := d.snapshotTempPath(s)
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return 0, "", err
+	}
+	cst, err := fsops.CopyTree(ctx, d.VolumeDataPath(v), tmp)
+	d.moved("archive", cst.Bytes)
+	if err != nil {
+		return 0, "", err
+	}
+	u, err := fsops.TreeUsage(tmp)
+	if err != nil {
+		return 0, "", err
+	}
+	if err := fsops.SyncFS(tmp); err != nil {
+		return 0, "", err
+	}
+	if err := os.Rename(tmp, d.SnapshotDataPath(s)); err != nil {
+		return 0, "", err
+	}
+	return u.Bytes, "", fsops.SyncDir(d.PoolOf(s.Pool).Paths.Snapshots())
+}
+
+// restoreSnapshot fills dir from a snapshot and checks the archive's
+// checksum; a mismatch or a damaged archive is DataLoss.
+func (d *Engine) restoreSnapshot(ctx context.Context, snapID, dir string) error {
+	s, ok := d.Records.Snapshots.Get(snapID)
+	if !ok {
+		return StorageErr(ErrNotFound, "snapshot %s disappeared", snapID)
+	}
+	if s.Format == FormatReflink {
+		st, err := fsops.CopyTree(ctx, d.SnapshotDataPath(s), dir)
+		d.moved("restore", st.Bytes)
+		return err
+	}
+	f, err := os.Open(d.SnapshotDataPath(s))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := sha256.New()
+	tee := io.TeeReader(f, h)
+	st, err := archive.Extract(ctx, tee, dir)
+	d.moved("restore", st.Bytes)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(io.Discard, tee); err != nil {
+		return err
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); s.SHA256 != "" && got != s.SHA256 {
+		return fmt.Errorf("%w: %s has sha256 %s, recorded %s", ErrCorrupt, s.ID, got, s.SHA256)
+	}
+	return nil
+}
+
+// RemoveSnapshot removes a snapshot's data and record; the caller holds
+// its lock.
+func (d *Engine) RemoveSnapshot(s SnapshotRecord) error {
+	id := s.ID
+	if err := d.snapshotPoolUp(s); err != nil {
+		return err
+	}
+	s.Phase = PhaseDeleting
+	if err := d.Records.Snapshots.Put(s); err != nil {
+		return fmt.Errorf("recording deletion of snapshot %s: %w", id, err)
+	}
+	if err := d.removeSnapshotData(s); err != nil {
+		return fmt.Errorf("removing snapshot %s: %w", id, err)
+	}
+	// A disk that went away meanwhile "removed" nothing: the record
+	// stays deleting, and the pool finishes it when it is back.
+	if err := d.snapshotPoolUp(s); err != nil {
+		return err
+	}
+	if err := d.Records.Snapshots.Drop(id); err != nil {
+		return fmt.Errorf("removing record of snapshot %s: %w", id, err)
+	}
+	return nil
+}
+
+// HoldsSnapshot says whether the snapshot with this id is ready on this
+// node: what an imported VolumeSnapshotContent's handle must name for this
+// node's snapshotter to take it.
+func (d *Engine) HoldsSnapshot(id string) bool {
+	s, ok := d.Records.Snapshots.Get(id)
+	return ok && s.Phase == PhaseReady
+}

@@ -1,0 +1,207 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// VolumeSpec is a new volume as CreateVolume asks for it, its fields
+// checked: what createVolume makes.
+type VolumeSpec struct {
+	Name, Access, Kind string
+	Params             map[string]string
+	Pool               *Pool
+	Source             sourceRef
+	Capacity           SizeRange
+	Mutable            map[string]string
+}
+
+// sourceRef is a restore's snapshot or a clone's volume: kind is
+// sourceSnapshot or sourceVolume ("" for none), tag the node tag of the
+// node it lives on when that is another one this driver can pull from.
+type sourceRef struct{ kind, ID, Tag string }
+
+// SourceOf is where a source of kind and id lives: here, or on the node
+// whose tag it names.
+func (d *Engine) SourceOf(kind, id string) sourceRef {
+	tag, _ := d.remoteSource(id)
+	return sourceRef{kind: kind, ID: id, Tag: tag}
+}
+
+// MakeVolume makes the volume spec asks for, or returns the one of its
+// name if it is compatible. It takes the name's lock, pins a local source
+// (it may not be deleted or changed while it is copied; it may be
+// published, read or copied meanwhile) or asks a remote one's node what it
+// is, sizes the volume no smaller than its source, and provisions it: a
+// pull from another node goes on past the request (provisionPulled).
+func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord, error) {
+	if err := d.pulling(spec.Name); err != nil {
+		return VolumeRecord{}, err
+	}
+	unlock, err := d.Locks.lock(fmt.Sprintf("volume %q", spec.Name), volNameKey(spec.Name))
+	if err != nil {
+		return VolumeRecord{}, err
+	}
+	// The lock goes with a pull from another node, which outlives this
+	// request: then unlock is nil here.
+	defer func() {
+		if unlock != nil {
+			unlock()
+		}
+	}()
+	src := spec.Source
+	rec := VolumeRecord{Name: spec.Name, AccessType: spec.Access, Kind: spec.Kind, Parameters: spec.Params, Pool: recordPool(spec.Pool)}
+	switch src.kind {
+	case SourceSnapshot:
+		rec.SourceSnapshot = src.ID
+	case SourceVolume:
+		rec.SourceVolume = src.ID
+	}
+	// The floor is the source's size: a restore or clone is never smaller.
+	var floor int64
+	switch {
+	case src.Tag != "":
+		// The source's node pins it while it is sent; here it is only
+		// asked what it is, and not at all when the volume exists.
+		if old, ok := d.Records.Volumes.ByName(spec.Name); ok {
+			return d.existingVolume(old, rec, spec.Capacity)
+		}
+		if floor, err = d.statRemote(ctx, src.Tag, src.kind, src.ID, spec.Access); err != nil {
+			return VolumeRecord{}, err
+		}
+	case src.kind == SourceSnapshot:
+		unpin, err := d.pinSnapshot(src.ID)
+		if err != nil {
+			return VolumeRecord{}, err
+		}
+		defer unpin()
+		s, ok := d.Records.Snapshots.Get(src.ID)
+		if !ValidSnapshotID(src.ID) || !ok || s.Phase != PhaseReady {
+			return VolumeRecord{}, StorageErr(ErrNotFound, "source snapshot %q does not exist", src.ID)
+		}
+		if s.AccessType != spec.Access {
+			return VolumeRecord{}, StorageErr(ErrInvalid, "source snapshot %s is of a %s volume; it cannot restore a %s volume", s.ID, s.AccessType, spec.Access)
+		}
+		if err := d.snapshotPresent(s); err != nil {
+			return VolumeRecord{}, err
+		}
+		// A restore needs room for what the snapshot holds.
+		floor = s.SizeBytes
+	case src.kind == SourceVolume:
+		v, unpin, err := d.pinVolume(src.ID)
+		if err != nil {
+			return VolumeRecord{}, err
+		}
+		defer unpin()
+		if v.AccessType != spec.Access {
+			return VolumeRecord{}, StorageErr(ErrInvalid, "source volume %s is a %s volume; it cannot be cloned into a %s volume", v.ID, v.AccessType, spec.Access)
+		}
+		floor = v.CapacityBytes
+	}
+	if req := spec.Capacity.Required; req > 0 && req < floor {
+		return VolumeRecord{}, StorageErr(ErrOutOfRange, "requested %d bytes is smaller than the source's %d bytes", req, floor)
+	}
+	if rec.CapacityBytes, err = d.resolveSize(spec.Capacity, spec.Access, floor); err != nil {
+		return VolumeRecord{}, err
+	}
+	applyMutable(&rec, spec.Mutable)
+	if old, ok := d.Records.Volumes.ByName(spec.Name); ok {
+		return d.existingVolume(old, rec, spec.Capacity)
+	}
+	if src.Tag != "" {
+		handed := unlock
+		unlock = nil
+		return d.provisionPulled(ctx, rec, src.Tag, handed)
+	}
+	return d.provisionVolume(ctx, rec, "")
+}
+
+// existingVolume answers a repeated CreateVolume: the same volume if the
+// request is compatible, ErrExists saying what differs if not.
+func (d *Engine) existingVolume(old, want VolumeRecord, cr SizeRange) (VolumeRecord, error) {
+	if old.Phase != PhaseReady {
+		return VolumeRecord{}, StorageErr(ErrBusy, "volume %q is being %s; retry later", old.Name, old.Phase)
+	}
+	var diff string
+	switch {
+	case old.AccessType != want.AccessType:
+		diff = fmt.Sprintf("it is a %s volume, the request asks for %s", old.AccessType, want.AccessType)
+	case old.CapacityBytes < cr.Required:
+		diff = fmt.Sprintf("it has %d bytes, the request requires %d", old.CapacityBytes, cr.Required)
+	case cr.Limit > 0 && old.CapacityBytes > cr.Limit:
+		diff = fmt.Sprintf("it has %d bytes, the request limits it to %d", old.CapacityBytes, cr.Limit)
+	case old.SourceSnapshot != want.SourceSnapshot || old.SourceVolume != want.SourceVolume:
+		diff = "it was created from a different content source"
+	case old.Kind != want.Kind && want.Kind != "":
+		diff = fmt.Sprintf("it is of kind %q, the request asks for %q", old.Kind, want.Kind)
+	default:
+		return old, nil
+	}
+	return VolumeRecord{}, StorageErr(ErrExists, "volume %q already exists as %s and is incompatible: %s", old.Name, old.ID, diff)
+}
+
+// provisionVolume takes a new volume through the create protocol: reserve
+// it (capacity checked under the index lock), record it "creating", make
+// its data, record it "ready". A failure undoes what it can; what it cannot
+// stays "creating" for the next start to clear.
+func (d *Engine) provisionVolume(ctx context.Context, rec VolumeRecord, tag string) (VolumeRecord, error) {
+	rec.ID = d.NewVolumeID()
+	rec.Phase = PhaseCreating
+	rec.CreatedAt = time.Now().UTC()
+	// An empty block volume's backing file is made durable when a pod
+	// first gets it (settleBlock), not here: that spares a create an
+	// fsync.
+	rec.Fresh = rec.AccessType == AccessBlock && rec.SourceSnapshot == "" && rec.SourceVolume == ""
+	if rec.Fresh {
+		return d.provisionFreshBlock(ctx, rec)
+	}
+	return d.volumes().create(rec, d.checkCapacity, func(rec VolumeRecord) (VolumeRecord, error) {
+		err := d.createVolumeData(ctx, rec, tag)
+		if err == nil {
+			err = d.syncVolumeData(rec)
+		}
+		if err != nil {
+			return VolumeRecord{}, fmt.Errorf("creating volume %q: %w", rec.Name, err)
+		}
+		rec.Phase = PhaseReady
+		return rec, nil
+	})
+}
+
+// volumes is the create protocol of volumes (creation.create).
+func (d *Engine) volumes() creation[VolumeRecord] {
+	return creation[VolumeRecord]{table: d.Records.Volumes, kind: "volume", undo: d.removeVolumeData}
+}
+
+// provisionFreshBlock makes an empty block volume. It needs no
+// "creating" record: whichever of the ready record and the backing file a
+// crash leaves, start repairs it (a fresh volume's missing file is made
+// again; a file without a record that holds no written data, which is all
+// a file no pod ever had can hold, is removed with its loop device). So
+// the record's journal commit and the file's creation and loop attach run
+// side by side, and the record is shown only once both are done.
+func (d *Engine) provisionFreshBlock(ctx context.Context, rec VolumeRecord) (VolumeRecord, error) {
+	if err := d.Records.Volumes.Reserve(&rec, d.checkCapacity); err != nil {
+		return VolumeRecord{}, fmt.Errorf("reserving volume %q: %w", rec.Name, err)
+	}
+	rec.Phase = PhaseReady
+	recorded := make(chan error, 1)
+	go func() { recorded <- d.Records.Volumes.PutUnindexed(rec) }()
+	dataErr := d.createVolumeData(ctx, rec, "")
+	putErr := <-recorded
+	if dataErr == nil && putErr == nil {
+		d.Records.Volumes.Index(rec)
+		return rec, nil
+	}
+	// With its data gone, a record that could not be dropped (or was
+	// never written) gives its name back; with the data left, the record
+	// stays for DeleteVolume or the next start to finish.
+	if d.volumes().takeBack(rec) {
+		d.Records.Volumes.Unreserve(rec.ID)
+	}
+	if dataErr != nil {
+		return VolumeRecord{}, fmt.Errorf("creating volume %q: %w", rec.Name, dataErr)
+	}
+	return VolumeRecord{}, fmt.Errorf("recording volume %s: %w", rec.ID, putErr)
+}
