@@ -27,6 +27,10 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err != nil {
 		return nil, err
 	}
+	layout, err := checkLayout(req.GetParameters(), access, req.GetVolumeCapabilities())
+	if err != nil {
+		return nil, err
+	}
 	if err := d.checkTopology(req.GetAccessibilityRequirements()); err != nil {
 		return nil, err
 	}
@@ -42,7 +46,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if req.GetVolumeContentSource() != nil && srcSnap == nil && srcVol == nil {
 		return nil, invalid("volume_content_source names neither a snapshot nor a volume")
 	}
-	spec := engine.VolumeSpec{Name: name, Access: access, Kind: kind, Params: req.GetParameters(), Pool: pl,
+	spec := engine.VolumeSpec{Name: name, Access: access, Layout: layout, Kind: kind, Params: req.GetParameters(), Pool: pl,
 		Capacity: rangeOf(req.GetCapacityRange()), Mutable: req.GetMutableParameters()}
 	// A source on another node is pulled from there when peers can be
 	// reached: decided here, once; otherwise it must be on this node.
@@ -129,6 +133,11 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 	}
 	if access != v.AccessType {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: fmt.Sprintf("volume %s is a %s volume, not %s", v.ID, v.AccessType, access)}, nil
+	}
+	if v.Layout == engine.LayoutImage {
+		if err := checkImageFS(req.GetVolumeCapabilities()...); err != nil {
+			return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
+		}
 	}
 	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
 		VolumeContext:      req.GetVolumeContext(),
@@ -260,5 +269,8 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 	if err != nil {
 		return nil, err
 	}
-	return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.CapacityBytes, NodeExpansionRequired: false}, nil
+	// An image volume's file system grows on the node, online
+	// (NodeExpandVolume), or at its next stage.
+	grow := v.Layout == engine.LayoutImage && d.Config.NodeExpansion()
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.CapacityBytes, NodeExpansionRequired: grow}, nil
 }

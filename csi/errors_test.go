@@ -36,6 +36,7 @@ func TestToStatus(t *testing.T) {
 		{"in use", engine.StorageErr(engine.ErrInUse, "volume x is still mounted at /t"), codes.FailedPrecondition},
 		{"damaged", engine.StorageErr(engine.ErrDamaged, "the record is damaged"), codes.FailedPrecondition},
 		{"unsure", engine.StorageErr(engine.ErrUnsure, "cannot tell whether volume x is mounted at /t"), codes.FailedPrecondition},
+		{"not staged", engine.StorageErr(engine.ErrNotStaged, "volume x is an image volume and is not staged on this node"), codes.FailedPrecondition},
 		{"out of range", engine.StorageErr(engine.ErrOutOfRange, "volume x has 2 bytes; shrinking to 1 is not supported"), codes.OutOfRange},
 		{"invalid", engine.StorageErr(engine.ErrInvalid, "capacity_range has a negative value (required -1, limit 0)"), codes.InvalidArgument},
 		{"forbidden", engine.StorageErr(engine.ErrForbidden, "local path /x is outside the allowed roots [/y] (--local-root)"), codes.PermissionDenied},

@@ -476,7 +476,7 @@ func TestStateFormat(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range []struct{ content, want string }{
-		{"hostpath-csi state format 3\n", "written by a newer driver (state format 3; this one reads formats up to 2)"},
+		{"hostpath-csi state format 4\n", "written by a newer driver (state format 4; this one reads formats up to 3)"},
 		{"something else\n", "does not say a format"},
 	} {
 		cfg := testConfig(t)

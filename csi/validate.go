@@ -135,9 +135,13 @@ func (d *Driver) checkVolumeParameters(params map[string]string) (string, *engin
 			}
 			kind = v
 		case k == engine.ParamPool:
+		case k == engine.ParamLayout:
+			if v != engine.LayoutDirectory && v != engine.LayoutImage {
+				return "", nil, invalid("parameter %s=%q: want %s (a directory in the pool, the default) or %s (an image file with a file system of its own, for snapshots at one instant)", k, v, engine.LayoutDirectory, engine.LayoutImage)
+			}
 		case strings.HasPrefix(k, engine.CoParamPrefix):
 		default:
-			return "", nil, invalid("unknown parameter %q; this driver accepts %q, %q and the %s* metadata the provisioner adds", k, engine.ParamPool, engine.ParamKind, engine.CoParamPrefix)
+			return "", nil, invalid("unknown parameter %q; this driver accepts %q, %q, %q and the %s* metadata the provisioner adds", k, engine.ParamPool, engine.ParamKind, engine.ParamLayout, engine.CoParamPrefix)
 		}
 	}
 	p, err := d.ChoosePool(params)
@@ -192,4 +196,31 @@ func (d *Driver) checkCOPath(field, p string) (string, error) {
 		}
 	}
 	return clean, nil
+}
+
+// checkLayout is the layout a CreateVolume asks for: image volumes are
+// mount volumes holding ext4 (a capability may name it or no fs_type).
+func checkLayout(params map[string]string, access string, caps []*csi.VolumeCapability) (string, error) {
+	layout := params[engine.ParamLayout]
+	if layout != engine.LayoutImage {
+		return layout, nil
+	}
+	if access != engine.AccessMount {
+		return "", invalid("parameter %s=%s is for mount volumes; a block volume is an image already", engine.ParamLayout, layout)
+	}
+	if err := checkImageFS(caps...); err != nil {
+		return "", err
+	}
+	return layout, nil
+}
+
+// checkImageFS refuses a capability naming a file system other than the
+// one image volumes hold.
+func checkImageFS(caps ...*csi.VolumeCapability) error {
+	for _, c := range caps {
+		if fs := c.GetMount().GetFsType(); fs != "" && fs != engine.ImageFSType {
+			return invalid("fs_type %q: image volumes hold %s (set csi.storage.k8s.io/fstype: %s, or nothing)", fs, engine.ImageFSType, engine.ImageFSType)
+		}
+	}
+	return nil
 }

@@ -18,20 +18,9 @@ import (
 // leaves neither file nor device; removeBlockData is the undo.
 func (d *Engine) createBlockData(ctx context.Context, v VolumeRecord) error {
 	path := d.VolumeDataPath(v)
-	var src string
-	switch {
-	case v.SourceSnapshot != "":
-		s, ok := d.Records.Snapshots.Get(v.SourceSnapshot)
-		if !ok {
-			return os.ErrNotExist
-		}
-		src = d.SnapshotDataPath(s)
-	case v.SourceVolume != "":
-		s, ok := d.Records.Volumes.Get(v.SourceVolume)
-		if !ok {
-			return os.ErrNotExist
-		}
-		src = d.VolumeDataPath(s)
+	src, err := d.sourceFile(v)
+	if err != nil {
+		return err
 	}
 	if src == "" && v.Fresh {
 		return createFreshBlock(path, v.CapacityBytes)
@@ -40,11 +29,32 @@ func (d *Engine) createBlockData(ctx context.Context, v VolumeRecord) error {
 		if err := fsops.CreateBackingFile(path, v.CapacityBytes); err != nil {
 			return err
 		}
-	} else if err := d.copyBacking(ctx, src, path, v.CapacityBytes); err != nil {
+	} else if err := d.copyBacking(ctx, src, path, v.CapacityBytes, true); err != nil {
 		return err
 	}
-	_, err := loop.Attach(path, loop.Options{})
+	_, err = loop.Attach(path, loop.Options{})
 	return err
+}
+
+// sourceFile is the file a file-backed volume is restored or cloned from
+// (its source snapshot's image, its source volume's file), or "" for an
+// empty volume.
+func (d *Engine) sourceFile(v VolumeRecord) (string, error) {
+	switch {
+	case v.SourceSnapshot != "":
+		s, ok := d.Records.Snapshots.Get(v.SourceSnapshot)
+		if !ok {
+			return "", os.ErrNotExist
+		}
+		return d.SnapshotDataPath(s), nil
+	case v.SourceVolume != "":
+		s, ok := d.Records.Volumes.Get(v.SourceVolume)
+		if !ok {
+			return "", os.ErrNotExist
+		}
+		return d.VolumeDataPath(s), nil
+	}
+	return "", nil
 }
 
 // createFreshBlock makes an empty block volume's file at its full size,
@@ -68,9 +78,10 @@ func createFreshBlock(path string, size int64) error {
 }
 
 // copyBacking makes dst a copy of the file src (reflinked or sparse) and
-// then gives it its full size, allocated: a restore keeps the new
-// volume's size, never the snapshot's. dst appears only complete.
-func (d *Engine) copyBacking(ctx context.Context, src, dst string, size int64) error {
+// then gives it its full size, allocated if asked (a block volume; an
+// image stays sparse): a restore keeps the new volume's size, never the
+// snapshot's. dst appears only complete.
+func (d *Engine) copyBacking(ctx context.Context, src, dst string, size int64, allocate bool) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
@@ -84,6 +95,9 @@ func (d *Engine) copyBacking(ctx context.Context, src, dst string, size int64) e
 	return fsops.CreateDurable(dst, tmp, 0o600, func(out *os.File) error {
 		if _, err := fsops.CopyFileData(int(out.Fd()), int(in.Fd()), min(srcSize, size), nil, fsops.ProgressFrom(ctx)); err != nil {
 			return err
+		}
+		if !allocate {
+			return out.Truncate(size)
 		}
 		return fsops.AllocateFile(int(out.Fd()), size)
 	})
@@ -141,10 +155,14 @@ func flushAll(path string) error {
 // size shows in BLKGETSIZE64 at once, also while the volume is published.
 func (d *Engine) growBlock(v VolumeRecord, size int64) error {
 	path := d.VolumeDataPath(v)
-	if err := fsops.GrowFile(path, size); err != nil {
+	grow := fsops.GrowFile
+	if isImage(v) {
+		grow = growSparse
+	}
+	if err := grow(path, size); err != nil {
 		return err
 	}
-	dev, err := d.attachBlock(v)
+	dev, err := d.attachFile(v)
 	if err != nil {
 		return err
 	}
@@ -253,7 +271,7 @@ func (d *Engine) reattachBlockVolumes() error {
 		}
 	}
 	for _, v := range d.Records.Volumes.All() {
-		if v.AccessType != AccessBlock || v.Phase != PhaseReady {
+		if !fileBacked(v) || v.Phase != PhaseReady {
 			continue
 		}
 		if d.PoolOf(v.Pool).Get().Down != nil {
@@ -269,7 +287,7 @@ func (d *Engine) reattachBlockVolumes() error {
 		if attached[[2]uint64{fdev, ino}] {
 			continue
 		}
-		dev, err := loop.Attach(path, loop.Options{})
+		dev, err := d.attachFile(v)
 		if err != nil {
 			return err
 		}

@@ -39,6 +39,11 @@ type Engine struct {
 	// (SetPeers); nil when there are none to reach.
 	peers atomic.Pointer[Peers]
 
+	// formatMu orders the writes of the state format; format is the one
+	// recorded (format.go).
+	formatMu sync.Mutex
+	format   int
+
 	// attachMu makes counting a node's attachments and adding one a
 	// single step, so two publishes of different volumes (each under its
 	// own volume lock) cannot both take the last slot.

@@ -19,11 +19,23 @@ import (
 //	   meta/format file)
 //	2  the journal's appends after a sync start on a 4 KiB block of their
 //	   own, and its entries are numbered
+//	3  as 2, and image volumes exist (records with layout "image", whose
+//	   data is volumes/<id>.img): written before the first image record,
+//	   and while any is left
 //
 // A driver finding a newer format refuses to start and changes nothing: it
 // cannot know what it would misread or undo. An older format is read as
-// it is and recorded as the current one once start has made it so.
-const stateFormat = 2
+// it is and recorded as the current one once start has made it so. The
+// format recorded is the lowest that describes the state: a state dir
+// with no image volume stays at 2, so the previous release still starts
+// on it.
+const stateFormat = formatImages
+
+// The formats this driver writes.
+const (
+	formatNumbered = 2
+	formatImages   = 3
+)
 
 const formatPrefix = "hostpath-csi state format "
 
@@ -48,14 +60,43 @@ func (d *Engine) checkStateFormat() error {
 	return nil
 }
 
-// recordStateFormat writes the current format, durably, once start has
-// brought the state dir to it.
+// recordStateFormat writes the format the state needs, durably, once
+// start has brought the state dir to it: images if any record is of an
+// image volume, else numbered.
 func (d *Engine) recordStateFormat() error {
-	want := fmt.Sprintf("%s%d\n", formatPrefix, stateFormat)
-	if b, err := os.ReadFile(d.Paths.FormatFile()); err == nil && string(b) == want {
+	n := formatNumbered
+	for _, v := range d.Records.Volumes.All() {
+		if isImage(v) {
+			n = formatImages
+			break
+		}
+	}
+	d.formatMu.Lock()
+	defer d.formatMu.Unlock()
+	return d.writeStateFormat(n)
+}
+
+// raiseStateFormat records format n, durably, unless the state dir is
+// already at it: before the first change only that format describes.
+func (d *Engine) raiseStateFormat(n int) error {
+	d.formatMu.Lock()
+	defer d.formatMu.Unlock()
+	if d.format >= n {
 		return nil
 	}
-	return fsops.WriteFileAtomic(d.Paths.FormatFile(), []byte(want), 0o644)
+	return d.writeStateFormat(n)
+}
+
+// writeStateFormat writes format n; the caller holds formatMu.
+func (d *Engine) writeStateFormat(n int) error {
+	want := fmt.Sprintf("%s%d\n", formatPrefix, n)
+	if b, err := os.ReadFile(d.Paths.FormatFile()); err != nil || string(b) != want {
+		if err := fsops.WriteFileAtomic(d.Paths.FormatFile(), []byte(want), 0o644); err != nil {
+			return err
+		}
+	}
+	d.format = n
+	return nil
 }
 
 // downgradeGuard is a directory in the state dir's tmp/ that stands while

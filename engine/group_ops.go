@@ -41,14 +41,28 @@ func (d *Engine) CreateGroup(ctx context.Context, name string, srcs []string, pa
 		}
 		return nil
 	}}
+	var members []VolumeRecord
+	for _, id := range srcs {
+		if v, ok := d.Records.Volumes.Get(id); ok {
+			members = append(members, v)
+		}
+	}
 	return groups.create(g, nil, func(g GroupRecord) (GroupRecord, error) {
-		for _, id := range srcs {
-			s, err := d.takeSnapshot(ctx, fmt.Sprintf("%s/%s", g.ID, id), id, params, g.ID)
-			if err != nil {
-				return GroupRecord{}, err
+		// One cut across the group: every member's file system frozen
+		// before the first is copied, all thawed after the last.
+		err := d.frozen(ctx, members, func(ctx context.Context) error {
+			for _, id := range srcs {
+				s, err := d.takeSnapshot(ctx, fmt.Sprintf("%s/%s", g.ID, id), id, params, g.ID)
+				if err != nil {
+					return err
+				}
+				made = append(made, s)
+				g.Snapshots = append(g.Snapshots, s.ID)
 			}
-			made = append(made, s)
-			g.Snapshots = append(g.Snapshots, s.ID)
+			return nil
+		})
+		if err != nil {
+			return GroupRecord{}, err
 		}
 		g.Phase = PhaseReady
 		return g, nil

@@ -40,6 +40,10 @@ func (d *Engine) NodeVolumeOrProvision(ctx context.Context, id string, vctx map[
 // the device node of its loop device (a read-only device of its own for a
 // read-only publication, returned too so a failed mount can let it go).
 func (d *Engine) mountSource(v VolumeRecord, readOnly bool) (string, *loop.Device, error) {
+	if isImage(v) {
+		staged, err := d.stagedImage(v)
+		return staged, nil, err
+	}
 	if v.AccessType == AccessMount {
 		return d.VolumeDataPath(v), nil, nil
 	}

@@ -229,6 +229,7 @@ func Open(cfg Config, moved func(op string, n int64)) (*Engine, error) {
 		d.Records.Close()
 		return nil, fmt.Errorf("re-attaching block volumes: %w", err)
 	}
+	d.thawImages()
 	if err := d.recordStateFormat(); err != nil {
 		d.Records.Close()
 		return nil, fmt.Errorf("state dir %s: recording its format: %w", root, err)

@@ -15,7 +15,6 @@ import (
 
 	"github.com/hostpath-csi/hostpath/archive"
 	"github.com/hostpath-csi/hostpath/fsops"
-	"github.com/hostpath-csi/hostpath/loop"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
 
@@ -66,13 +65,18 @@ func (d *Engine) remoteSource(id string) (string, bool) {
 
 // statRemote asks the source's node what it is: its access type and the
 // bytes a volume made from it needs.
-func (d *Engine) statRemote(ctx context.Context, tag, kind, id, access string) (int64, error) {
+func (d *Engine) statRemote(ctx context.Context, tag, kind, id, access, layout string) (int64, error) {
 	m, _, node, err := d.peerSet().Open(ctx, tag, kind, id, true)
 	if err != nil {
 		return 0, peerStatus(err, kind, id, node)
 	}
 	if m.Attrs["access"] != access {
 		return 0, StorageErr(ErrInvalid, "source %s %s on node %s is of a %s volume; it cannot fill a %s volume", kind, id, node, m.Attrs["access"], access)
+	}
+	// A peer from before layouts sends none: its mount sources are
+	// directories.
+	if got := orDirectory(access, m.Attrs["layout"]); got != layout {
+		return 0, StorageErr(ErrInvalid, "source %s %s on node %s is of a %s-layout volume; it cannot fill a %s-layout volume", kind, id, node, got, layout)
 	}
 	return m.Size, nil
 }
@@ -141,9 +145,9 @@ func (w *watchedReader) Read(b []byte) (int, error) {
 // buildFrom writes a received stream into the volume's data.
 func (d *Engine) buildFrom(ctx context.Context, v VolumeRecord, m transfer.Meta, body io.Reader) error {
 	path := d.VolumeDataPath(v)
-	if v.AccessType == AccessBlock {
+	if fileBacked(v) {
 		if m.Format != wireExtents {
-			return fmt.Errorf("%w: a block source came as %q", archive.ErrFormat, m.Format)
+			return fmt.Errorf("%w: a block or image source came as %q", archive.ErrFormat, m.Format)
 		}
 		tmp := filepath.Join(tmpBeside(path), filepath.Base(path)+".partial")
 		err := fsops.CreateDurable(path, tmp, 0o600, func(out *os.File) error {
@@ -161,12 +165,15 @@ func (d *Engine) buildFrom(ctx context.Context, v VolumeRecord, m transfer.Meta,
 			if err != nil {
 				return err
 			}
+			if isImage(v) {
+				return out.Truncate(v.CapacityBytes) // sparse: the file system allocates
+			}
 			return fsops.AllocateFile(int(out.Fd()), v.CapacityBytes)
 		})
 		if err != nil {
 			return err
 		}
-		_, err = loop.Attach(path, loop.Options{})
+		_, err = d.attachFile(v)
 		return err
 	}
 	if m.Format != wireTarGz && m.Format != WireTarZst {
@@ -295,7 +302,7 @@ func (d *Engine) serveSnapshot(id string) (transfer.Meta, func(context.Context) 
 		unpin()
 		return transfer.Meta{}, nil, nil, servable(err, SourceSnapshot, id)
 	}
-	m := transfer.Meta{Size: s.SizeBytes, Attrs: map[string]string{"access": s.AccessType}}
+	m := transfer.Meta{Size: s.SizeBytes, Attrs: map[string]string{"access": s.AccessType, "layout": snapshotLayout(s)}}
 	path := d.SnapshotDataPath(s)
 	var open func(context.Context) (io.ReadCloser, error)
 	switch s.Format {
@@ -318,7 +325,13 @@ func (d *Engine) serveVolume(id string) (transfer.Meta, func(context.Context) (i
 	if err != nil {
 		return transfer.Meta{}, nil, nil, servable(err, SourceVolume, id)
 	}
-	m := transfer.Meta{Size: v.CapacityBytes, Attrs: map[string]string{"access": v.AccessType}}
+	if isImage(v) {
+		// Read while its pods write, the image would be torn; a
+		// snapshot, cut frozen, crosses nodes whole.
+		unpin()
+		return transfer.Meta{}, nil, nil, servable(StorageErr(ErrInvalid, "volume %s is an image volume: clone it on another node through a snapshot of it", v.ID), SourceVolume, id)
+	}
+	m := transfer.Meta{Size: v.CapacityBytes, Attrs: map[string]string{"access": v.AccessType, "layout": layoutOf(v)}}
 	path := d.VolumeDataPath(v)
 	if v.AccessType == AccessBlock {
 		m.Format = wireExtents

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hostpath-csi/hostpath/archive"
 	"github.com/hostpath-csi/hostpath/fsops"
+	"k8s.io/klog/v2"
 )
 
 // Snapshot formats.
@@ -149,6 +150,16 @@ func (d *Engine) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 	if err != nil {
 		return SnapshotRecord{}, err
 	}
+	if v.AccessType == AccessMount && !isImage(v) && len(v.Published) > 0 {
+		klog.InfoS("snapshot of a directory volume in use: a file-by-file copy while its pods write, not one instant (layout=image volumes are frozen for theirs)", "volume_id", v.ID, "published", len(v.Published))
+	}
+	if isImage(v) {
+		// An image volume's snapshot is its image, cut at one instant.
+		if f := params[ParamFormat]; (f != "" && f != "auto") || params[ParamCompression] != "" {
+			return SnapshotRecord{}, StorageErr(ErrInvalid, "volume %s is an image volume: its snapshots are copies of its image, taken frozen (%s and %s do not apply)", v.ID, ParamFormat, ParamCompression)
+		}
+		format = FormatImage
+	}
 	if _, err := d.usable(dst); err != nil {
 		return SnapshotRecord{}, err
 	}
@@ -168,9 +179,9 @@ func (d *Engine) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 			return SnapshotRecord{}, fmt.Errorf("snapshotting volume %s: %w", srcID, err)
 		}
 		s.Phase, s.SizeBytes, s.SHA256 = PhaseReady, size, sum
-		if s.AccessType == AccessBlock {
-			// A block restore needs the whole device, whatever is
-			// allocated.
+		if s.Format == FormatImage {
+			// A block or image restore needs the whole device,
+			// whatever is allocated.
 			s.SizeBytes = s.VolumeBytes
 		}
 		return s, nil
@@ -191,6 +202,9 @@ func (d *Engine) writeSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRe
 	defer done()
 	switch s.Format {
 	case FormatImage:
+		if isImage(v) {
+			return d.writeImageSnapshot(ctx, v, s)
+		}
 		return d.writeBlockSnapshot(ctx, v, s)
 	case FormatReflink:
 		return d.writeReflinkSnapshot(ctx, v, s)

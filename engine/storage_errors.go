@@ -39,6 +39,10 @@ var (
 	// ErrUnsure: the state of a path or of data cannot be told (its
 	// inspection failed); nothing was changed (FailedPrecondition).
 	ErrUnsure = errors.New("cannot tell")
+	// ErrNotStaged: the volume must be staged on this node first (an
+	// image volume's publication binds its staged file system)
+	// (FailedPrecondition).
+	ErrNotStaged = errors.New("not staged")
 )
 
 // storageError is a sentence of one kind.

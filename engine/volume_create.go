@@ -10,11 +10,14 @@ import (
 // checked: what createVolume makes.
 type VolumeSpec struct {
 	Name, Access, Kind string
-	Params             map[string]string
-	Pool               *Pool
-	Source             sourceRef
-	Capacity           SizeRange
-	Mutable            map[string]string
+	// Layout is a mount volume's: LayoutDirectory (or "") or
+	// LayoutImage; "" for a block volume.
+	Layout   string
+	Params   map[string]string
+	Pool     *Pool
+	Source   sourceRef
+	Capacity SizeRange
+	Mutable  map[string]string
 }
 
 // sourceRef is a restore's snapshot or a clone's volume: kind is
@@ -52,6 +55,10 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 	}()
 	src := spec.Source
 	rec := VolumeRecord{Name: spec.Name, AccessType: spec.Access, Kind: spec.Kind, Parameters: spec.Params, Pool: recordPool(spec.Pool)}
+	if spec.Access == AccessMount && spec.Layout == LayoutImage {
+		rec.Layout = LayoutImage
+	}
+	layout := layoutOf(rec)
 	switch src.kind {
 	case SourceSnapshot:
 		rec.SourceSnapshot = src.ID
@@ -67,7 +74,7 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 		if old, ok := d.Records.Volumes.ByName(spec.Name); ok {
 			return d.existingVolume(old, rec, spec.Capacity)
 		}
-		if floor, err = d.statRemote(ctx, src.Tag, src.kind, src.ID, spec.Access); err != nil {
+		if floor, err = d.statRemote(ctx, src.Tag, src.kind, src.ID, spec.Access, layout); err != nil {
 			return VolumeRecord{}, err
 		}
 	case src.kind == SourceSnapshot:
@@ -83,6 +90,9 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 		if s.AccessType != spec.Access {
 			return VolumeRecord{}, StorageErr(ErrInvalid, "source snapshot %s is of a %s volume; it cannot restore a %s volume", s.ID, s.AccessType, spec.Access)
 		}
+		if got := snapshotLayout(s); got != layout {
+			return VolumeRecord{}, StorageErr(ErrInvalid, "source snapshot %s is of a %s-layout volume; it cannot restore a %s-layout volume (the StorageClass parameter %s)", s.ID, got, layout, ParamLayout)
+		}
 		if err := d.snapshotPresent(s); err != nil {
 			return VolumeRecord{}, err
 		}
@@ -96,6 +106,9 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 		defer unpin()
 		if v.AccessType != spec.Access {
 			return VolumeRecord{}, StorageErr(ErrInvalid, "source volume %s is a %s volume; it cannot be cloned into a %s volume", v.ID, v.AccessType, spec.Access)
+		}
+		if got := layoutOf(v); got != layout {
+			return VolumeRecord{}, StorageErr(ErrInvalid, "source volume %s has the %s layout; it cannot be cloned into a %s-layout volume (the StorageClass parameter %s)", v.ID, got, layout, ParamLayout)
 		}
 		floor = v.CapacityBytes
 	}
@@ -127,6 +140,8 @@ func (d *Engine) existingVolume(old, want VolumeRecord, cr SizeRange) (VolumeRec
 	switch {
 	case old.AccessType != want.AccessType:
 		diff = fmt.Sprintf("it is a %s volume, the request asks for %s", old.AccessType, want.AccessType)
+	case layoutOf(old) != layoutOf(want):
+		diff = fmt.Sprintf("it has the %s layout, the request asks for %s", layoutOf(old), layoutOf(want))
 	case old.CapacityBytes < cr.Required:
 		diff = fmt.Sprintf("it has %d bytes, the request requires %d", old.CapacityBytes, cr.Required)
 	case cr.Limit > 0 && old.CapacityBytes > cr.Limit:
@@ -155,6 +170,13 @@ func (d *Engine) provisionVolume(ctx context.Context, rec VolumeRecord, tag stri
 	rec.Fresh = rec.AccessType == AccessBlock && rec.SourceSnapshot == "" && rec.SourceVolume == ""
 	if rec.Fresh {
 		return d.provisionFreshBlock(ctx, rec)
+	}
+	if isImage(rec) {
+		// Durable before the first image record: a release that knows
+		// no images refuses the state dir rather than misread them.
+		if err := d.raiseStateFormat(formatImages); err != nil {
+			return VolumeRecord{}, fmt.Errorf("state dir %s: recording that it holds image volumes: %w", d.Paths.Root, err)
+		}
 	}
 	return d.volumes().create(rec, d.checkCapacity, func(rec VolumeRecord) (VolumeRecord, error) {
 		err := d.createVolumeData(ctx, rec, tag)

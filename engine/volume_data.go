@@ -18,7 +18,7 @@ func (d *Engine) VolumeDataPath(v VolumeRecord) string {
 		return v.LocalPath
 	}
 	pl := d.PoolOf(v.Pool).Paths
-	if v.AccessType == AccessBlock {
+	if fileBacked(v) {
 		return filepath.Join(pl.Volumes(), v.ID+BlockSuffix)
 	}
 	return pl.VolumeDir(v.ID)
@@ -50,6 +50,9 @@ func (d *Engine) createVolumeData(ctx context.Context, v VolumeRecord, tag strin
 	if v.AccessType == AccessBlock {
 		return d.createBlockData(ctx, v)
 	}
+	if isImage(v) {
+		return d.createImageData(ctx, v)
+	}
 	dir := d.VolumeDataPath(v)
 	if err := d.makeVolumeDir(v, dir); err != nil {
 		return err
@@ -80,7 +83,7 @@ func (d *Engine) createVolumeData(ctx context.Context, v VolumeRecord, tag strin
 // written (fsops.CreateDurable), or repaired at start when fresh; static
 // local volumes are the operator's.
 func (d *Engine) syncVolumeData(v VolumeRecord) error {
-	if v.AccessType == AccessBlock || v.LocalPath != "" {
+	if fileBacked(v) || v.LocalPath != "" {
 		return nil
 	}
 	path := d.VolumeDataPath(v)
@@ -108,7 +111,7 @@ func (d *Engine) removeVolumeData(v VolumeRecord) error {
 	if v.LocalPath != "" {
 		return nil // the operator's directory, never ours to remove
 	}
-	if v.AccessType == AccessBlock {
+	if fileBacked(v) {
 		return d.removeBlockData(v)
 	}
 	// Durable before the record goes: a removal a power loss undid would
@@ -124,7 +127,7 @@ func (d *Engine) removeVolumeData(v VolumeRecord) error {
 
 // growVolume gives a volume its new size on disk.
 func (d *Engine) growVolume(ctx context.Context, v VolumeRecord, size int64) error {
-	if v.AccessType == AccessBlock {
+	if fileBacked(v) {
 		return d.growBlock(v, size)
 	}
 	return d.setVolumeLimit(v, size)
@@ -167,13 +170,19 @@ func (d *Engine) ShowsVolume(path string, v VolumeRecord) (bool, error) {
 // mountShows reports whether a mount point shows this volume: the same
 // directory inode, or the device of one of its loop devices.
 func (d *Engine) mountShows(mp *fsops.MountPoint, v VolumeRecord) (bool, error) {
-	if v.AccessType == AccessBlock {
+	if fileBacked(v) {
 		devs, err := d.BlockDevices(v)
 		if err != nil {
 			return false, err
 		}
 		for _, dev := range devs {
-			if mp.Rdev != 0 && mp.Rdev == dev.Rdev {
+			// A block volume's mount is its device node; an image
+			// volume's, the file system on its device.
+			shown := mp.Rdev
+			if isImage(v) {
+				shown = mp.Dev
+			}
+			if shown != 0 && shown == dev.Rdev {
 				return true, nil
 			}
 		}
@@ -264,7 +273,7 @@ func present(kind, id, name, path string) error {
 // without walking the tree: a block volume's allocated bytes, a directory
 // volume's project quota usage. 0 means not known.
 func (d *Engine) expectedBytes(v VolumeRecord) int64 {
-	if v.AccessType == AccessBlock {
+	if fileBacked(v) {
 		if f, err := os.Open(d.VolumeDataPath(v)); err == nil {
 			defer f.Close()
 			if _, allocated, err := fsops.FileSize(f); err == nil {

@@ -35,6 +35,9 @@ func (d *Engine) StageVolume(v VolumeRecord, staging string) error {
 		}
 		return nil
 	}
+	if isImage(v) {
+		return d.stageImage(v, staging)
+	}
 	return d.bindVolume(v, staging, 0, true)
 }
 
@@ -123,6 +126,13 @@ func (d *Engine) VolumeStats(id, path string) (volumeStats, error) {
 		}
 		return volumeStats{Block: true, Total: size}, nil
 	}
+	if isImage(v) {
+		st, err := imageStats(path)
+		if err != nil {
+			return volumeStats{}, fmt.Errorf("reading the file system of volume %s: %w", v.ID, err)
+		}
+		return st, nil
+	}
 	u, err := d.VolumeUsage(v)
 	if err != nil {
 		return volumeStats{}, fmt.Errorf("measuring volume %s: %w", v.ID, err)
@@ -181,13 +191,19 @@ func (d *Engine) ExpandOnNode(ctx context.Context, id, path string, cr SizeRange
 			return 0, fmt.Errorf("recording the new size of volume %s: %w", v.ID, err)
 		}
 	}
-	if v.AccessType == AccessBlock {
-		dev, err := d.attachBlock(v)
+	if fileBacked(v) {
+		dev, err := d.attachFile(v)
 		if err == nil {
 			err = loop.Resize(dev)
 		}
 		if err != nil {
 			return 0, fmt.Errorf("resizing the device of volume %s: %w", v.ID, err)
+		}
+		if isImage(v) {
+			// Online, while pods write: the kernel adds the new groups.
+			if err := growImageFS(dev, path); err != nil {
+				return 0, fmt.Errorf("growing the file system of volume %s: %w", v.ID, err)
+			}
 		}
 	}
 	return v.CapacityBytes, nil

@@ -141,6 +141,23 @@ func BindMount(source, target string, flags uintptr) (retErr error) {
 	return nil
 }
 
+// MountDevice mounts the file system of type fstype on the block device
+// dev at target (mount(2), not a bind), then nothing else: flags and data
+// are the kernel's (MS_NOATIME, "errors=remount-ro"). target must exist
+// and must not be a symlink; it is reached through an O_PATH handle, so a
+// rename racing the call cannot redirect the mount.
+func MountDevice(dev, target, fstype string, flags uintptr, data string) error {
+	tgt, err := openNoFollow(target)
+	if err != nil {
+		return err
+	}
+	defer tgt.Close()
+	if err := unix.Mount(dev, procFD(tgt), fstype, flags, data); err != nil {
+		return &os.PathError{Op: "mount(" + fstype + ")", Path: target, Err: err}
+	}
+	return nil
+}
+
 // Unmount detaches the mount at target without following a symlink there.
 // A target that is not a mount point gives an error wrapping EINVAL; one that
 // does not exist, ENOENT.

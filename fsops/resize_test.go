@@ -27,7 +27,7 @@ import (
 // guests of make test-kernel (full root) grow it.
 func TestGrowExt4Online(t *testing.T) {
 	testutil.RequireRoot(t)
-	canResize := hasCap(unix.CAP_SYS_RESOURCE)
+	canResize := testutil.HasCap(unix.CAP_SYS_RESOURCE)
 	dir := t.TempDir()
 	img := filepath.Join(dir, "vol.img")
 	f, err := os.Create(img)
@@ -104,15 +104,4 @@ func TestGrowExt4Online(t *testing.T) {
 	if out, err := exec.Command("e2fsck", "-fn", img).CombinedOutput(); err != nil {
 		t.Fatalf("e2fsck -fn after growing: %v\n%s", err, out)
 	}
-}
-
-// hasCap reports whether this process has capability c in its effective
-// set.
-func hasCap(c int) bool {
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &data[0]); err != nil {
-		return false
-	}
-	return data[c/32].Effective&(1<<(uint(c)%32)) != 0
 }

@@ -33,6 +33,11 @@ type Options struct {
 	ReadOnly bool
 	// Autoclear detaches the device when its last user closes it.
 	Autoclear bool
+	// BlockSize is the device's logical block size (512 when 0). Direct
+	// I/O needs it no smaller than the backing file's direct I/O
+	// alignment, which XFS raises to its block size for a file that
+	// shares blocks (a reflinked copy).
+	BlockSize uint32
 }
 
 // attachRetries bounds the race for a free device: another process (or
@@ -72,7 +77,7 @@ func Attach(backing string, opts Options) (Device, error) {
 		if err != nil {
 			return Device{}, &os.PathError{Op: "ioctl(LOOP_CTL_GET_FREE)", Path: losetup.LoopControlPath, Err: err}
 		}
-		dev, err := configure(n, int(file.Fd()), backing, flags, loFlags)
+		dev, err := configure(n, int(file.Fd()), backing, flags, loFlags, opts.BlockSize)
 		if err == nil {
 			dev.ReadOnly = opts.ReadOnly
 			return dev, nil
@@ -90,7 +95,7 @@ func Attach(backing string, opts Options) (Device, error) {
 func devPath(n int) string { return losetup.New(uint64(n), os.O_RDWR).Path() }
 
 // configure binds fd to /dev/loopN.
-func configure(n, fd int, backing string, openFlags int, loFlags uint32) (_ Device, retErr error) {
+func configure(n, fd int, backing string, openFlags int, loFlags, blockSize uint32) (_ Device, retErr error) {
 	path := devPath(n)
 	devf, err := os.OpenFile(path, openFlags|unix.O_CLOEXEC, 0)
 	if os.IsNotExist(err) {
@@ -111,7 +116,7 @@ func configure(n, fd int, backing string, openFlags int, loFlags uint32) (_ Devi
 	copy(info.File_name[:], backing)
 
 	if !noConfigure.Load() {
-		cfg := unix.LoopConfig{Fd: uint32(fd), Info: info}
+		cfg := unix.LoopConfig{Fd: uint32(fd), Info: info, Size: blockSize}
 		err := unix.IoctlLoopConfigure(dfd, &cfg)
 		if err == nil {
 			return deviceOf(devf, n)
@@ -133,6 +138,11 @@ func configure(n, fd int, backing string, openFlags int, loFlags uint32) (_ Devi
 	}()
 	if err := unix.IoctlLoopSetStatus64(dfd, &info); err != nil {
 		return Device{}, &os.PathError{Op: "ioctl(LOOP_SET_STATUS64)", Path: path, Err: err}
+	}
+	if blockSize != 0 {
+		if err := unix.IoctlSetInt(dfd, unix.LOOP_SET_BLOCK_SIZE, int(blockSize)); err != nil {
+			return Device{}, &os.PathError{Op: "ioctl(LOOP_SET_BLOCK_SIZE)", Path: path, Err: err}
+		}
 	}
 	return deviceOf(devf, n)
 }

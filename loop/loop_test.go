@@ -96,6 +96,19 @@ func TestAttachOptions(t *testing.T) {
 	if !errors.Is(err, unix.EROFS) && !errors.Is(err, unix.EACCES) && !errors.Is(err, unix.EPERM) {
 		t.Fatalf("write to read-only device: %v", err)
 	}
+	// BlockSize: the device's logical sectors, 512 unless asked.
+	for _, want := range []uint32{0, 4096} {
+		d := attach(t, backingFile(t, 1<<20), Options{BlockSize: want})
+		f, err := os.Open(d.Path())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := unix.IoctlGetInt(int(f.Fd()), unix.BLKSSZGET)
+		f.Close()
+		if err != nil || uint32(got) != max(want, 512) {
+			t.Fatalf("BlockSize %d: logical block size %d (%v)", want, got, err)
+		}
+	}
 }
 
 func TestAttachMissingFileLeavesNothing(t *testing.T) {

@@ -54,6 +54,10 @@ type Volume struct {
 	// Pool is the storage pool the volume's data is in; empty for the
 	// state dir's own (every record from before pools).
 	Pool string `json:"pool,omitempty"`
+	// Layout is how a mount volume's data is kept: empty for a directory
+	// in its pool (every record from before layouts), "image" for an
+	// image file holding a file system of its own on a loop device.
+	Layout string `json:"layout,omitempty"`
 }
 
 // Snapshot is what the driver keeps about one snapshot.

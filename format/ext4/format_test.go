@@ -3,7 +3,9 @@ package ext4
 import (
 	"bytes"
 	"crypto/sha256"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -284,5 +286,39 @@ func TestFormatEdgeSizes(t *testing.T) {
 		}
 		fsck(t, path)
 		os.Remove(path)
+	}
+}
+
+// TestReadSize reads back what Format wrote, and refuses what is not an
+// ext4 (zeros) or too short to hold a superblock.
+func TestReadSize(t *testing.T) {
+	dir := t.TempDir()
+	for _, size := range []int64{MinSize, 1 << 30, 10<<30 + 12345} {
+		path, info := image(t, dir, size, Options{})
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ReadSize(f)
+		f.Close()
+		if err != nil || got.Blocks != info.Blocks || got.BlockSize != 4096 || got.Bytes() != int64(info.Blocks)*4096 {
+			t.Fatalf("size %d: ReadSize %+v, %v; Format made %d blocks", size, got, err, info.Blocks)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		size int64
+		want error
+	}{{"zeros", 1 << 20, ErrNotExt4}, {"shorter than a superblock", 1000, io.EOF}} {
+		f, err := os.Create(filepath.Join(dir, tc.name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Truncate(tc.size)
+		_, err = ReadSize(f)
+		f.Close()
+		if !errors.Is(err, tc.want) {
+			t.Fatalf("%s: %v, want %v", tc.name, err, tc.want)
+		}
 	}
 }

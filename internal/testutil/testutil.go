@@ -122,3 +122,15 @@ func AsPod(t testing.TB, fn func() error) error {
 	}()
 	return <-errc
 }
+
+// HasCap reports whether this process holds capability c in its
+// effective set (this VM's root lacks CAP_SYS_RESOURCE; the kernel
+// guests' init holds every one).
+func HasCap(c int) bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[c/32].Effective&(1<<(uint(c)%32)) != 0
+}

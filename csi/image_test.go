@@ -1,0 +1,349 @@
+package csi
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hostpath-csi/hostpath/engine"
+	"github.com/hostpath-csi/hostpath/fsops"
+	"github.com/hostpath-csi/hostpath/internal/testfs"
+	"github.com/hostpath-csi/hostpath/internal/testutil"
+	"github.com/hostpath-csi/hostpath/loop"
+)
+
+// imageParams asks for the image layout.
+var imageParams = map[string]string{engine.ParamLayout: engine.LayoutImage}
+
+// createImage makes an image volume (from source, if not nil) and deletes
+// it when the test ends; what a failing test leaves mounted or attached
+// goes with it.
+func createImage(t *testing.T, d *Driver, name string, size int64, source *csi.VolumeContentSource) *csi.Volume {
+	t.Helper()
+	testutil.RequireRoot(t) // loop devices, mounts
+	r := createReq(name, size)
+	r.Parameters, r.VolumeContentSource = imageParams, source
+	v, err := d.CreateVolume(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := v.GetVolume().GetVolumeId()
+	file := filepath.Join(volumesDir(d), id+engine.BlockSuffix)
+	t.Cleanup(func() {
+		if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+			t.Errorf("deleting image volume %s: %v", id, err)
+			engine.DetachAll(file)
+		}
+	})
+	return v.GetVolume()
+}
+
+// stageAndPublish stages an image volume and publishes it at a target,
+// undone (unpublish, then unstage) when the test ends.
+func stageAndPublish(t *testing.T, d *Driver, id string) (staging, target string) {
+	t.Helper()
+	base := t.TempDir()
+	staging, target = filepath.Join(base, "staging"), filepath.Join(base, "target")
+	unmountAll(t, staging, target)
+	if _, err := d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwo}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := d.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+			t.Errorf("unstaging %s: %v", id, err)
+		}
+	})
+	if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rwo}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+			t.Errorf("unpublishing %s: %v", id, err)
+		}
+	})
+	return staging, target
+}
+
+func stateFormat(t *testing.T, d *Driver) string {
+	t.Helper()
+	b, err := os.ReadFile(d.Paths.FormatFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// TestImageVolume: on ext4 and XFS pools an image volume is a sparse
+// file holding an ext4 of its own on a loop device; staged, its file
+// system is mounted at the staging path and each publication binds it;
+// what a pod writes survives a snapshot, a restore and a clone, each an
+// image volume again; its stats are its own file system's. Publishing
+// without staging, restoring it as a directory volume and snapshot
+// formats that do not apply are refused. The state format says images
+// while one exists, and goes back once none is left.
+func TestImageVolume(t *testing.T) {
+	for _, fstype := range []string{"ext4", "xfs"} {
+		t.Run(fstype, func(t *testing.T) {
+			mnt := testfs.FileSystem(t, run, fstype, 1<<30, nil, "")
+			cfg := testConfig(t)
+			cfg.StateDir = filepath.Join(mnt, "state")
+			d := newDriver(t, cfg)
+			if got := stateFormat(t, d); got != "hostpath-csi state format 2" {
+				t.Fatalf("state format with no image volume: %q", got)
+			}
+			const size = 64 << 20
+			v := createImage(t, d, "img", size, nil)
+			id := v.GetVolumeId()
+			if got := stateFormat(t, d); got != "hostpath-csi state format 3" {
+				t.Fatalf("state format with an image volume: %q", got)
+			}
+			rec, _ := volumeRec(d, id)
+			file := filepath.Join(volumesDir(d), id+engine.BlockSuffix)
+			var st unix.Stat_t
+			if err := unix.Stat(file, &st); err != nil || rec.Layout != engine.LayoutImage {
+				t.Fatalf("image file: %v, record layout %q", err, rec.Layout)
+			}
+			if st.Size != size || st.Blocks*512 > 8<<20 {
+				t.Fatalf("image file of %d bytes, %d allocated: want %d, sparse", st.Size, st.Blocks*512, size)
+			}
+			if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: filepath.Join(t.TempDir(), "t"), VolumeCapability: rwo}); status.Code(err) != codes.FailedPrecondition {
+				t.Fatalf("publish before stage: %v, want FailedPrecondition", err)
+			}
+			staging, target := stageAndPublish(t, d, id)
+			dev, ok, err := loop.Find(file)
+			if err != nil || !ok {
+				t.Fatalf("no loop device for %s: %v", file, err)
+			}
+			for _, p := range []string{staging, target} {
+				mp, err := fsops.GetMountPoint(p)
+				if err != nil || mp == nil || mp.FSType != "ext4" || mp.Dev != dev.Rdev {
+					t.Fatalf("%s: mount %+v (%v), want the ext4 on %s", p, mp, err, dev.Path())
+				}
+			}
+			data := bytes.Repeat([]byte("image volume "), 4096)
+			if err := os.WriteFile(filepath.Join(target, "f"), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			stats, err := d.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})
+			if err != nil {
+				t.Fatal(err)
+			}
+			total := stats.GetUsage()[0].GetTotal()
+			if total > size || total < size*9/10 {
+				t.Fatalf("stats total %d bytes, want about the volume's %d", total, size)
+			}
+
+			for _, p := range []map[string]string{{engine.ParamFormat: engine.FormatTarGz}, {engine.ParamCompression: "zstd"}} {
+				_, err := d.CreateSnapshot(ctx, snapReq("bad", id, p))
+				wantCode(t, err, codes.InvalidArgument)
+			}
+			s, err := d.CreateSnapshot(ctx, snapReq("snap", id, nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			srec, _ := snapshotRec(d, s.GetSnapshot().GetSnapshotId())
+			if srec.Format != engine.FormatImage || s.GetSnapshot().GetSizeBytes() != size {
+				t.Fatalf("snapshot %+v: want an image of %d bytes", srec, size)
+			}
+			dir := fromSnapshot("as-directory", srec.ID, size)
+			_, err = d.CreateVolume(ctx, dir)
+			wantCode(t, err, codes.InvalidArgument)
+
+			restored := createImage(t, d, "restored", size, &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: srec.ID}}})
+			clone := createImage(t, d, "clone", size, &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: id}}})
+			for _, c := range []*csi.Volume{v, restored, clone} {
+				dev, _, err := loop.Find(filepath.Join(volumesDir(d), c.GetVolumeId()+engine.BlockSuffix))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if info, err := loop.Status(dev); err != nil || info.Flags&unix.LO_FLAGS_DIRECT_IO == 0 {
+					t.Fatalf("volume %s: loop flags %#x (%v), want direct I/O", c.GetVolumeId(), info.Flags, err)
+				}
+				if c == v {
+					continue
+				}
+				_, tgt := stageAndPublish(t, d, c.GetVolumeId())
+				got, err := os.ReadFile(filepath.Join(tgt, "f"))
+				if err != nil || !bytes.Equal(got, data) {
+					t.Fatalf("volume %s from %s: %d bytes (%v), want what was written", c.GetVolumeId(), id, len(got), err)
+				}
+			}
+			if _, err := d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: srec.ID}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestImageFormatFollowsVolumes: the state format goes back to 2 at the
+// start after the last image volume is gone, so the previous release can
+// start on the state dir again.
+func TestImageFormatFollowsVolumes(t *testing.T) {
+	testutil.RequireRoot(t)
+	cfg := testConfig(t)
+	d := newDriver(t, cfg)
+	r := createReq("img", 32<<20)
+	r.Parameters = imageParams
+	v, err := d.CreateVolume(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.GetVolume().GetVolumeId()}); err != nil {
+		t.Fatal(err)
+	}
+	if got := stateFormat(t, d); got != "hostpath-csi state format 3" {
+		t.Fatalf("format before the restart: %q", got)
+	}
+	d.Close()
+	d = newDriver(t, cfg)
+	defer d.Close()
+	if got := stateFormat(t, d); got != "hostpath-csi state format 2" {
+		t.Fatalf("format after the last image volume went: %q", got)
+	}
+}
+
+// TestImageParameters: the layout parameter takes directory or image;
+// image is for mount volumes holding ext4.
+func TestImageParameters(t *testing.T) {
+	d := newDriver(t, testConfig(t))
+	xfs := mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	xfs.GetMount().FsType = "xfs"
+	for _, tc := range []struct {
+		name   string
+		params map[string]string
+		cap    *csi.VolumeCapability
+	}{
+		{"unknown layout", map[string]string{engine.ParamLayout: "lvm"}, rwo},
+		{"block image", imageParams, blockCap()},
+		{"xfs image", imageParams, xfs},
+	} {
+		_, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "v", Parameters: tc.params, VolumeCapabilities: []*csi.VolumeCapability{tc.cap}})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", tc.name, err)
+		}
+	}
+	if _, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "dir", Parameters: map[string]string{engine.ParamLayout: engine.LayoutDirectory}, VolumeCapabilities: []*csi.VolumeCapability{rwo}}); err != nil {
+		t.Fatalf("layout=directory: %v", err)
+	}
+}
+
+// TestImageThawAtStart: a file system a killed driver left frozen (the
+// freeze is the kernel's, it outlives the process) is thawed by the next
+// start, and the pod's write that waited goes through.
+func TestImageThawAtStart(t *testing.T) {
+	testutil.RequireRoot(t)
+	cfg := testConfig(t)
+	d := newDriver(t, cfg)
+	r := createReq("img", 32<<20)
+	r.Parameters = imageParams
+	cv, err := d.CreateVolume(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := cv.GetVolume().GetVolumeId()
+	file := filepath.Join(volumesDir(d), id+engine.BlockSuffix)
+	base := t.TempDir()
+	staging, target := filepath.Join(base, "staging"), filepath.Join(base, "target")
+	t.Cleanup(func() { engine.DetachAll(file) })
+	unmountAll(t, staging, target)
+	t.Cleanup(func() { fsops.ThawIfFrozen(staging) })
+	if _, err := d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwo}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rwo}); err != nil {
+		t.Fatal(err)
+	}
+	// What a driver killed between FIFREEZE and FITHAW leaves.
+	if err := fsops.Freeze(staging); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- os.WriteFile(filepath.Join(target, "during"), []byte("x"), 0o644) }()
+	select {
+	case err := <-done:
+		t.Fatalf("a write went through a frozen file system (%v)", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d = newDriver(t, cfg)
+	defer d.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the write still waits: start did not thaw the file system")
+	}
+	if _, err := d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestImageExpansion: ControllerExpandVolume grows the image and its
+// device (sparse: nothing allocated) and asks for node expansion;
+// NodeExpandVolume grows the mounted file system online while a file on
+// it stays open. The kernel lets only CAP_SYS_RESOURCE grow ext4, which
+// this VM's root lacks: here NodeExpandVolume must then answer
+// PermissionDenied, saying so, and leave the file system as it was (make
+// test-kernel grows it).
+func TestImageExpansion(t *testing.T) {
+	d := newDriver(t, testConfig(t))
+	const size, bigger = 64 << 20, 256 << 20
+	v := createImage(t, d, "img", size, nil)
+	id := v.GetVolumeId()
+	staging, target := stageAndPublish(t, d, id)
+	f, err := os.Create(filepath.Join(target, "open"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	before, _ := fsops.Statfs(staging)
+	r, err := d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csi.CapacityRange{RequiredBytes: bigger}, VolumeCapability: rwo})
+	if err != nil || !r.GetNodeExpansionRequired() || r.GetCapacityBytes() != bigger {
+		t.Fatalf("ControllerExpandVolume: %v %v, want %d bytes and node expansion", r, err, bigger)
+	}
+	file := filepath.Join(volumesDir(d), id+engine.BlockSuffix)
+	var st unix.Stat_t
+	if err := unix.Stat(file, &st); err != nil || st.Size != bigger || st.Blocks*512 > 8<<20 {
+		t.Fatalf("grown image: %d bytes, %d allocated (%v); want %d, sparse", st.Size, st.Blocks*512, err, bigger)
+	}
+	dev, _, _ := loop.Find(file)
+	if n, _ := loop.Size(dev.Path()); n != bigger {
+		t.Fatalf("device size %d, want %d", n, bigger)
+	}
+	_, err = d.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target, CapacityRange: &csi.CapacityRange{RequiredBytes: bigger}})
+	after, _ := fsops.Statfs(staging)
+	if !testutil.HasCap(unix.CAP_SYS_RESOURCE) {
+		if status.Code(err) != codes.PermissionDenied || after.TotalBytes != before.TotalBytes {
+			t.Fatalf("without CAP_SYS_RESOURCE: %v and %d bytes (was %d), want PermissionDenied and no change", err, after.TotalBytes, before.TotalBytes)
+		}
+		t.Logf("no CAP_SYS_RESOURCE here: NodeExpandVolume refused (%v), the file system unchanged", err)
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.TotalBytes < bigger*9/10 {
+		t.Fatalf("file system of %d bytes after growing to %d", after.TotalBytes, bigger)
+	}
+	if _, err := f.Write([]byte("still open")); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,350 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/hostpath-csi/hostpath/format/ext4"
+	"github.com/hostpath-csi/hostpath/fsops"
+	"github.com/hostpath-csi/hostpath/loop"
+)
+
+// The image layout: a mount volume whose StorageClass says layout=image
+// is a sparse image file in its pool (volumes/<id>.img, as a block
+// volume's file), bound to a loop device with direct I/O, holding an ext4
+// of its own made in-process (format/ext4). NodeStage mounts that file
+// system at the staging path; each publication is a bind mount of it. A
+// file system of its own is what lets a snapshot be one instant: it is
+// frozen (FIFREEZE), its image copied (a reflink where the pool can share
+// blocks), and thawed.
+
+// ParamLayout chooses a mount volume's layout (StorageClass).
+const ParamLayout = "layout"
+
+// Layouts of a mount volume.
+const (
+	LayoutDirectory = "directory" // a directory in the pool: the default
+	LayoutImage     = "image"     // an image file with an ext4 of its own
+)
+
+// ImageFSType is the file system an image volume holds.
+const ImageFSType = "ext4"
+
+// imageBlockSize is an image volume's device's logical block size: the
+// file system's own (format/ext4 makes 4 KiB blocks), and no smaller
+// than what direct I/O to a reflinked image needs (XFS asks its block
+// size of a file that shares blocks, so at 512 a restored or cloned
+// image would be refused direct I/O).
+const imageBlockSize = 4096
+
+// isImage reports whether v is an image volume.
+func isImage(v VolumeRecord) bool { return v.Layout == LayoutImage }
+
+// layoutOf is a volume's layout: image or directory for a mount volume,
+// "" for a block volume.
+func layoutOf(v VolumeRecord) string { return orDirectory(v.AccessType, v.Layout) }
+
+// snapshotLayout is the layout of the volume a snapshot was taken of: a
+// mount volume's image is an image volume's.
+func snapshotLayout(s SnapshotRecord) string {
+	if s.AccessType == AccessMount && s.Format == FormatImage {
+		return LayoutImage
+	}
+	return orDirectory(s.AccessType, "")
+}
+
+// orDirectory is a recorded layout, the empty one of a mount volume
+// being a directory.
+func orDirectory(access, layout string) string {
+	if access == AccessMount && layout == "" {
+		return LayoutDirectory
+	}
+	return layout
+}
+
+// fileBacked reports whether a volume's data is one file: a block
+// volume's device or an image volume's file system.
+func fileBacked(v VolumeRecord) bool { return v.AccessType == AccessBlock || isImage(v) }
+
+// createImageData makes an image volume's file: a sparse file of the
+// volume's size holding an empty ext4, or a copy of its source's image
+// (a restore or a clone, grown to the volume's size; the file system
+// follows at its first stage). The file appears only complete and
+// durable; then its loop device is bound.
+func (d *Engine) createImageData(ctx context.Context, v VolumeRecord) error {
+	path := d.VolumeDataPath(v)
+	src, err := d.sourceFile(v)
+	if err != nil {
+		return err
+	}
+	switch {
+	case src == "":
+		tmp := filepath.Join(tmpBeside(path), filepath.Base(path)+".partial")
+		err = fsops.CreateDurable(path, tmp, 0o600, func(f *os.File) error {
+			if err := f.Truncate(v.CapacityBytes); err != nil {
+				return err
+			}
+			_, err := ext4.Format(f, ext4.Options{})
+			return err
+		})
+	case v.SourceVolume != "":
+		// A clone of a volume in use is one instant of it, as a snapshot.
+		err = d.frozen(ctx, []VolumeRecord{d.sourceRecord(v)}, func(ctx context.Context) error {
+			return d.copyBacking(ctx, src, path, v.CapacityBytes, false)
+		})
+	default:
+		err = d.copyBacking(ctx, src, path, v.CapacityBytes, false)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = d.attachImage(v)
+	return err
+}
+
+// sourceRecord is the record of v's source volume (the caller pinned it).
+func (d *Engine) sourceRecord(v VolumeRecord) VolumeRecord {
+	src, _ := d.Records.Volumes.Get(v.SourceVolume)
+	return src
+}
+
+// attachImage returns the image volume's loop device, binding one with
+// direct I/O if the file has none (after a reboot, or at create). Direct
+// I/O keeps the volume's data out of the pool's page cache, where it
+// would be cached twice; a pool whose file system refuses it (tmpfs)
+// keeps the device buffered, which is only slower.
+func (d *Engine) attachImage(v VolumeRecord) (loop.Device, error) {
+	path := d.VolumeDataPath(v)
+	dev, ok, err := loop.Find(path)
+	if err != nil || ok {
+		return dev, err
+	}
+	if dev, err = loop.Attach(path, loop.Options{BlockSize: imageBlockSize}); err != nil {
+		return dev, err
+	}
+	if err := loop.SetDirectIO(dev, true); err != nil {
+		klog.InfoS("image volume's loop device stays buffered: the pool's file system refuses direct I/O", "volume_id", v.ID, "device", dev.Path(), "err", err)
+	}
+	return dev, nil
+}
+
+// attachFile returns the loop device of a file-backed volume.
+func (d *Engine) attachFile(v VolumeRecord) (loop.Device, error) {
+	if isImage(v) {
+		return d.attachImage(v)
+	}
+	return d.attachBlock(v)
+}
+
+// stageImage mounts the image volume's file system at staging, unless it
+// is already there, and grows it to its device if it is smaller (a
+// restore into a larger volume, an expansion while it was not mounted).
+// A failure leaves staging unmounted.
+func (d *Engine) stageImage(v VolumeRecord, staging string) error {
+	mp, ours, err := d.inspectMount(staging, v)
+	if err != nil {
+		return err
+	}
+	if mp != nil {
+		if !ours {
+			return StorageErr(ErrInUse, "%s already has another mount (%s on %s); it cannot also show volume %s", staging, mp.Source, mp.Root, v.ID)
+		}
+		return nil
+	}
+	if err := fsops.MakeMountPoint(staging, true); err != nil {
+		return fmt.Errorf("creating %s: %w", staging, err)
+	}
+	dev, err := d.attachImage(v)
+	if err != nil {
+		return fmt.Errorf("attaching the image of volume %s: %w", v.ID, err)
+	}
+	if err := fsops.MountDevice(dev.Path(), staging, ImageFSType, 0, ""); err != nil {
+		return fmt.Errorf("mounting the file system of volume %s (%s) at %s: %w", v.ID, dev.Path(), staging, err)
+	}
+	if err := growImageFS(dev, staging); err != nil {
+		if uerr := fsops.Unmount(staging); uerr != nil {
+			klog.ErrorS(uerr, "unmounting a staging path whose file system could not grow", "volume_id", v.ID, "path", staging)
+		}
+		return fmt.Errorf("growing the file system of volume %s to its device: %w", v.ID, err)
+	}
+	return nil
+}
+
+// growImageFS grows the ext4 mounted at path to the size of its device,
+// online, if it is smaller.
+func growImageFS(dev loop.Device, path string) error {
+	f, err := os.Open(dev.Path())
+	if err != nil {
+		return err
+	}
+	size, err := ext4.ReadSize(f)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	devBytes, err := loop.Size(dev.Path())
+	if err != nil {
+		return err
+	}
+	want := uint64(devBytes) / uint64(size.BlockSize)
+	if want <= size.Blocks {
+		return nil
+	}
+	err = fsops.GrowExt4(path, want)
+	if errors.Is(err, unix.EPERM) {
+		return StorageErr(ErrForbidden, "growing the file system at %s from %d to %d blocks needs CAP_SYS_RESOURCE, which this driver lacks: run its container privileged, as deploy/ does (%v)", path, size.Blocks, want, err)
+	}
+	return err
+}
+
+// stagedImage is the staging path a publication of image volume v binds.
+func (d *Engine) stagedImage(v VolumeRecord) (string, error) {
+	for _, p := range v.Staged {
+		ours, err := d.ShowsVolume(p, v)
+		if err != nil {
+			return "", err
+		}
+		if ours {
+			return p, nil
+		}
+	}
+	return "", StorageErr(ErrNotStaged, "volume %s is an image volume and is not staged on this node: NodeStageVolume mounts its file system, NodePublishVolume binds it", v.ID)
+}
+
+// frozenKey is the context key of the volumes a caller has frozen.
+type frozenKey struct{}
+
+// frozen runs fn with the file systems of the image volumes among vs that
+// are mounted frozen (FIFREEZE), and thaws them when fn returns, also on
+// an error or a cancelled context: what is on their images while fn runs
+// is one instant of each, and of all of them together. Volumes the
+// context already holds frozen (a group's) are left as they are; one a
+// freeze of its own already holds answers ErrBusy. Pods' writes wait
+// while frozen: the pause is logged.
+func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx context.Context) error) error {
+	held, _ := ctx.Value(frozenKey{}).(map[string]bool)
+	now := map[string]bool{}
+	for id := range held {
+		now[id] = true
+	}
+	type thawed struct{ id, path string }
+	var froze []thawed
+	var unlocks []func()
+	defer func() {
+		for _, f := range froze {
+			if err := fsops.Thaw(f.path); err != nil {
+				klog.ErrorS(err, "thawing an image volume's file system failed; the next start thaws it", "volume_id", f.id, "path", f.path)
+			}
+		}
+		for _, u := range unlocks {
+			u()
+		}
+	}()
+	start := time.Now()
+	for _, v := range vs {
+		if !isImage(v) || now[v.ID] {
+			continue
+		}
+		path, err := d.mountedAt(v)
+		if err != nil {
+			return err
+		}
+		if path == "" {
+			continue // not mounted: nothing writes to it
+		}
+		unlock, err := d.Locks.lock("freeze of volume "+v.ID, freezeKey(v.ID))
+		if err != nil {
+			return err
+		}
+		unlocks = append(unlocks, unlock)
+		if err := fsops.Freeze(path); err != nil {
+			return fmt.Errorf("freezing the file system of volume %s at %s: %w", v.ID, path, err)
+		}
+		froze = append(froze, thawed{v.ID, path})
+		now[v.ID] = true
+	}
+	err := fn(context.WithValue(ctx, frozenKey{}, now))
+	if len(froze) > 0 {
+		klog.InfoS("image volumes frozen", "volumes", len(froze), "pause", time.Since(start))
+	}
+	return err
+}
+
+// freezeKey is the lock of a volume's freeze.
+func freezeKey(id string) string { return "freeze/" + id }
+
+// writeImageSnapshot copies an image volume's file, frozen if it is
+// mounted: a reflink where the pool shares blocks (the pause is
+// milliseconds), else its allocated extents (the pause is the copy).
+func (d *Engine) writeImageSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord) (size int64, sum string, err error) {
+	err = d.frozen(ctx, []VolumeRecord{v}, func(ctx context.Context) error {
+		size, sum, err = d.writeBlockSnapshot(ctx, v, s)
+		return err
+	})
+	return size, sum, err
+}
+
+// thawImages thaws, at start, every image volume's file system that is
+// frozen: a freeze is the kernel's, so a driver killed between a freeze
+// and its thaw leaves the volume frozen and its pods' writes hung until
+// someone thaws it.
+func (d *Engine) thawImages() {
+	for _, v := range d.Records.Volumes.All() {
+		if !isImage(v) || v.Phase != PhaseReady {
+			continue
+		}
+		path, err := d.mountedAt(v)
+		if err != nil || path == "" {
+			continue
+		}
+		was, err := fsops.ThawIfFrozen(path)
+		switch {
+		case err != nil && !errors.Is(err, unix.EOPNOTSUPP):
+			klog.ErrorS(err, "thawing an image volume's file system at start", "volume_id", v.ID, "path", path)
+		case was:
+			klog.InfoS("repair: thawed an image volume's file system that a stopped driver left frozen", "volume_id", v.ID, "path", path)
+		}
+	}
+}
+
+// imageStats is what statfs of the mounted file system says of an image
+// volume: its own file system's size, use and inodes.
+func imageStats(path string) (volumeStats, error) {
+	fs, err := fsops.Statfs(path)
+	if err != nil {
+		return volumeStats{}, err
+	}
+	return volumeStats{
+		Total: fs.TotalBytes, Used: fs.TotalBytes - fs.FreeBytes, Available: fs.AvailableBytes,
+		InodesUsed: fs.TotalInodes - fs.FreeInodes, InodesFree: fs.FreeInodes,
+	}, nil
+}
+
+// growSparse extends an image file to size bytes without allocating them
+// (the file system inside allocates what it writes), durably: the record
+// of the new size follows.
+func growSparse(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if size < st.Size() {
+		return &os.PathError{Op: "grow", Path: path, Err: unix.EINVAL}
+	}
+	if err := f.Truncate(size); err != nil {
+		return err
+	}
+	return f.Sync()
+}
