@@ -34,7 +34,7 @@ demo: build
 	  kill $$pid; wait $$pid; exit $$rc
 
 # Every test: unit tests with the race detector, then csi-sanity against
-# the real binary for mount and block volumes.
+# the real binary for mount (directory and image layouts) and block volumes.
 test: test-unit test-chart test-upgrade test-unprivileged test-sanity test-distroless fuzz bench-smoke targets-smoke
 
 # The Helm chart: helm (built from its Go module in test/cluster/helm, into
@@ -59,6 +59,7 @@ test-upgrade:
 test-sanity:
 	$(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-mount.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
 	SANITY_ACCESS_TYPE=block $(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-block.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
+	SANITY_LAYOUT=image $(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-image.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)|sanity_test.go' ; test $${PIPESTATUS[0]} -eq 0
 
 # The tests as a user who is not root, with HOSTPATH_SKIP_PRIVILEGED=1:
 # every test that needs root must skip, none may fail. Test binaries are

@@ -155,7 +155,8 @@ func boot(t *testing.T, qemu string, k kernelPackage, bin, work string) ([]resul
 		if name == "sanity" {
 			senv := append(env, "SANITY_DRIVER_BIN=/bin/hostpathplugin")
 			pl.Runs = append(pl.Runs, plan.Run{Name: "sanity-mount", Args: args, Env: senv},
-				plan.Run{Name: "sanity-block", Args: args, Env: append(senv, "SANITY_ACCESS_TYPE=block")})
+				plan.Run{Name: "sanity-block", Args: args, Env: append(senv, "SANITY_ACCESS_TYPE=block")},
+				plan.Run{Name: "sanity-image", Args: args, Env: append(senv, "SANITY_LAYOUT=image")})
 			continue
 		}
 		pl.Runs = append(pl.Runs, plan.Run{Name: name, Args: args, Env: env})
