@@ -347,3 +347,49 @@ func TestImageExpansion(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestImageFromAnotherNode: an image volume in use on node a, and its
+// snapshot, fill image volumes on node b: the clone is a copy cut frozen
+// on a, sent as extents; what the pod wrote is on b. A directory volume
+// cannot be filled from them.
+func TestImageFromAnotherNode(t *testing.T) {
+	a, b, _ := newPeerPair(t, filepath.Join(testfs.FileSystem(t, run, "xfs", 1<<30, nil, ""), "state"))
+	const size = 64 << 20
+	src := createImage(t, a.d, "src", size, nil)
+	_, target := stageAndPublish(t, a.d, src.GetVolumeId())
+	data := bytes.Repeat([]byte("across nodes "), 10000)
+	if err := os.WriteFile(filepath.Join(target, "f"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := a.d.CreateSnapshot(ctx, snapReq("snap", src.GetVolumeId(), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapID := s.GetSnapshot().GetSnapshotId()
+	for _, c := range []struct {
+		name string
+		req  *csi.CreateVolumeRequest
+	}{
+		{"snapshot", fromSnapshot("r", snapID, size)},
+		{"volume in use", fromVolume("c", src.GetVolumeId(), size)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.req.Parameters = imageParams
+			r, err := b.d.CreateVolume(ctx, c.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := r.GetVolume().GetVolumeId()
+			t.Cleanup(func() { b.d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}) })
+			_, tgt := stageAndPublish(t, b.d, id)
+			got, err := os.ReadFile(filepath.Join(tgt, "f"))
+			if err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("on b: %d bytes (%v), want what the pod on a wrote", len(got), err)
+			}
+		})
+	}
+	for _, req := range []*csi.CreateVolumeRequest{fromSnapshot("dir-r", snapID, size), fromVolume("dir-c", src.GetVolumeId(), size)} {
+		_, err := b.d.CreateVolume(ctx, req)
+		wantCode(t, err, codes.InvalidArgument)
+	}
+}

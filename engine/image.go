@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -347,4 +348,45 @@ func growSparse(path string, size int64) error {
 		return err
 	}
 	return f.Sync()
+}
+
+// sendImage is what a clone of image volume v on another node reads: a
+// copy of its image cut frozen into the pool's tmp/ (a reflink where the
+// pool shares blocks), streamed as extents; the copy is unlinked once
+// open, so nothing is left of it when the stream ends, and start clears
+// tmp/ of what a crash leaves.
+func (d *Engine) sendImage(ctx context.Context, v VolumeRecord) (io.ReadCloser, error) {
+	tmp := filepath.Join(d.PoolOf(v.Pool).Paths.Tmp(), fmt.Sprintf("%s.send-%d", v.ID, time.Now().UnixNano()))
+	defer os.Remove(tmp)
+	err := d.frozen(ctx, []VolumeRecord{v}, func(ctx context.Context) error {
+		return copyImage(ctx, d.VolumeDataPath(v), tmp)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("copying the image of volume %s to send it: %w", v.ID, err)
+	}
+	return extentsOf(ctx, tmp)
+}
+
+// copyImage copies the image file src into the new file dst, after the
+// writes its loop devices cache are flushed into it.
+func copyImage(ctx context.Context, src, dst string) error {
+	if err := flushAll(src); err != nil {
+		return err
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	size, _, err := fsops.FileSize(in)
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	_, err = fsops.CopyFileData(int(out.Fd()), int(in.Fd()), size, nil, fsops.ProgressFrom(ctx))
+	return err
 }

@@ -325,14 +325,14 @@ func (d *Engine) serveVolume(id string) (transfer.Meta, func(context.Context) (i
 	if err != nil {
 		return transfer.Meta{}, nil, nil, servable(err, SourceVolume, id)
 	}
-	if isImage(v) {
-		// Read while its pods write, the image would be torn; a
-		// snapshot, cut frozen, crosses nodes whole.
-		unpin()
-		return transfer.Meta{}, nil, nil, servable(StorageErr(ErrInvalid, "volume %s is an image volume: clone it on another node through a snapshot of it", v.ID), SourceVolume, id)
-	}
 	m := transfer.Meta{Size: v.CapacityBytes, Attrs: map[string]string{"access": v.AccessType, "layout": layoutOf(v)}}
 	path := d.VolumeDataPath(v)
+	if isImage(v) {
+		// Read while its pods write, the image would be torn: what is
+		// sent is a copy cut frozen, as a snapshot is.
+		m.Format = wireExtents
+		return m, func(ctx context.Context) (io.ReadCloser, error) { return d.sendImage(ctx, v) }, unpin, nil
+	}
 	if v.AccessType == AccessBlock {
 		m.Format = wireExtents
 		return m, func(ctx context.Context) (io.ReadCloser, error) {
