@@ -128,6 +128,9 @@ func TestImageVolume(t *testing.T) {
 					t.Fatalf("%s: mount %+v (%v), want the ext4 on %s", p, mp, err, dev.Path())
 				}
 			}
+			if st, err := os.Stat(target); err != nil || st.Mode().Perm() != 0o777 {
+				t.Fatalf("the volume's root: %v (%v), want 0777 as a directory volume's", st.Mode(), err)
+			}
 			data := bytes.Repeat([]byte("image volume "), 4096)
 			if err := os.WriteFile(filepath.Join(target, "f"), data, 0o644); err != nil {
 				t.Fatal(err)

@@ -92,7 +92,9 @@ func (d *Engine) createImageData(ctx context.Context, v VolumeRecord) error {
 			if err := f.Truncate(v.CapacityBytes); err != nil {
 				return err
 			}
-			_, err := ext4.Format(f, ext4.Options{})
+			// Any pod's uid may write, as in a directory volume;
+			// fsGroupPolicy File lets kubelet narrow that.
+			_, err := ext4.Format(f, ext4.Options{RootMode: 0o777})
 			return err
 		})
 	case v.SourceVolume != "":

@@ -19,6 +19,9 @@ type Options struct {
 	Label string
 	// Now is the creation time; zero means time.Now().
 	Now time.Time
+	// RootMode is the root directory's permission bits; zero means 0755,
+	// as mkfs.ext4 makes it.
+	RootMode os.FileMode
 }
 
 // Info is what was made.
@@ -78,6 +81,12 @@ func Format(f *os.File, opt Options) (Info, error) {
 		}
 		opt.UUID[6] = opt.UUID[6]&0x0f | 0x40 // version 4
 		opt.UUID[8] = opt.UUID[8]&0x3f | 0x80 // RFC 4122 variant
+	}
+	if opt.RootMode&^os.ModePerm != 0 {
+		return Info{}, fmt.Errorf("root mode %v: only permission bits", opt.RootMode)
+	}
+	if opt.RootMode == 0 {
+		opt.RootMode = 0o755
 	}
 	if opt.Now.IsZero() {
 		opt.Now = time.Now()

@@ -189,11 +189,11 @@ func TestFormatErasesWhatWasThere(t *testing.T) {
 // TestKernelMountsAndWrites: the kernel mounts the file system read-write
 // through a loop device, files written there survive an unmount and a
 // second mount, and e2fsck finds it clean after; the free space statfs
-// reports is what Format counted.
+// reports is what Format counted; the root directory has the mode asked.
 func TestKernelMountsAndWrites(t *testing.T) {
 	testutil.RequireRoot(t)
 	dir := t.TempDir()
-	path, info := image(t, dir, 1<<30, Options{})
+	path, info := image(t, dir, 1<<30, Options{RootMode: 0o777})
 	dev, err := loop.Attach(path, loop.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -209,6 +209,9 @@ func TestKernelMountsAndWrites(t *testing.T) {
 		}
 	}
 	mount()
+	if st, err := os.Stat(mnt); err != nil || st.Mode().Perm() != 0o777 {
+		t.Fatalf("root directory: %v (%v), want the RootMode asked for, 0777", st.Mode(), err)
+	}
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(mnt, &sfs); err != nil {
 		t.Fatal(err)

@@ -137,7 +137,7 @@ func (w *writer) writeInodes() error {
 	geo := w.geo
 	table := make([]byte, blockSize) // inodes 1-16
 	put := func(ino uint32, b []byte) { copy(table[(ino-1)*inodeSize:], b) }
-	put(rootInode, w.inode(0o040755, blockSize, 3, blockSize/512, extentsIBlock([]run{{geo.rootBlock, 1}})))
+	put(rootInode, w.inode(0o040000|uint16(w.opt.RootMode), blockSize, 3, blockSize/512, extentsIBlock([]run{{geo.rootBlock, 1}})))
 	put(lostFoundInode, w.inode(0o040700, lostFoundSize*blockSize, 2, lostFoundSize*blockSize/512,
 		extentsIBlock([]run{{geo.lostFound, lostFoundSize}})))
 	jblocks := uint64(geo.journalBlocks)
