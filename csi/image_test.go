@@ -144,11 +144,12 @@ func TestImageVolume(t *testing.T) {
 				t.Fatalf("stats total %d bytes, want about the volume's %d", total, size)
 			}
 
-			for _, p := range []map[string]string{{engine.ParamFormat: engine.FormatTarGz}, {engine.ParamCompression: "zstd"}} {
+			for _, p := range []map[string]string{{engine.ParamFormat: engine.FormatTarGz}, {engine.ParamFormat: engine.FormatReflink}} {
 				_, err := d.CreateSnapshot(ctx, snapReq("bad", id, p))
 				wantCode(t, err, codes.InvalidArgument)
 			}
-			s, err := d.CreateSnapshot(ctx, snapReq("snap", id, nil))
+			// The default class's parameters serve both layouts.
+			s, err := d.CreateSnapshot(ctx, snapReq("snap", id, map[string]string{engine.ParamFormat: "auto", engine.ParamCompression: "fast"}))
 			if err != nil {
 				t.Fatal(err)
 			}

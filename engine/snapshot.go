@@ -155,8 +155,11 @@ func (d *Engine) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 	}
 	if isImage(v) {
 		// An image volume's snapshot is its image, cut at one instant.
-		if f := params[ParamFormat]; (f != "" && f != "auto") || params[ParamCompression] != "" {
-			return SnapshotRecord{}, StorageErr(ErrInvalid, "volume %s is an image volume: its snapshots are copies of its image, taken frozen (%s and %s do not apply)", v.ID, ParamFormat, ParamCompression)
+		// compression tunes archives, so one class serves volumes of
+		// both layouts; an archive asked for by name is not made of an
+		// image volume yet.
+		if f := params[ParamFormat]; f != "" && f != "auto" {
+			return SnapshotRecord{}, StorageErr(ErrInvalid, "volume %s is an image volume: its snapshots are copies of its image, taken frozen; %s=%s is for directory volumes (use %s=auto)", v.ID, ParamFormat, f, ParamFormat)
 		}
 		format = FormatImage
 	}
