@@ -81,7 +81,11 @@ func (m *mounted) release() {
 //   - every archive snapshot's file has its recorded sha256, and one is
 //     restored now and holds its volume's data;
 //   - publish, unpublish and modify acknowledged are in the records;
-//   - every byte the writer fsynced is there.
+//   - every byte the writer fsynced is there;
+//   - every image volume's file system is clean once its journal is
+//     replayed (on a copy), and holds every byte the image writer
+//     fsynced on it; every snapshot of an image volume is clean as it
+//     is (it was cut frozen).
 func checkPoint(t *testing.T, fs fsSpec, driver, img string, acked []plan.Op) (problems []string) {
 	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	m := mountChecked(t, fs, img, bad)
@@ -180,10 +184,16 @@ func checkPoint(t *testing.T, fs fsSpec, driver, img string, acked []plan.Op) (p
 	published := map[pubKey]string{} // the last of publish, issue-unpublish, unpublish
 	modified := map[string]bool{}
 	blockWrites := map[string]plan.Op{}
+	images := map[string]bool{} // image volumes, by id
+	var imageWritten int64
+	var imageWriter string
 	for _, op := range acked {
 		switch op.Kind {
 		case "create":
 			wantVol[op.ID], sizes[op.ID], pools[op.ID] = op, op.Size, op.Pool
+			images[op.ID] = op.Layout == "image"
+		case "image-write":
+			imageWritten, imageWriter = max(imageWritten, op.Bytes), op.ID
 		case "expand":
 			sizes[op.ID] = op.Size
 		case "issue-delete":
@@ -253,6 +263,8 @@ func checkPoint(t *testing.T, fs fsSpec, driver, img string, acked []plan.Op) (p
 	// its block volume was written through its device.
 	for _, op := range wantVol {
 		switch {
+		case op.Layout == "image":
+			// Checked with the other image volumes, below.
 		case op.Source != "" && op.Access == "mount":
 			b, err := os.ReadFile(filepath.Join(dirOf(op.Pool), "volumes", op.ID, "data"))
 			if err != nil || !isRoundData(b) {
@@ -355,6 +367,27 @@ func checkPoint(t *testing.T, fs fsSpec, driver, img string, acked []plan.Op) (p
 		json.Unmarshal(b, &rec)
 		if rec.Mutable["snapshotFormat"] != "tar.gz" {
 			bad("volume %s: its acknowledged modify is not in its record", id)
+		}
+	}
+	// Image volumes: their own file systems, and the image writer's bytes.
+	for id, op := range wantVol {
+		if op.Layout != "image" {
+			continue
+		}
+		want := int64(0)
+		if id == imageWriter {
+			want = imageWritten
+		}
+		for _, p := range checkImage(filepath.Join(dirOf(op.Pool), "volumes", id+".img"), want) {
+			bad("image volume %s: %s", id, p)
+		}
+	}
+	for id, op := range wantSnap {
+		if !images[op.Source] {
+			continue
+		}
+		if out, err := exec.Command("e2fsck", "-fn", filepath.Join(dirOf(op.Pool), "snapshots", id+".img")).CombinedOutput(); err != nil {
+			bad("snapshot %s of image volume %s is not a clean file system as it is: %v: %s", id, op.Source, err, lastLines(string(out), 3))
 		}
 	}
 	// Every fsynced byte of the writer is there.

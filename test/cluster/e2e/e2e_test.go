@@ -146,6 +146,29 @@ func TestKubernetes(t *testing.T) {
 	step(t, "PVC cloned from a PVC has the same bytes", func() {
 		sameBytes(k, "cloned", "{kind: PersistentVolumeClaim, name: data}", sum)
 	})
+	step(t, "an image volume (hostpath-image): a VolumeSnapshot taken while a pod appends to a log restores a whole log", func() {
+		k.apply(inClass(pvc("img", "64Mi", "Filesystem", ""), "hostpath-image"))
+		k.apply(pod("imgwriter", "img", "", `i=0; while :; do echo "record $i" >> /data/log; i=$((i+1)); done`))
+		k.waitPod(ns, "imgwriter", "Running", 180*time.Second)
+		k.waitFor("the writer under way", 60*time.Second, func() (bool, string) {
+			out, err := k.run("", "exec", "-n", ns, "imgwriter", "--", "wc", "-l", "/data/log")
+			f := strings.Fields(out)
+			n, _ := strconv.Atoi(append(f, "0")[0])
+			return err == nil && n > 2000, out
+		})
+		if mnt := strings.TrimSpace(k.exec(ns, "imgwriter", "sh", "-c", "grep ' /data ' /proc/mounts | cut -d' ' -f3")); mnt != "ext4" {
+			t.Fatalf("the image volume is mounted as %q in the pod, want ext4", mnt)
+		}
+		takeSnapshot(k, "imgsnap", "img")
+		k.apply(inClass(pvc("imgrestored", "64Mi", "Filesystem", "{kind: VolumeSnapshot, name: imgsnap, apiGroup: snapshot.storage.k8s.io}"), "hostpath-image"))
+		k.apply(pod("imgreader", "imgrestored", "", "true"))
+		k.waitPod(ns, "imgreader", "Running", 180*time.Second)
+		// Every line whole and in sequence: the cut fell between two
+		// appends, never inside one.
+		out := k.exec(ns, "imgreader", "awk", `$0 != "record " NR-1 { print "torn at line " NR ": " $0; exit 1 } END { print NR " records" }`, "/data/log")
+		fmt.Printf("e2e      the image volume's snapshot, restored, holds %s, whole\n", strings.TrimSpace(out))
+		k.must("delete", "pod", "-n", ns, "imgwriter", "--wait=false") // it would write until its volume is full
+	})
 	step(t, "block PVC in a pod (volumeDevices)", func() {
 		k.apply(pvc("block", "32Mi", "Block", ""))
 		k.apply(pod("block", "block", "block", "printf 'block-data' | dd of=/dev/xvda bs=512 seek=100 conv=fsync 2>/dev/null"))

@@ -43,7 +43,8 @@ const MarkPowerloss = Mark + " powerloss "
 type Op struct {
 	Mark string `json:"mark"`
 	// Kind is create, delete, snapshot, delete-snapshot, expand, modify,
-	// publish, unpublish, write (the writer's) or write-block;
+	// publish, unpublish, write (the writer's), image-write (the image
+	// writer's, on the image volume's own file system) or write-block;
 	// issue-delete, issue-delete-snapshot and issue-unpublish mark a
 	// request sent (it may finish at start after a power loss); epoch
 	// reports the journal's epoch, and restart a crash of the driver
@@ -51,6 +52,7 @@ type Op struct {
 	Kind   string `json:"kind"`
 	ID     string `json:"id,omitempty"`
 	Access string `json:"access,omitempty"` // mount or block, for a volume
+	Layout string `json:"layout,omitempty"` // image, for an image volume (and its snapshots' restores)
 	Source string `json:"source,omitempty"` // a create's snapshot or volume source
 	Size   int64  `json:"size,omitempty"`   // a volume's capacity after a create or expand
 	Format string `json:"format,omitempty"` // a snapshot's format parameter
@@ -66,6 +68,10 @@ type Op struct {
 	Sum    string `json:"sum,omitempty"`
 	Epoch  uint64 `json:"epoch,omitempty"` // the journal's epoch (kind epoch)
 }
+
+// ImageWriterFile is the image writer's file, at the root of the image
+// volume's own file system.
+const ImageWriterFile = "journal"
 
 // RecordSize is what the power-loss writer appends and fsyncs at a time.
 const RecordSize = 4096

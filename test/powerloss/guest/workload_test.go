@@ -64,15 +64,18 @@ func workload(t *testing.T, rec *recorder, state, pool string) {
 		}
 	}
 	rec.ack(t, plan.Op{Kind: "epoch", Epoch: Epoch(state)})
-	create := func(name string, c *csipb.VolumeCapability, size int64, src *csipb.VolumeContentSource, source, pl string, expect []byte) string {
+	createIn := func(layout, name string, c *csipb.VolumeCapability, size int64, src *csipb.VolumeContentSource, source, pl string, expect []byte) string {
 		req := &csipb.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csipb.VolumeCapability{c},
-			CapacityRange: &csipb.CapacityRange{RequiredBytes: size}, VolumeContentSource: src}
+			CapacityRange: &csipb.CapacityRange{RequiredBytes: size}, VolumeContentSource: src, Parameters: map[string]string{}}
 		if pl != "" {
-			req.Parameters = map[string]string{"pool": pl}
+			req.Parameters["pool"] = pl
+		}
+		if layout != "" {
+			req.Parameters["layout"] = layout
 		}
 		r, err := ctl().CreateVolume(ctx, req)
 		must("CreateVolume "+name, err)
-		op := plan.Op{Kind: "create", ID: r.GetVolume().GetVolumeId(), Access: "mount", Source: source, Size: r.GetVolume().GetCapacityBytes(), Pool: pl}
+		op := plan.Op{Kind: "create", ID: r.GetVolume().GetVolumeId(), Access: "mount", Layout: layout, Source: source, Size: r.GetVolume().GetCapacityBytes(), Pool: pl}
 		if c == blockCap {
 			op.Access = "block"
 		}
@@ -81,6 +84,9 @@ func workload(t *testing.T, rec *recorder, state, pool string) {
 		}
 		rec.ack(t, op)
 		return op.ID
+	}
+	create := func(name string, c *csipb.VolumeCapability, size int64, src *csipb.VolumeContentSource, source, pl string, expect []byte) string {
+		return createIn("", name, c, size, src, source, pl, expect)
 	}
 	snapshot := func(name, vol string, params map[string]string, format, pl string) string {
 		r, err := ctl().CreateSnapshot(ctx, &csipb.CreateSnapshotRequest{Name: name, SourceVolumeId: vol, Parameters: params})
@@ -136,6 +142,44 @@ func workload(t *testing.T, rec *recorder, state, pool string) {
 		}
 	}()
 
+	// An image volume, staged and published as for a pod, and a writer
+	// appending and fdatasyncing records to a file on its own file
+	// system (through its loop device, with direct I/O) meanwhile.
+	ivol := createIn("image", "image", mountCap, 32<<20, nil, "", "", nil)
+	istaging, itarget := filepath.Join(targets, "image-staging"), filepath.Join(targets, "image-target")
+	os.MkdirAll(istaging, 0o755)
+	_, err := node().NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: ivol, StagingTargetPath: istaging, VolumeCapability: mountCap})
+	must("NodeStageVolume (image)", err)
+	_, err = node().NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: ivol, StagingTargetPath: istaging, TargetPath: itarget, VolumeCapability: mountCap})
+	must("NodePublishVolume (image)", err)
+	rec.ack(t, plan.Op{Kind: "publish", ID: ivol, Target: itarget})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		f, err := os.OpenFile(filepath.Join(itarget, plan.ImageWriterFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			t.Errorf("image writer: %v", err)
+			return
+		}
+		defer f.Close()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			if _, err := f.Write(plan.Record(i)); err != nil {
+				t.Errorf("image writer: %v", err)
+				return
+			}
+			if err := unix.Fdatasync(int(f.Fd())); err != nil {
+				t.Errorf("image writer: fdatasync: %v", err)
+				return
+			}
+			rec.ack(t, plan.Op{Kind: "image-write", ID: ivol, File: plan.ImageWriterFile, Bytes: int64(i+1) * plan.RecordSize})
+		}
+	}()
+
 	for round := 0; round < 3; round++ {
 		p := fmt.Sprintf("r%d-", round)
 		// Round 1 keeps its directory volume, its snapshots and their
@@ -153,6 +197,10 @@ func workload(t *testing.T, rec *recorder, state, pool string) {
 		gz := snapshot(p+"gz", dir, map[string]string{"format": "tar.gz"}, "tar.gz", pl)
 		zst := snapshot(p+"zst", dir, map[string]string{"compression": "zstd"}, "tar.zst", pl)
 		img := snapshot(p+"img", blk, nil, "img", "")
+		// The image volume's snapshot, cut frozen while its writer
+		// writes, and a restore of it.
+		isnap := snapshot(p+"image-snap", ivol, nil, "img", "")
+		createIn("image", p+"from-image", mountCap, 32<<20, fromSnap(isnap), isnap, "", nil)
 		create(p+"from-gz", mountCap, 8<<20, fromSnap(gz), gz, pl, nil)
 		create(p+"from-zst", mountCap, 8<<20, fromSnap(zst), zst, "", nil)
 		clone := create(p+"clone", mountCap, 8<<20, fromVol(dir), dir, pl, nil)
