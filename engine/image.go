@@ -237,12 +237,15 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 	for id := range held {
 		now[id] = true
 	}
-	type thawed struct{ id, path string }
+	type thawed struct {
+		id, path string
+		thaw     func() error
+	}
 	var froze []thawed
 	var unlocks []func()
 	defer func() {
 		for _, f := range froze {
-			if err := fsops.Thaw(f.path); err != nil {
+			if err := f.thaw(); err != nil {
 				klog.ErrorS(err, "thawing an image volume's file system failed; the next start thaws it", "volume_id", f.id, "path", f.path)
 			}
 		}
@@ -267,10 +270,13 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 			return err
 		}
 		unlocks = append(unlocks, unlock)
-		if err := fsops.Freeze(path); err != nil {
+		// Held through a descriptor: an unstage meanwhile is EBUSY (the
+		// CO retries it) instead of hanging on the frozen file system.
+		thaw, err := fsops.FreezeHeld(path)
+		if err != nil {
 			return fmt.Errorf("freezing the file system of volume %s at %s: %w", v.ID, path, err)
 		}
-		froze = append(froze, thawed{v.ID, path})
+		froze = append(froze, thawed{v.ID, path, thaw})
 		now[v.ID] = true
 	}
 	err := fn(context.WithValue(ctx, frozenKey{}, now))

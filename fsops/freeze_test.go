@@ -70,3 +70,56 @@ func TestFreezeThaw(t *testing.T) {
 		t.Fatalf("thaw of a thawed file system: %v, want EINVAL", err)
 	}
 }
+
+// TestFreezeHeld: while frozen through FreezeHeld, the mount cannot be
+// unmounted (EBUSY, at once: nothing waits on the frozen file system),
+// a write waits, and the thaw through the held descriptor lets both go.
+func TestFreezeHeld(t *testing.T) {
+	testutil.RequireRoot(t)
+	img := testfs.NewImage(t, 64<<20)
+	f, err := os.OpenFile(img, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ext4.Format(f, ext4.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	mnt := testfs.MountImage(t, img, "ext4", "")
+	thaw, err := fsops.FreezeHeld(mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	t.Cleanup(func() {
+		if !thawed {
+			thaw()
+		}
+	})
+	start := time.Now()
+	if err := fsops.Unmount(mnt); !errors.Is(err, unix.EBUSY) || time.Since(start) > 5*time.Second {
+		t.Fatalf("unmount while frozen: %v after %v, want EBUSY at once", err, time.Since(start))
+	}
+	done := make(chan error, 1)
+	go func() { done <- os.WriteFile(filepath.Join(mnt, "during"), []byte("x"), 0o644) }()
+	select {
+	case err := <-done:
+		t.Fatalf("a write finished on a frozen file system (%v)", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := thaw(); err != nil {
+		t.Fatal(err)
+	}
+	thawed = true
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the write did not finish after the thaw")
+	}
+	if was, err := fsops.ThawIfFrozen(mnt); err != nil || was {
+		t.Fatalf("after the held thaw: frozen=%v, %v", was, err)
+	}
+}
