@@ -59,11 +59,11 @@ func checkLog(path string) (int, error) {
 func TestImageSnapshotIsOneInstant(t *testing.T) {
 	for _, fstype := range []string{"xfs", "ext4"} {
 		t.Run(fstype, func(t *testing.T) {
-			mnt := testfs.FileSystem(t, run, fstype, 2<<30, nil, "")
+			mnt := testfs.FileSystem(t, run, fstype, 1<<30, nil, "")
 			cfg := testConfig(t)
 			cfg.StateDir = filepath.Join(mnt, "state")
 			d := newDriver(t, cfg)
-			const size = 256 << 20
+			const size = 128 << 20
 			a := createImage(t, d, "a", size, nil)
 			b := createImage(t, d, "b", size, nil)
 			_, ta := stageAndPublish(t, d, a.GetVolumeId())
@@ -164,7 +164,7 @@ func churn(ctx context.Context, target string) error {
 				return err
 			}
 		}
-		if seq > (200<<20)/logRecord {
+		if seq > (96<<20)/logRecord {
 			break // stay inside the volume
 		}
 	}

@@ -58,6 +58,8 @@ var templates = []testfs.Spec{
 	{FSType: "btrfs", Size: 300 << 20, Setup: [][]string{{"btrfs", "quota", "enable"}}},
 	{FSType: "btrfs", Size: 400 << 20, Setup: [][]string{{"btrfs", "quota", "enable"}}},
 	{FSType: "btrfs", Size: 2 << 30},
+	{FSType: "ext4", Size: 1 << 30}, // the image volume tests' pools
+	{FSType: "xfs", Size: 1 << 30},
 }
 
 func run(name string, args ...string) error {
