@@ -8,11 +8,14 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/hostpath-csi/hostpath/internal/testfs"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
@@ -169,4 +172,42 @@ func churn(ctx context.Context, target string) error {
 		}
 	}
 	return nil
+}
+
+// TestImageFreezeBound: on an ext4 pool, where a snapshot copies the
+// image's extents while frozen, a copy longer than MaxFreeze is thawed at
+// the bound and refused (PermissionDenied, saying why), leaving no
+// snapshot and the volume writable; with room, the same snapshot is made.
+func TestImageFreezeBound(t *testing.T) {
+	mnt := testfs.FileSystem(t, run, "ext4", 1<<30, nil, "")
+	cfg := testConfig(t)
+	cfg.StateDir = filepath.Join(mnt, "state")
+	cfg.MaxFreeze = time.Millisecond
+	d := newDriver(t, cfg)
+	v := createImage(t, d, "img", 128<<20, nil)
+	_, target := stageAndPublish(t, d, v.GetVolumeId())
+	if err := writeMiB(filepath.Join(target, "data"), 48); err != nil {
+		t.Fatal(err)
+	}
+	_, err := d.CreateSnapshot(ctx, snapReq("s", v.GetVolumeId(), nil))
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "--max-freeze") {
+		t.Fatalf("a copy longer than the bound: %v, want PermissionDenied naming --max-freeze", err)
+	}
+	if n := len(allSnapshots(d)); n != 0 {
+		t.Fatalf("%d snapshots left after a refused cut", n)
+	}
+	done := make(chan error, 1)
+	go func() { done <- os.WriteFile(filepath.Join(target, "after"), []byte("x"), 0o644) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the volume is still frozen after a refused cut")
+	}
+	d.Config.MaxFreeze = time.Minute
+	if _, err := d.CreateSnapshot(ctx, snapReq("s", v.GetVolumeId(), nil)); err != nil {
+		t.Fatal(err)
+	}
 }

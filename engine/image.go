@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -230,7 +231,9 @@ type frozenKey struct{}
 // is one instant of each, and of all of them together. Volumes the
 // context already holds frozen (a group's) are left as they are; one a
 // freeze of its own already holds answers ErrBusy. Pods' writes wait
-// while frozen: the pause is logged.
+// while frozen, never longer than Config.MaxFreeze: at that bound the file
+// systems are thawed and, fn done, the cut is refused (what fn copied
+// after the thaw would mix moments). The pause is logged.
 func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx context.Context) error) error {
 	held, _ := ctx.Value(frozenKey{}).(map[string]bool)
 	now := map[string]bool{}
@@ -241,14 +244,24 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 		id, path string
 		thaw     func() error
 	}
-	var froze []thawed
-	var unlocks []func()
-	defer func() {
+	var (
+		mu      sync.Mutex
+		froze   []thawed
+		overran bool
+		unlocks []func()
+	)
+	thawAll := func() {
+		mu.Lock()
+		defer mu.Unlock()
 		for _, f := range froze {
 			if err := f.thaw(); err != nil {
 				klog.ErrorS(err, "thawing an image volume's file system failed; the next start thaws it", "volume_id", f.id, "path", f.path)
 			}
 		}
+		froze = nil
+	}
+	defer func() {
+		thawAll()
 		for _, u := range unlocks {
 			u()
 		}
@@ -276,12 +289,27 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 		if err != nil {
 			return fmt.Errorf("freezing the file system of volume %s at %s: %w", v.ID, path, err)
 		}
+		mu.Lock()
 		froze = append(froze, thawed{v.ID, path, thaw})
+		mu.Unlock()
 		now[v.ID] = true
 	}
+	n := len(froze)
+	bound := time.AfterFunc(d.Config.MaxFreeze, func() {
+		mu.Lock()
+		overran = len(froze) > 0
+		mu.Unlock()
+		thawAll()
+	})
 	err := fn(context.WithValue(ctx, frozenKey{}, now))
-	if len(froze) > 0 {
-		klog.InfoS("image volumes frozen", "volumes", len(froze), "pause", time.Since(start))
+	bound.Stop()
+	if n > 0 {
+		klog.InfoS("image volumes frozen", "volumes", n, "pause", min(time.Since(start), d.Config.MaxFreeze))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if err == nil && overran {
+		return StorageErr(ErrForbidden, "the copy of %d image volumes took longer than --max-freeze=%v, so their file systems were thawed before it ended and the cut is refused (a copy after the thaw would mix moments); on a pool that shares blocks (XFS with reflink, btrfs) the copy takes milliseconds, or raise --max-freeze", n, d.Config.MaxFreeze)
 	}
 	return err
 }

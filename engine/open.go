@@ -73,6 +73,12 @@ type Config struct {
 	// JournalSize is the state journal's length (0: 4 MiB); tests make
 	// it small to cross many checkpoints.
 	JournalSize int64
+	// MaxFreeze bounds how long an image volume's file system stays
+	// frozen for a snapshot (0: 10 s). A copy that takes longer (its
+	// extents copied on a pool that cannot share blocks) is thawed at the
+	// bound and the snapshot refused: pods never wait longer, and no torn
+	// copy is kept.
+	MaxFreeze time.Duration
 }
 
 // ControllerExpansion and nodeExpansion say which sides of expansion are
@@ -168,6 +174,9 @@ func Open(cfg Config, moved func(op string, n int64)) (*Engine, error) {
 	}
 	if cfg.ProgressInterval <= 0 {
 		cfg.ProgressInterval = 10 * time.Second
+	}
+	if cfg.MaxFreeze <= 0 {
+		cfg.MaxFreeze = 10 * time.Second
 	}
 	if cfg.PoolRetryInterval <= 0 {
 		cfg.PoolRetryInterval = 10 * time.Second
