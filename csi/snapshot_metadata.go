@@ -31,7 +31,7 @@ func (d *Driver) blockSnapshot(id string) (engine.SnapshotRecord, error) {
 		return engine.SnapshotRecord{}, status.Errorf(codes.NotFound, "snapshot %q does not exist", id)
 	}
 	if s.Format != engine.FormatImage {
-		return engine.SnapshotRecord{}, invalid("snapshot %s is of a directory volume; block metadata exists only for block volumes", id)
+		return engine.SnapshotRecord{}, invalid("snapshot %s is of a directory volume; block metadata exists only for block and image volumes", id)
 	}
 	return s, nil
 }

@@ -426,3 +426,32 @@ func copyImage(ctx context.Context, src, dst string) error {
 	_, err = fsops.CopyFileData(int(out.Fd()), int(in.Fd()), size, nil, fsops.ProgressFrom(ctx))
 	return err
 }
+
+// restorable says whether a snapshot of a volume of srcAccess and
+// srcLayout can restore one of access and layout: the same kind, or an
+// image volume's snapshot as a block volume and a block volume's as an
+// image volume (the volume mode change a block data mover asks for, with
+// snapshot.storage.kubernetes.io/allow-volume-mode-change).
+func restorable(snap, srcAccess, srcLayout, access, layout string) error {
+	imageAndBlock := (srcLayout == LayoutImage && access == AccessBlock) || (srcAccess == AccessBlock && layout == LayoutImage)
+	switch {
+	case imageAndBlock:
+		return nil
+	case srcAccess != access:
+		return StorageErr(ErrInvalid, "source snapshot %s is of a %s volume; it cannot restore a %s volume (only image and block volumes restore as each other)", snap, srcAccess, access)
+	case srcLayout != layout:
+		return StorageErr(ErrInvalid, "source snapshot %s is of a %s-layout volume; it cannot restore a %s-layout volume (the StorageClass parameter %s)", snap, srcLayout, layout, ParamLayout)
+	}
+	return nil
+}
+
+// holdsExt4 checks that an image holds the file system image volumes do.
+func holdsExt4(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = ext4.ReadSize(f)
+	return err
+}

@@ -70,11 +70,18 @@ func (d *Engine) statRemote(ctx context.Context, tag, kind, id, access, layout s
 	if err != nil {
 		return 0, peerStatus(err, kind, id, node)
 	}
-	if m.Attrs["access"] != access {
-		return 0, StorageErr(ErrInvalid, "source %s %s on node %s is of a %s volume; it cannot fill a %s volume", kind, id, node, m.Attrs["access"], access)
-	}
 	// A peer from before layouts sends none: its mount sources are
 	// directories.
+	srcAccess := m.Attrs["access"]
+	if kind == SourceSnapshot {
+		if err := restorable(id+" on node "+node, srcAccess, orDirectory(srcAccess, m.Attrs["layout"]), access, layout); err != nil {
+			return 0, err
+		}
+		return m.Size, nil
+	}
+	if srcAccess != access {
+		return 0, StorageErr(ErrInvalid, "source %s %s on node %s is of a %s volume; it cannot fill a %s volume", kind, id, node, srcAccess, access)
+	}
 	if got := orDirectory(access, m.Attrs["layout"]); got != layout {
 		return 0, StorageErr(ErrInvalid, "source %s %s on node %s is of a %s-layout volume; it cannot fill a %s-layout volume", kind, id, node, got, layout)
 	}

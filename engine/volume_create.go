@@ -87,14 +87,16 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 		if !ValidSnapshotID(src.ID) || !ok || s.Phase != PhaseReady {
 			return VolumeRecord{}, StorageErr(ErrNotFound, "source snapshot %q does not exist", src.ID)
 		}
-		if s.AccessType != spec.Access {
-			return VolumeRecord{}, StorageErr(ErrInvalid, "source snapshot %s is of a %s volume; it cannot restore a %s volume", s.ID, s.AccessType, spec.Access)
-		}
-		if got := snapshotLayout(s); got != layout {
-			return VolumeRecord{}, StorageErr(ErrInvalid, "source snapshot %s is of a %s-layout volume; it cannot restore a %s-layout volume (the StorageClass parameter %s)", s.ID, got, layout, ParamLayout)
+		if err := restorable(s.ID, s.AccessType, snapshotLayout(s), spec.Access, layout); err != nil {
+			return VolumeRecord{}, err
 		}
 		if err := d.snapshotPresent(s); err != nil {
 			return VolumeRecord{}, err
+		}
+		if s.AccessType == AccessBlock && layout == LayoutImage {
+			if err := holdsExt4(d.SnapshotDataPath(s)); err != nil {
+				return VolumeRecord{}, StorageErr(ErrInvalid, "source snapshot %s of a block volume cannot restore an image volume: %v", s.ID, err)
+			}
 		}
 		// A restore needs room for what the snapshot holds.
 		floor = s.SizeBytes

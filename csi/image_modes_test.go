@@ -1,0 +1,160 @@
+package csi
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hostpath-csi/hostpath/engine"
+	"github.com/hostpath-csi/hostpath/format/ext4"
+	"github.com/hostpath-csi/hostpath/loop"
+	"google.golang.org/grpc/codes"
+)
+
+// coveredBy reports whether [off, off+n) lies inside the ranges.
+func coveredBy(ranges []*csi.BlockMetadata, off, n int64) bool {
+	for _, r := range ranges {
+		if r.GetByteOffset() <= off && off+n <= r.GetByteOffset()+r.GetSizeBytes() {
+			return true
+		}
+	}
+	return false
+}
+
+// TestImageSnapshotMetadata: SnapshotMetadata answers for image volumes'
+// snapshots, checked against a full read of the two images: every 4 KiB
+// block that holds data is inside an allocated range, and every block
+// that differs between them is inside a changed range.
+func TestImageSnapshotMetadata(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.EnableSnapshotMetadata = true
+	d := newDriver(t, cfg)
+	v := createImage(t, d, "img", 64<<20, nil)
+	_, target := stageAndPublish(t, d, v.GetVolumeId())
+	if err := os.WriteFile(filepath.Join(target, "a"), bytes.Repeat([]byte("first "), 200000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s1, err := d.CreateSnapshot(ctx, snapReq("s1", v.GetVolumeId(), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(target, "a"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte("changed"), 500000)
+	f.Close()
+	if err := os.WriteFile(filepath.Join(target, "b"), bytes.Repeat([]byte("second "), 100000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := d.CreateSnapshot(ctx, snapReq("s2", v.GetVolumeId(), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id1, id2 := s1.GetSnapshot().GetSnapshotId(), s2.GetSnapshot().GetSnapshotId()
+	alloc := &fakeStream[csi.GetMetadataAllocatedResponse]{}
+	if err := d.GetMetadataAllocated(&csi.GetMetadataAllocatedRequest{SnapshotId: id1}, alloc); err != nil {
+		t.Fatal(err)
+	}
+	var allocated []*csi.BlockMetadata
+	for _, r := range alloc.got {
+		allocated = append(allocated, r.GetBlockMetadata()...)
+	}
+	delta := &fakeStream[csi.GetMetadataDeltaResponse]{}
+	if err := d.GetMetadataDelta(&csi.GetMetadataDeltaRequest{BaseSnapshotId: id1, TargetSnapshotId: id2}, delta); err != nil {
+		t.Fatal(err)
+	}
+	var changed []*csi.BlockMetadata
+	for _, r := range delta.got {
+		changed = append(changed, r.GetBlockMetadata()...)
+	}
+	r1, _ := snapshotRec(d, id1)
+	r2, _ := snapshotRec(d, id2)
+	img1, err := os.ReadFile(d.SnapshotDataPath(r1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img2, err := os.ReadFile(d.SnapshotDataPath(r2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zero := make([]byte, 4096)
+	var nData, nChanged int
+	for off := 0; off+4096 <= len(img1); off += 4096 {
+		b1, b2 := img1[off:off+4096], img2[off:off+4096]
+		if !bytes.Equal(b1, zero) {
+			nData++
+			if !coveredBy(allocated, int64(off), 4096) {
+				t.Fatalf("block at %d holds data but is in no allocated range", off)
+			}
+		}
+		if !bytes.Equal(b1, b2) {
+			nChanged++
+			if !coveredBy(changed, int64(off), 4096) {
+				t.Fatalf("block at %d changed between the snapshots but is in no changed range", off)
+			}
+		}
+	}
+	if nChanged == 0 || nData == 0 {
+		t.Fatalf("%d blocks with data, %d changed: the test wrote nothing the images show", nData, nChanged)
+	}
+	t.Logf("%d blocks with data, all in %d allocated ranges; %d changed, all in %d changed ranges", nData, len(allocated), nChanged, len(changed))
+}
+
+// TestImageBlockModeChange: an image volume's snapshot restores as a
+// Block volume, whose device holds the file system (what a block data
+// mover reads), and that volume's snapshot restores as an image volume
+// again with the files; a block snapshot holding no ext4 does not.
+func TestImageBlockModeChange(t *testing.T) {
+	d := newDriver(t, testConfig(t))
+	v := createImage(t, d, "img", 32<<20, nil)
+	_, target := stageAndPublish(t, d, v.GetVolumeId())
+	data := bytes.Repeat([]byte("mode change "), 5000)
+	if err := os.WriteFile(filepath.Join(target, "f"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := d.CreateSnapshot(ctx, snapReq("s", v.GetVolumeId(), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk := asBlock(fromSnapshot("as-block", s.GetSnapshot().GetSnapshotId(), 32<<20))
+	r, err := d.CreateVolume(ctx, blk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bid := r.GetVolume().GetVolumeId()
+	t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: bid}) })
+	dev, _, err := loop.Find(filepath.Join(volumesDir(d), bid+engine.BlockSuffix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	df, err := os.Open(dev.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ext4.ReadSize(df)
+	df.Close()
+	if err != nil {
+		t.Fatalf("the block volume restored from an image snapshot: %v, want its file system on the device", err)
+	}
+	bs, err := d.CreateSnapshot(ctx, snapReq("bs", bid, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := createImage(t, d, "back", 32<<20, &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: bs.GetSnapshot().GetSnapshotId()}}})
+	_, bt := stageAndPublish(t, d, back.GetVolumeId())
+	if got, err := os.ReadFile(filepath.Join(bt, "f")); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("image volume from the block volume's snapshot: %d bytes (%v)", len(got), err)
+	}
+	raw := createBlock(t, d, "raw", 16<<20)
+	rs, err := d.CreateSnapshot(ctx, snapReq("rs", raw.GetVolumeId(), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := fromSnapshot("not-ext4", rs.GetSnapshot().GetSnapshotId(), 16<<20)
+	req.Parameters = imageParams
+	_, err = d.CreateVolume(ctx, req)
+	wantCode(t, err, codes.InvalidArgument)
+}
