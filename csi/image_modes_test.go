@@ -158,3 +158,50 @@ func TestImageBlockModeChange(t *testing.T) {
 	_, err = d.CreateVolume(ctx, req)
 	wantCode(t, err, codes.InvalidArgument)
 }
+
+// TestImageArchiveExport: an image volume in use exports as tar.gz and
+// tar.zst (format tar.gz, compression zstd), its tree as of the cut, and
+// the archives restore directory volumes holding its files; nothing of
+// the copy that was archived stays behind.
+func TestImageArchiveExport(t *testing.T) {
+	d := newDriver(t, testConfig(t))
+	v := createImage(t, d, "img", 32<<20, nil)
+	_, target := stageAndPublish(t, d, v.GetVolumeId())
+	data := bytes.Repeat([]byte("exported "), 30000)
+	if err := os.MkdirAll(filepath.Join(target, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(target, "sub", "f"), data, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		params map[string]string
+		format string
+	}{
+		{"gz", map[string]string{engine.ParamFormat: engine.FormatTarGz}, engine.FormatTarGz},
+		{"zst", map[string]string{engine.ParamFormat: engine.FormatTarGz, engine.ParamCompression: "zstd"}, engine.FormatTarZst},
+	} {
+		s, err := d.CreateSnapshot(ctx, snapReq("s-"+tc.name, v.GetVolumeId(), tc.params))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, _ := snapshotRec(d, s.GetSnapshot().GetSnapshotId())
+		if rec.Format != tc.format {
+			t.Fatalf("%v: a %s snapshot, want %s", tc.params, rec.Format, tc.format)
+		}
+		r, err := d.CreateVolume(ctx, fromSnapshot("dir-"+tc.name, rec.ID, 32<<20))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join(volumeDir(d, r.GetVolume().GetVolumeId()), "sub", "f"))
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("the directory volume restored from the %s export: %d bytes (%v)", tc.format, len(got), err)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(tmpDir(d), v.GetVolumeId()+"*")); len(left) > 0 {
+		t.Fatalf("left in tmp/: %v", left)
+	}
+	_, err := d.CreateSnapshot(ctx, snapReq("s-reflink", v.GetVolumeId(), map[string]string{engine.ParamFormat: engine.FormatReflink}))
+	wantCode(t, err, codes.InvalidArgument)
+}

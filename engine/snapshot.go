@@ -154,14 +154,17 @@ func (d *Engine) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 		klog.InfoS("snapshot of a directory volume in use: a file-by-file copy while its pods write, not one instant (layout=image volumes are frozen for theirs)", "volume_id", v.ID, "published", len(v.Published))
 	}
 	if isImage(v) {
-		// An image volume's snapshot is its image, cut at one instant.
-		// compression tunes archives, so one class serves volumes of
-		// both layouts; an archive asked for by name is not made of an
-		// image volume yet.
-		if f := params[ParamFormat]; f != "" && f != "auto" {
-			return SnapshotRecord{}, StorageErr(ErrInvalid, "volume %s is an image volume: its snapshots are copies of its image, taken frozen; %s=%s is for directory volumes (use %s=auto)", v.ID, ParamFormat, f, ParamFormat)
+		// An image volume's snapshot is its image, cut at one instant,
+		// unless an archive is asked for by name (an export of its
+		// tree, as of that instant too); compression tunes archives, so
+		// one class serves volumes of both layouts.
+		switch params[ParamFormat] {
+		case "", "auto":
+			format = FormatImage
+		case FormatTarGz:
+		default:
+			return SnapshotRecord{}, StorageErr(ErrInvalid, "volume %s is an image volume: its snapshots are copies of its image (%s=auto) or archives of its tree (%s=%s); %s=%s is for directory volumes", v.ID, ParamFormat, ParamFormat, FormatTarGz, ParamFormat, params[ParamFormat])
 		}
-		format = FormatImage
 	}
 	if _, err := d.usable(dst); err != nil {
 		return SnapshotRecord{}, err
@@ -214,12 +217,20 @@ func (d *Engine) writeSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRe
 	}
 	h := sha256.New()
 	var st archive.Stats
-	err := fsops.CreateDurable(d.SnapshotDataPath(s), d.snapshotTempPath(s), 0o600, func(f *os.File) error {
-		var err error
-		st, err = archive.Write(ctx, d.VolumeDataPath(v), io.MultiWriter(f, h), archive.Options{Compact: compact, Zstd: s.Format == FormatTarZst})
-		d.moved("archive", st.Bytes)
-		return err
-	})
+	write := func(tree string) error {
+		return fsops.CreateDurable(d.SnapshotDataPath(s), d.snapshotTempPath(s), 0o600, func(f *os.File) error {
+			var err error
+			st, err = archive.Write(ctx, tree, io.MultiWriter(f, h), archive.Options{Compact: compact, Zstd: s.Format == FormatTarZst})
+			d.moved("archive", st.Bytes)
+			return err
+		})
+	}
+	var err error
+	if isImage(v) {
+		err = d.imageTree(ctx, v, write)
+	} else {
+		err = write(d.VolumeDataPath(v))
+	}
 	if err != nil {
 		return 0, "", err
 	}
