@@ -205,3 +205,39 @@ func TestImageArchiveExport(t *testing.T) {
 	_, err := d.CreateSnapshot(ctx, snapReq("s-reflink", v.GetVolumeId(), map[string]string{engine.ParamFormat: engine.FormatReflink}))
 	wantCode(t, err, codes.InvalidArgument)
 }
+
+// TestDirectoryIntoImage: a directory volume's snapshots (tar.gz, tar.zst,
+// and a reflink where the state dir can) restore image volumes holding
+// its files: the way an existing volume moves to the image layout.
+func TestDirectoryIntoImage(t *testing.T) {
+	d := newDriver(t, testConfig(t))
+	src := mustCreate(t, d, "dir", 32<<20)
+	data := bytes.Repeat([]byte("moved in "), 40000)
+	if err := os.MkdirAll(filepath.Join(volumeDir(d, src.GetVolumeId()), "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(volumeDir(d, src.GetVolumeId()), "sub", "f"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	formats := map[string]map[string]string{
+		"gz":  {engine.ParamFormat: engine.FormatTarGz},
+		"zst": {engine.ParamCompression: "zstd"},
+	}
+	if d.defaultPool().Reflink {
+		formats["reflink"] = map[string]string{engine.ParamFormat: engine.FormatReflink}
+	}
+	for name, params := range formats {
+		s, err := d.CreateSnapshot(ctx, snapReq("s-"+name, src.GetVolumeId(), params))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := createImage(t, d, "img-"+name, 64<<20, &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: s.GetSnapshot().GetSnapshotId()}}})
+		_, target := stageAndPublish(t, d, v.GetVolumeId())
+		if got, err := os.ReadFile(filepath.Join(target, "sub", "f")); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("image volume from the %s snapshot: %d bytes (%v)", name, len(got), err)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(tmpDir(d), "*.fill")); len(left) > 0 {
+		t.Fatalf("left in tmp/: %v", left)
+	}
+}

@@ -396,4 +396,25 @@ func TestImageFromAnotherNode(t *testing.T) {
 		_, err := b.d.CreateVolume(ctx, req)
 		wantCode(t, err, codes.InvalidArgument)
 	}
+	// A directory volume's snapshot on a fills an image volume on b.
+	dir := mustCreate(t, a.d, "dir", size)
+	if err := os.WriteFile(filepath.Join(volumeDir(a.d, dir.GetVolumeId()), "f"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := a.d.CreateSnapshot(ctx, snapReq("dirsnap", dir.GetVolumeId(), map[string]string{engine.ParamFormat: engine.FormatTarGz}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := fromSnapshot("img-from-dir", ds.GetSnapshot().GetSnapshotId(), size)
+	req.Parameters = imageParams
+	r, err := b.d.CreateVolume(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.GetVolume().GetVolumeId()
+	t.Cleanup(func() { b.d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}) })
+	_, tgt := stageAndPublish(t, b.d, id)
+	if got, err := os.ReadFile(filepath.Join(tgt, "f")); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("image volume on b from a directory volume's snapshot on a: %d bytes (%v)", len(got), err)
+	}
 }

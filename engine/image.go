@@ -83,18 +83,16 @@ func (d *Engine) createImageData(ctx context.Context, v VolumeRecord) error {
 	if err != nil {
 		return err
 	}
+	tree := false // a directory volume's snapshot: a tree to fill it with
+	if s, ok := d.Records.Snapshots.Get(v.SourceSnapshot); ok && v.SourceSnapshot != "" && snapshotLayout(s) == LayoutDirectory {
+		tree = true
+	}
 	switch {
-	case src == "":
-		tmp := filepath.Join(tmpBeside(path), filepath.Base(path)+".partial")
-		err = fsops.CreateDurable(path, tmp, 0o600, func(f *os.File) error {
-			if err := f.Truncate(v.CapacityBytes); err != nil {
-				return err
-			}
-			// Any pod's uid may write, as in a directory volume;
-			// fsGroupPolicy File lets kubelet narrow that.
-			_, err := ext4.Format(f, ext4.Options{RootMode: 0o777})
-			return err
-		})
+	case src == "" || tree:
+		err = d.makeEmptyImage(v)
+		if err == nil && tree {
+			err = d.fillImage(v, func(dir string) error { return d.restoreSnapshot(ctx, v.SourceSnapshot, dir) })
+		}
 	case v.SourceVolume != "":
 		// A clone of a volume in use is one instant of it, as a snapshot.
 		err = d.frozen(ctx, []VolumeRecord{d.sourceRecord(v)}, func(ctx context.Context) error {
@@ -255,14 +253,15 @@ func growSparse(path string, size int64) error {
 }
 
 // restorable says whether a snapshot of a volume of srcAccess and
-// srcLayout can restore one of access and layout: the same kind, or an
-// image volume's snapshot as a block volume and a block volume's as an
-// image volume (the volume mode change a block data mover asks for, with
-// snapshot.storage.kubernetes.io/allow-volume-mode-change).
+// srcLayout can restore one of access and layout: the same kind; an image
+// volume's snapshot as a block volume and a block volume's as an image
+// volume (the volume mode change a block data mover asks for, with
+// snapshot.storage.kubernetes.io/allow-volume-mode-change); or a
+// directory volume's snapshot (a tree) as an image volume.
 func restorable(snap, srcAccess, srcLayout, access, layout string) error {
 	imageAndBlock := (srcLayout == LayoutImage && access == AccessBlock) || (srcAccess == AccessBlock && layout == LayoutImage)
 	switch {
-	case imageAndBlock:
+	case imageAndBlock, srcLayout == LayoutDirectory && layout == LayoutImage:
 		return nil
 	case srcAccess != access:
 		return StorageErr(ErrInvalid, "source snapshot %s is of a %s volume; it cannot restore a %s volume (only image and block volumes restore as each other)", snap, srcAccess, access)
@@ -281,4 +280,55 @@ func holdsExt4(path string) error {
 	defer f.Close()
 	_, err = ext4.ReadSize(f)
 	return err
+}
+
+// makeEmptyImage makes image volume v's file: a sparse file of its size
+// holding an empty ext4, complete and durable when it appears.
+func (d *Engine) makeEmptyImage(v VolumeRecord) error {
+	path := d.VolumeDataPath(v)
+	tmp := filepath.Join(tmpBeside(path), filepath.Base(path)+".partial")
+	return fsops.CreateDurable(path, tmp, 0o600, func(f *os.File) error {
+		if err := f.Truncate(v.CapacityBytes); err != nil {
+			return err
+		}
+		// Any pod's uid may write, as in a directory volume;
+		// fsGroupPolicy File lets kubelet narrow that.
+		_, err := ext4.Format(f, ext4.Options{RootMode: 0o777})
+		return err
+	})
+}
+
+// fillImage has fill write a tree (a directory volume's snapshot,
+// restored here or received from another node) into image volume v's
+// new empty file system, mounted for that on the pool's tmp/, and makes
+// what it wrote durable in the image before the volume is recorded ready.
+func (d *Engine) fillImage(v VolumeRecord, fill func(dir string) error) (err error) {
+	dev, err := d.attachImage(v)
+	if err != nil {
+		return err
+	}
+	mnt := filepath.Join(d.PoolOf(v.Pool).Paths.Tmp(), v.ID+".fill")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		return err
+	}
+	defer os.Remove(mnt)
+	if err := fsops.MountDevice(dev.Path(), mnt, ImageFSType, unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		return fmt.Errorf("mounting the new file system of volume %s: %w", v.ID, err)
+	}
+	mounted := true
+	defer func() {
+		if mounted {
+			fsops.Unmount(mnt)
+		}
+	}()
+	if err := fill(mnt); err != nil {
+		return err
+	}
+	// The unmount writes the file system back to the device; the fsync
+	// of the image makes that durable.
+	mounted = false
+	if err := fsops.Unmount(mnt); err != nil {
+		return err
+	}
+	return fsops.SyncFile(d.VolumeDataPath(v))
 }

@@ -152,6 +152,17 @@ func (w *watchedReader) Read(b []byte) (int, error) {
 // buildFrom writes a received stream into the volume's data.
 func (d *Engine) buildFrom(ctx context.Context, v VolumeRecord, m transfer.Meta, body io.Reader) error {
 	path := d.VolumeDataPath(v)
+	if isImage(v) && m.Format != wireExtents {
+		// A directory volume's snapshot, as a tree: into the new
+		// image's own file system.
+		if err := treeFormat(m); err != nil {
+			return err
+		}
+		if err := d.makeEmptyImage(v); err != nil {
+			return err
+		}
+		return d.fillImage(v, func(dir string) error { return d.extractTree(ctx, m, body, dir) })
+	}
 	if fileBacked(v) {
 		if m.Format != wireExtents {
 			return fmt.Errorf("%w: a block or image source came as %q", archive.ErrFormat, m.Format)
@@ -183,12 +194,26 @@ func (d *Engine) buildFrom(ctx context.Context, v VolumeRecord, m transfer.Meta,
 		_, err = d.attachFile(v)
 		return err
 	}
-	if m.Format != wireTarGz && m.Format != WireTarZst {
-		return fmt.Errorf("%w: a directory source came as %q", archive.ErrFormat, m.Format)
+	if err := treeFormat(m); err != nil {
+		return err
 	}
 	if err := d.makeVolumeDir(v, path); err != nil {
 		return err
 	}
+	return d.extractTree(ctx, m, body, path)
+}
+
+// treeFormat refuses a stream that is no tree.
+func treeFormat(m transfer.Meta) error {
+	if m.Format != wireTarGz && m.Format != WireTarZst {
+		return fmt.Errorf("%w: a directory source came as %q", archive.ErrFormat, m.Format)
+	}
+	return nil
+}
+
+// extractTree extracts a received tree into dir (its format checked) and
+// checks the archive's checksum where the source has one.
+func (d *Engine) extractTree(ctx context.Context, m transfer.Meta, body io.Reader, path string) error {
 	var h hash.Hash = sha256.New()
 	in := io.TeeReader(body, h)
 	st, err := archive.Extract(ctx, in, path)
