@@ -9,7 +9,10 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/format/ext4"
+	"github.com/hostpath-csi/hostpath/fsops"
+	"github.com/hostpath-csi/hostpath/internal/testutil"
 	"github.com/hostpath-csi/hostpath/loop"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 )
 
@@ -239,5 +242,46 @@ func TestDirectoryIntoImage(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(tmpDir(d), "*.fill")); len(left) > 0 {
 		t.Fatalf("left in tmp/: %v", left)
+	}
+}
+
+// TestImageTempLeftovers: what a driver killed during an export leaves in
+// tmp/ (a copy of an image bound to a loop device, its file system
+// mounted) is let go and removed by the next start.
+func TestImageTempLeftovers(t *testing.T) {
+	testutil.RequireRoot(t)
+	cfg := testConfig(t)
+	d := newDriver(t, cfg)
+	img, mnt := filepath.Join(tmpDir(d), "vol-x.tree-1.img"), filepath.Join(tmpDir(d), "vol-x.tree-1.mnt")
+	f, err := os.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(32 << 20)
+	if _, err := ext4.Format(f, ext4.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	d.Close()
+	dev, err := loop.Attach(img, loop.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { loop.Detach(dev) })
+	os.Mkdir(mnt, 0o700)
+	unmountAll(t, mnt)
+	if err := fsops.MountDevice(dev.Path(), mnt, "ext4", unix.MS_RDONLY, ""); err != nil {
+		t.Fatal(err)
+	}
+	d = newDriver(t, cfg)
+	defer d.Close()
+	if left, _ := filepath.Glob(filepath.Join(tmpDir(d), "vol-x*")); len(left) > 0 {
+		t.Fatalf("left in tmp/ after the start: %v", left)
+	}
+	if mp, _ := fsops.GetMountPoint(mnt); mp != nil {
+		t.Fatalf("%s still mounted", mnt)
+	}
+	if info, err := loop.Status(dev); err == nil {
+		t.Fatalf("%s is still bound (to %s)", dev.Path(), bytes.TrimRight(info.File_name[:], "\x00"))
 	}
 }

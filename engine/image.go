@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
@@ -331,4 +332,27 @@ func (d *Engine) fillImage(v VolumeRecord, fill func(dir string) error) (err err
 		return err
 	}
 	return fsops.SyncFile(d.VolumeDataPath(v))
+}
+
+// releaseTemp lets go of what a driver that stopped mid-way may have left
+// holding an entry of tmp/ (an image copy's loop device, the mount of a
+// file system being filled or archived), so the entry can be removed and
+// nothing is written to it any more.
+func (d *Engine) releaseTemp(path string, e os.DirEntry) error {
+	if e.IsDir() {
+		mp, err := d.MountPoint(path)
+		if err != nil {
+			return err
+		}
+		if mp != nil {
+			if err := fsops.Unmount(path); err != nil {
+				return fmt.Errorf("unmounting what a stopped driver left mounted at %s: %w", path, err)
+			}
+		}
+		return nil
+	}
+	if e.Type().IsRegular() && strings.HasSuffix(e.Name(), BlockSuffix) {
+		return DetachAll(path)
+	}
+	return nil
 }

@@ -177,6 +177,9 @@ func (d *Engine) reconcileDirs(p *Pool) error {
 		}
 		path := filepath.Join(p.Paths.Tmp(), e.Name())
 		klog.InfoS("repair: removing unfinished temporary data", "path", path)
+		if err := d.releaseTemp(path, e); err != nil {
+			return err
+		}
 		if err := fsops.RemoveAll(path); err != nil {
 			return err
 		}
