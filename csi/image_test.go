@@ -187,9 +187,10 @@ func TestImageVolume(t *testing.T) {
 	}
 }
 
-// TestImageFormatFollowsVolumes: the state format goes back to 2 at the
-// start after the last image volume is gone, so the previous release can
-// start on the state dir again.
+// TestImageFormatFollowsVolumes: while an image volume exists the state
+// format is 3 and a clean stop keeps the downgrade guard up; the start
+// after the last one is gone records 2 and its clean stop lowers the
+// guard, so the previous release can start on the state dir again.
 func TestImageFormatFollowsVolumes(t *testing.T) {
 	testutil.RequireRoot(t)
 	cfg := testConfig(t)
@@ -206,11 +207,29 @@ func TestImageFormatFollowsVolumes(t *testing.T) {
 	if got := stateFormat(t, d); got != "hostpath-csi state format 3" {
 		t.Fatalf("format before the restart: %q", got)
 	}
+	guard := filepath.Join(tmpDir(d), ".write-probe")
+	// A clean stop with an image record left (a deleted volume's record
+	// is gone, so make one that stays) keeps the guard up.
+	keep, err := d.CreateVolume(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	if _, err := os.Stat(guard); err != nil {
+		t.Fatalf("the downgrade guard after a clean stop with an image volume: %v, want it kept", err)
+	}
+	d = newDriver(t, cfg)
+	if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: keep.GetVolume().GetVolumeId()}); err != nil {
+		t.Fatal(err)
+	}
 	d.Close()
 	d = newDriver(t, cfg)
-	defer d.Close()
 	if got := stateFormat(t, d); got != "hostpath-csi state format 2" {
 		t.Fatalf("format after the last image volume went: %q", got)
+	}
+	d.Close()
+	if _, err := os.Stat(guard); !os.IsNotExist(err) {
+		t.Fatalf("the downgrade guard after a clean stop with no image volume: %v, want it gone", err)
 	}
 }
 

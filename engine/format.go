@@ -65,15 +65,22 @@ func (d *Engine) checkStateFormat() error {
 // image volume, else numbered.
 func (d *Engine) recordStateFormat() error {
 	n := formatNumbered
-	for _, v := range d.Records.Volumes.All() {
-		if isImage(v) {
-			n = formatImages
-			break
-		}
+	if d.holdsImages() {
+		n = formatImages
 	}
 	d.formatMu.Lock()
 	defer d.formatMu.Unlock()
 	return d.writeStateFormat(n)
+}
+
+// holdsImages reports whether any record is of an image volume.
+func (d *Engine) holdsImages() bool {
+	for _, v := range d.Records.Volumes.All() {
+		if isImage(v) {
+			return true
+		}
+	}
+	return false
 }
 
 // raiseStateFormat records format n, durably, unless the state dir is
@@ -114,10 +121,12 @@ const downgradeGuard = ".write-probe"
 
 // guardNote is what a person finds in the guard.
 const guardNote = `A hostpath CSI driver newer than its previous release runs on this state
-dir, or did not stop cleanly (it was killed, or the node lost power). Its
-journal may hold changes that the previous release would misread, so that
-release refuses to start here. Start the current release once and stop it
-(SIGTERM): its clean stop removes this directory. Do not remove it by hand.
+dir, or did not stop cleanly (it was killed, or the node lost power), or
+the state dir holds image volumes (layout: image), which the previous
+release does not know. Its journal may hold changes that the previous
+release would misread, so that release refuses to start here. Start the
+current release once and stop it (SIGTERM): its clean stop removes this
+directory, once no image volume is left. Do not remove it by hand.
 `
 
 // raiseDowngradeGuard puts the guard in place, durably, before anything

@@ -119,8 +119,15 @@ func (d *Engine) Close() error {
 		// retry starts it again on the next driver.
 		d.bg.stop()
 	})
+	// The previous release predates the state format file and knows no
+	// image volumes (it would take one for a missing directory): the
+	// guard, which it does heed, stays while one exists.
+	images := d.holdsImages()
 	if err := d.Records.Close(); err != nil {
 		return err
+	}
+	if images {
+		return nil
 	}
 	return d.lowerDowngradeGuard()
 }

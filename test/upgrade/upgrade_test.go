@@ -399,6 +399,12 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 		d := start(t, current, state, sock)
 		if d.ready(t) == nil {
 			w.cleanup(t, d, dir)
+			// What a failure left beside the world (the image volume).
+			if vols, err := d.ctl().ListVolumes(ctx, &csipb.ListVolumesRequest{}); err == nil {
+				for _, e := range vols.GetEntries() {
+					d.ctl().DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: e.GetVolume().GetVolumeId()})
+				}
+			}
 		}
 		d.stop(t)
 	})
@@ -436,6 +442,31 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 	}
 	if _, err := cur.ctl().ControllerGetVolume(ctx, &csipb.ControllerGetVolumeRequest{VolumeId: made.GetVolume().GetVolumeId()}); err != nil {
 		t.Fatalf("the volume made before the crash: %v", err)
+	}
+	// An image volume, which the previous release does not know: while
+	// one exists it refuses the state dir (it would take the volume for
+	// a missing directory); the current build serves it across its
+	// restart; once it is deleted the previous release may start again.
+	img := imageVolume(t, cur, state, dir, "written before the restart")
+	cur.stop(t)
+	refused := start(t, previous, state, sock)
+	if err := refused.ready(t); err == nil || !strings.Contains(err.Error(), downgradeGuard) {
+		refused.stop(t)
+		t.Fatalf("the previous release on a state dir holding an image volume: %v, want a refusal naming %s", err, downgradeGuard)
+	} else {
+		t.Logf("with an image volume the previous release refuses: %v", err)
+	}
+	cur = start(t, current, state, sock)
+	if err := cur.ready(t); err != nil {
+		t.Fatalf("the current build after the refused rollback: %v", err)
+	}
+	img.check(t, cur, "written before the restart")
+	img.remove(t, cur)
+	cur.stop(t)
+	// The start after the last image volume went records the older format.
+	cur = start(t, current, state, sock)
+	if err := cur.ready(t); err != nil {
+		t.Fatal(err)
 	}
 	cur.stop(t)
 
