@@ -317,11 +317,12 @@ test-kernel: kernel-deps
 	  tail -n +1 -f --pid=$$pid /tmp/hostpath-kernel.log | grep --line-buffered -v '^=== RUN\|--- PASS\|^PASS$$\|^ok \|^[0-9]* passed, [0-9]* failed$$'; \
 	  wait $$pid; rc=$$?; grep -E '^[0-9]+ passed, [0-9]+ failed$$' /tmp/hostpath-kernel.log || echo "0 passed, 1 failed (the harness did not finish: /tmp/hostpath-kernel.log)"; exit $$rc
 
-# Tools the tests use to prepare their world (the driver needs none), and
-# PostgreSQL, the database the point-in-time snapshot tests run.
+# Tools the tests use to prepare their world (the driver needs none),
+# PostgreSQL, the database the point-in-time snapshot tests run, and fio,
+# which the I/O benchmarks compare with.
 deps:
-	command -v mkfs.xfs >/dev/null && command -v mkfs.btrfs >/dev/null && command -v pigz >/dev/null && command -v skopeo >/dev/null && ls /usr/lib/postgresql/*/bin/pg_amcheck >/dev/null 2>&1 || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xfsprogs btrfs-progs e2fsprogs tar coreutils attr pigz util-linux skopeo postgresql >/dev/null)
+	command -v mkfs.xfs >/dev/null && command -v mkfs.btrfs >/dev/null && command -v pigz >/dev/null && command -v skopeo >/dev/null && command -v fio >/dev/null && ls /usr/lib/postgresql/*/bin/pg_amcheck >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xfsprogs btrfs-progs e2fsprogs tar coreutils attr pigz util-linux skopeo postgresql fio >/dev/null)
 
 clean:
 	rm -rf bin

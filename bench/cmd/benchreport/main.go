@@ -95,6 +95,7 @@ var goals = []struct {
 	{"BlockCreateAPI", "", "ours-api", "fallocate+losetup", 3},
 	{"RestoreFromPeer", "", "from-peer", "local", 0.8},
 	{"ImageFormat", "", "ours", "fallocate+losetup+mkfs.ext4", 3},
+	{"ImageIO", "", "ours", "pool-file", 0.9},
 }
 
 func goalOf(bench, cse, ours, theirs string) float64 {

@@ -1,0 +1,121 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+
+	hcsi "github.com/hostpath-csi/hostpath/csi"
+	"github.com/hostpath-csi/hostpath/engine"
+	"github.com/hostpath-csi/hostpath/internal/testutil"
+)
+
+// fioJobs are the I/O patterns the image layout must not slow (issue 27:
+// at least 0.9x): 4 KiB random and 1 MiB sequential, reads and writes,
+// all O_DIRECT.
+var fioJobs = []struct {
+	name, rw, bs string
+	depth        int
+	io           string // bytes moved per run
+}{
+	{"randread-4k", "randread", "4k", 16, "64m"},
+	{"randwrite-4k", "randwrite", "4k", 16, "64m"},
+	{"read-1m", "read", "1m", 4, "256m"},
+	{"write-1m", "write", "1m", 4, "256m"},
+}
+
+// fio runs one job on file (laid out beforehand, outside the timing) and
+// returns fio's own runtime of the job in ns and its bandwidth in MB/s.
+func fio(b *testing.B, file, rw, bs string, depth int, io string) (float64, float64) {
+	out, err := exec.Command("fio", "--name=j", "--filename="+file, "--size=256m", "--io_size="+io, "--rw="+rw, "--bs="+bs,
+		"--direct=1", "--ioengine=libaio", fmt.Sprintf("--iodepth=%d", depth), "--end_fsync=1", "--output-format=json").Output()
+	if err != nil {
+		b.Fatalf("fio %s %s on %s: %v", rw, bs, file, err)
+	}
+	var r struct {
+		Jobs []struct {
+			Runtime     float64 `json:"job_runtime"` // ms
+			Read, Write struct {
+				BW float64 `json:"bw_bytes"`
+			}
+		} `json:"jobs"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil || len(r.Jobs) != 1 {
+		b.Fatalf("fio's output: %v", err)
+	}
+	j := r.Jobs[0]
+	return j.Runtime * 1e6, (j.Read.BW + j.Write.BW) / 1e6
+}
+
+// imageMount makes an image volume of size in a driver on fs, stages it
+// and returns where its file system is mounted; all undone at the end.
+func imageMount(b *testing.B, fs *benchFS, size int64) string {
+	ctx := context.Background()
+	d, err := hcsi.New(engine.Config{DriverName: "bench", Version: "b", NodeID: "n", StateDir: outDir(b, fs, "io-state"), MaxVolumeSize: 1 << 40})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Close() })
+	mount := &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}},
+		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+	v, err := d.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "io", VolumeCapabilities: []*csipb.VolumeCapability{mount},
+		CapacityRange: &csipb.CapacityRange{RequiredBytes: size}, Parameters: map[string]string{engine.ParamLayout: engine.LayoutImage}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	id := v.GetVolume().GetVolumeId()
+	b.Cleanup(func() { d.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: id}) })
+	staging := outDir(b, fs, "io-staging")
+	if _, err := d.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: mount}); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if _, err := d.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+			unix.Unmount(staging, unix.MNT_DETACH)
+		}
+	})
+	return staging
+}
+
+// BenchmarkImageIO: fio on a file in an image volume's own file system
+// (through its loop device, with direct I/O) against the same fio on a
+// file in the pool itself, both O_DIRECT, on each fresh pool file system,
+// in the same run. ns/op is fio's runtime of the job; the goal (issue 27)
+// is at least 0.9x the pool's speed.
+func BenchmarkImageIO(b *testing.B) {
+	testutil.RequireRoot(b)
+	if !have("fio") {
+		b.Fatal("fio is needed (make deps installs it)")
+	}
+	for _, fs := range fileSystems(b) {
+		in := filepath.Join(imageMount(b, fs, 1<<30), "fio.dat")
+		beside := filepath.Join(outDir(b, fs, "io-pool"), "fio.dat")
+		for _, f := range []string{in, beside} {
+			// Laid out once, allocated, outside the timing.
+			fio(b, f, "write", "1m", 4, "256m")
+			defer os.Remove(f)
+		}
+		for _, j := range fioJobs {
+			for r := 0; r < *rounds; r++ {
+				for _, v := range []struct{ name, file string }{{"ours", in}, {"pool-file", beside}} {
+					b.Run(fmt.Sprintf("%s/%s/%s", fs.name, j.name, v.name), func(b *testing.B) {
+						var ns, mbs float64
+						for i := 0; i < b.N; i++ {
+							n, m := fio(b, v.file, j.rw, j.bs, j.depth, j.io)
+							ns, mbs = ns+n, mbs+m
+						}
+						b.ReportMetric(ns/float64(b.N), "ns/op")
+						b.ReportMetric(mbs/float64(b.N), "MB/s")
+					})
+				}
+			}
+		}
+	}
+}
