@@ -281,8 +281,8 @@ func manyNodes(t *testing.T, k *kube, nodes []string) {
 // web0Node) away from it: each volume is built on its pod's node from the
 // source pulled from the other node, with the same bytes.
 func crossNode(t *testing.T, k *kube, node, web0Node string) {
-	var fileSum, blockSum string
-	step(t, "sources on "+node+": a file in pinned, a block volume, their snapshots", func() {
+	var fileSum, blockSum, imageSum string
+	step(t, "sources on "+node+": a file in pinned, a block volume, an image volume, their snapshots", func() {
 		fileSum = strings.Fields(k.exec(ns, "pinned", "sh", "-c", "head -c 8388608 /dev/urandom > /data/random && sync && sha256sum /data/random"))[0]
 		takeSnapshot(k, "xsnap", "pinned")
 		k.apply(pvc("xblk", "32Mi", "Block", ""))
@@ -297,11 +297,22 @@ func crossNode(t *testing.T, k *kube, node, web0Node string) {
 			return true, ""
 		})
 		takeSnapshot(k, "xblksnap", "xblk")
+		k.apply(inClass(pvc("ximg", "64Mi", "Filesystem", ""), "hostpath-image"))
+		k.apply(onNode(pod("ximg", "ximg", "", "head -c 8388608 /dev/urandom > /data/random && sync"), node))
+		k.waitPod(ns, "ximg", "Running", 180*time.Second)
+		imageSum = strings.Fields(k.exec(ns, "ximg", "sha256sum", "/data/random"))[0]
+		takeSnapshot(k, "ximgsnap", "ximg")
 	})
-	cases := []struct{ name, mode, source, read, want string }{
-		{"x-restore", "Filesystem", "{kind: VolumeSnapshot, name: xsnap, apiGroup: snapshot.storage.k8s.io}", "sha256sum /data/random", fileSum},
-		{"x-clone", "Filesystem", "{kind: PersistentVolumeClaim, name: pinned}", "sha256sum /data/random", fileSum},
-		{"x-blk-restore", "Block", "{kind: VolumeSnapshot, name: xblksnap, apiGroup: snapshot.storage.k8s.io}", "head -c 4194304 /dev/xvda | sha256sum", blockSum},
+	cases := []struct{ name, class, size, mode, source, read, want string }{
+		{"x-restore", "hostpath", "256Mi", "Filesystem", "{kind: VolumeSnapshot, name: xsnap, apiGroup: snapshot.storage.k8s.io}", "sha256sum /data/random", fileSum},
+		{"x-clone", "hostpath", "256Mi", "Filesystem", "{kind: PersistentVolumeClaim, name: pinned}", "sha256sum /data/random", fileSum},
+		{"x-blk-restore", "hostpath", "256Mi", "Block", "{kind: VolumeSnapshot, name: xblksnap, apiGroup: snapshot.storage.k8s.io}", "head -c 4194304 /dev/xvda | sha256sum", blockSum},
+		// An image volume's snapshot, and the image volume itself in
+		// use (a copy cut frozen on its node), pulled to another node;
+		// at its size (growing its file system at stage needs
+		// CAP_SYS_RESOURCE, which this runner's containers lack).
+		{"x-img-restore", "hostpath-image", "64Mi", "Filesystem", "{kind: VolumeSnapshot, name: ximgsnap, apiGroup: snapshot.storage.k8s.io}", "sha256sum /data/random", imageSum},
+		{"x-img-clone", "hostpath-image", "64Mi", "Filesystem", "{kind: PersistentVolumeClaim, name: ximg}", "sha256sum /data/random", imageSum},
 	}
 	step(t, "restored, cloned and block-restored on nodes other than "+node+": the same bytes", func() {
 		for _, c := range cases {
@@ -309,7 +320,7 @@ func crossNode(t *testing.T, k *kube, node, web0Node string) {
 			if c.mode == "Block" {
 				block = "block"
 			}
-			k.apply(pvc(c.name, "256Mi", c.mode, c.source))
+			k.apply(inClass(pvc(c.name, c.size, c.mode, c.source), c.class))
 			k.apply(awayFrom(pod(c.name, c.name, block, "true"), node))
 		}
 		for _, c := range cases {
@@ -327,9 +338,9 @@ func crossNode(t *testing.T, k *kube, node, web0Node string) {
 			k.must("delete", "pod", c.name, "-n", ns, "--grace-period=1")
 			k.must("delete", "pvc", c.name, "-n", ns)
 		}
-		k.must("delete", "pod", "xblk", "-n", ns, "--grace-period=1")
-		k.must("delete", "volumesnapshot", "xsnap", "xblksnap", "-n", ns)
-		k.must("delete", "pvc", "xblk", "-n", ns)
+		k.must("delete", "pod", "xblk", "ximg", "-n", ns, "--grace-period=1")
+		k.must("delete", "volumesnapshot", "xsnap", "xblksnap", "ximgsnap", "-n", ns)
+		k.must("delete", "pvc", "xblk", "ximg", "-n", ns)
 	})
 	step(t, "a replica restored from a snapshot of web-0 (on "+web0Node+") on another node", func() {
 		takeSnapshot(k, "web0snap", "data-web-0")
