@@ -21,16 +21,7 @@ import (
 // frozen one once and then reports nothing to do.
 func TestFreezeThaw(t *testing.T) {
 	testutil.RequireRoot(t)
-	img := testfs.NewImage(t, 128<<20)
-	f, err := os.OpenFile(img, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ext4.Format(f, ext4.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	mnt := testfs.MountImage(t, img, "ext4", "")
+	mnt := mountedExt4(t, 128<<20)
 	if err := fsops.Freeze(mnt); err != nil {
 		t.Fatal(err)
 	}
@@ -76,16 +67,7 @@ func TestFreezeThaw(t *testing.T) {
 // a write waits, and the thaw through the held descriptor lets both go.
 func TestFreezeHeld(t *testing.T) {
 	testutil.RequireRoot(t)
-	img := testfs.NewImage(t, 64<<20)
-	f, err := os.OpenFile(img, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ext4.Format(f, ext4.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	mnt := testfs.MountImage(t, img, "ext4", "")
+	mnt := mountedExt4(t, 64<<20)
 	thaw, err := fsops.FreezeHeld(mnt)
 	if err != nil {
 		t.Fatal(err)
@@ -122,4 +104,27 @@ func TestFreezeHeld(t *testing.T) {
 	if was, err := fsops.ThawIfFrozen(mnt); err != nil || was {
 		t.Fatalf("after the held thaw: frozen=%v, %v", was, err)
 	}
+}
+
+// mountedExt4 is an ext4 made in-process (so the kernel guests run the
+// test too) on a fresh image of size bytes, loop-mounted until the test
+// ends.
+func mountedExt4(t *testing.T, size int64) string {
+	t.Helper()
+	return testfs.MountImage(t, ext4Image(t, size), "ext4", "")
+}
+
+// ext4Image is a fresh image of size bytes holding an in-process ext4.
+func ext4Image(t *testing.T, size int64) string {
+	t.Helper()
+	img := testfs.NewImage(t, size)
+	f, err := os.OpenFile(img, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := ext4.Format(f, ext4.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	return img
 }

@@ -8,9 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/hostpath-csi/hostpath/format/ext4"
 	"github.com/hostpath-csi/hostpath/fsops"
-	"github.com/hostpath-csi/hostpath/internal/testfs"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 	"github.com/hostpath-csi/hostpath/loop"
 )
@@ -20,16 +18,7 @@ import (
 // takes a write, and refuses a symlinked target and a missing device.
 func TestMountDevice(t *testing.T) {
 	testutil.RequireRoot(t)
-	img := testfs.NewImage(t, 64<<20)
-	f, err := os.OpenFile(img, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ext4.Format(f, ext4.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	dev, err := loop.Attach(img, loop.Options{})
+	dev, err := loop.Attach(ext4Image(t, 64<<20), loop.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

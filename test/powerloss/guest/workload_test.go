@@ -118,28 +118,9 @@ func workload(t *testing.T, rec *recorder, state, pool string) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		f, err := os.OpenFile(filepath.Join(state, file), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-		if err != nil {
-			t.Errorf("writer: %v", err)
-			return
-		}
-		defer f.Close()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			if _, err := f.Write(plan.Record(i)); err != nil {
-				t.Errorf("writer: %v", err)
-				return
-			}
-			if err := unix.Fdatasync(int(f.Fd())); err != nil {
-				t.Errorf("writer: fdatasync: %v", err)
-				return
-			}
-			rec.ack(t, plan.Op{Kind: "write", ID: wvol, File: file, Bytes: int64(i+1) * plan.RecordSize})
-		}
+		appendRecords(t, rec, "writer", filepath.Join(state, file), stop, func(n int64) plan.Op {
+			return plan.Op{Kind: "write", ID: wvol, File: file, Bytes: n}
+		})
 	}()
 
 	// An image volume, staged and published as for a pod, and a writer
@@ -156,28 +137,9 @@ func workload(t *testing.T, rec *recorder, state, pool string) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		f, err := os.OpenFile(filepath.Join(itarget, plan.ImageWriterFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-		if err != nil {
-			t.Errorf("image writer: %v", err)
-			return
-		}
-		defer f.Close()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			if _, err := f.Write(plan.Record(i)); err != nil {
-				t.Errorf("image writer: %v", err)
-				return
-			}
-			if err := unix.Fdatasync(int(f.Fd())); err != nil {
-				t.Errorf("image writer: fdatasync: %v", err)
-				return
-			}
-			rec.ack(t, plan.Op{Kind: "image-write", ID: ivol, File: plan.ImageWriterFile, Bytes: int64(i+1) * plan.RecordSize})
-		}
+		appendRecords(t, rec, "image writer", filepath.Join(itarget, plan.ImageWriterFile), stop, func(n int64) plan.Op {
+			return plan.Op{Kind: "image-write", ID: ivol, File: plan.ImageWriterFile, Bytes: n}
+		})
 	}()
 
 	for round := 0; round < 3; round++ {
@@ -309,4 +271,32 @@ func writeBlock(t *testing.T, rec *recorder, node csipb.NodeClient, id string, r
 		t.Fatalf("NodeUnstageVolume (block): %v", err)
 	}
 	return data
+}
+
+// appendRecords appends a record to path and fdatasyncs it every 100 ms
+// until stop, acknowledging op(bytes synced so far) after each: the
+// writes a pod makes meanwhile, through a descriptor of its own.
+func appendRecords(t *testing.T, rec *recorder, who, path string, stop <-chan struct{}, op func(n int64) plan.Op) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Errorf("%s: %v", who, err)
+		return
+	}
+	defer f.Close()
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+		if _, err := f.Write(plan.Record(i)); err != nil {
+			t.Errorf("%s: %v", who, err)
+			return
+		}
+		if err := unix.Fdatasync(int(f.Fd())); err != nil {
+			t.Errorf("%s: fdatasync: %v", who, err)
+			return
+		}
+		rec.ack(t, op(int64(i+1)*plan.RecordSize))
+	}
 }
