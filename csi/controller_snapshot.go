@@ -24,7 +24,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if err := d.checkIDHere("source_volume_id", srcID); err != nil {
 		return nil, err
 	}
-	if _, _, _, err := d.SnapshotOptions(req.GetParameters(), engine.AccessMount, nil); err != nil {
+	if _, _, _, err := d.SnapshotOptions(req.GetParameters(), engine.LayoutDirectory, nil); err != nil {
 		return nil, err
 	}
 	if err := d.checkTopology(req.GetAccessibilityRequirements()); err != nil {

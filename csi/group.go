@@ -53,7 +53,7 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 			return nil, invalid("volume %s is listed twice", id)
 		}
 	}
-	if _, _, _, err := d.SnapshotOptions(req.GetParameters(), engine.AccessMount, nil); err != nil {
+	if _, _, _, err := d.SnapshotOptions(req.GetParameters(), engine.LayoutDirectory, nil); err != nil {
 		return nil, err
 	}
 	g, err := d.CreateGroup(ctx, name, srcs, req.GetParameters())

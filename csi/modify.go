@@ -28,11 +28,11 @@ func (d *Driver) checkMutable(params map[string]string) error {
 				return invalid("mutable parameter %s=%q names no configured --capacity kind", k, v)
 			}
 		case engine.MutableSnapshotFormat:
-			if _, _, _, err := d.SnapshotOptions(map[string]string{engine.ParamFormat: v}, engine.AccessMount, nil); err != nil {
+			if _, _, _, err := d.SnapshotOptions(map[string]string{engine.ParamFormat: v}, engine.LayoutDirectory, nil); err != nil {
 				return invalid("mutable parameter %s=%q: %s", k, v, err.Error())
 			}
 		case engine.MutableSnapshotCompression:
-			if _, _, _, err := d.SnapshotOptions(map[string]string{engine.ParamCompression: v}, engine.AccessMount, nil); err != nil {
+			if _, _, _, err := d.SnapshotOptions(map[string]string{engine.ParamCompression: v}, engine.LayoutDirectory, nil); err != nil {
 				return invalid("mutable parameter %s=%q: %s", k, v, err.Error())
 			}
 		default:

@@ -157,7 +157,7 @@ func (d *Engine) growBlock(v VolumeRecord, size int64) error {
 	path := d.VolumeDataPath(v)
 	grow := fsops.GrowFile
 	if isImage(v) {
-		grow = growSparse
+		grow = fsops.GrowSparse
 	}
 	if err := grow(path, size); err != nil {
 		return err

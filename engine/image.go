@@ -84,10 +84,9 @@ func (d *Engine) createImageData(ctx context.Context, v VolumeRecord) error {
 	if err != nil {
 		return err
 	}
-	tree := false // a directory volume's snapshot: a tree to fill it with
-	if s, ok := d.Records.Snapshots.Get(v.SourceSnapshot); ok && v.SourceSnapshot != "" && snapshotLayout(s) == LayoutDirectory {
-		tree = true
-	}
+	// A directory volume's snapshot is a tree to fill a new file system with.
+	s, ok := d.Records.Snapshots.Get(v.SourceSnapshot)
+	tree := ok && snapshotLayout(s) == LayoutDirectory
 	switch {
 	case src == "" || tree:
 		err = d.makeEmptyImage(v)
@@ -229,28 +228,6 @@ func imageStats(path string) (volumeStats, error) {
 		Total: fs.TotalBytes, Used: fs.TotalBytes - fs.FreeBytes, Available: fs.AvailableBytes,
 		InodesUsed: fs.TotalInodes - fs.FreeInodes, InodesFree: fs.FreeInodes,
 	}, nil
-}
-
-// growSparse extends an image file to size bytes without allocating them
-// (the file system inside allocates what it writes), durably: the record
-// of the new size follows.
-func growSparse(path string, size int64) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if size < st.Size() {
-		return &os.PathError{Op: "grow", Path: path, Err: unix.EINVAL}
-	}
-	if err := f.Truncate(size); err != nil {
-		return err
-	}
-	return f.Sync()
 }
 
 // restorable says whether a snapshot of a volume of srcAccess and

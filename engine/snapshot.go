@@ -31,11 +31,12 @@ const (
 )
 
 // SnapshotOptions reads and checks the parameters of CreateSnapshot for a
-// volume in pool src (nil: only checking the parameters): the format, and
-// the pool the snapshot goes to (the pool parameter, else src's). A
+// volume of layout (LayoutDirectory, LayoutImage, or "" for a block
+// volume) in pool src (nil: only checking the parameters): the format,
+// and the pool the snapshot goes to (the pool parameter, else src's). A
 // reflink shares blocks, so it needs the snapshot in the volume's pool on
 // a file system that can.
-func (d *Engine) SnapshotOptions(params map[string]string, access string, src *Pool) (format string, compact bool, dst *Pool, err error) {
+func (d *Engine) SnapshotOptions(params map[string]string, layout string, src *Pool) (format string, compact bool, dst *Pool, err error) {
 	checking := src == nil // the volume, and so what its pool can do, is not known yet
 	if checking {
 		src = d.Pools[DefaultPool]
@@ -98,8 +99,21 @@ func (d *Engine) SnapshotOptions(params map[string]string, access string, src *P
 		}
 		format = FormatTarZst
 	}
-	if access == AccessBlock {
+	switch layout {
+	case "": // a block volume's file
 		format = FormatImage
+	case LayoutImage:
+		// Its image, cut at one instant, unless an archive is asked for
+		// by name (an export of its tree, as of that instant too);
+		// compression tunes archives, so one class serves volumes of
+		// both layouts.
+		switch params[ParamFormat] {
+		case "", "auto":
+			format = FormatImage
+		case FormatTarGz:
+		default:
+			return "", false, nil, StorageErr(ErrInvalid, "an image volume's snapshots are copies of its image (%s=auto) or archives of its tree (%s=%s); %s=%s is for directory volumes", ParamFormat, ParamFormat, FormatTarGz, ParamFormat, params[ParamFormat])
+		}
 	}
 	return format, compact, dst, nil
 }
@@ -146,25 +160,12 @@ func (d *Engine) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 	if c, ok := v.Mutable[MutableSnapshotCompression]; ok && params[ParamCompression] == "" {
 		params[ParamCompression] = c
 	}
-	format, compact, dst, err := d.SnapshotOptions(params, v.AccessType, d.PoolOf(v.Pool))
+	format, compact, dst, err := d.SnapshotOptions(params, layoutOf(v), d.PoolOf(v.Pool))
 	if err != nil {
 		return SnapshotRecord{}, err
 	}
 	if v.AccessType == AccessMount && !isImage(v) && len(v.Published) > 0 {
 		klog.InfoS("snapshot of a directory volume in use: a file-by-file copy while its pods write, not one instant (layout=image volumes are frozen for theirs)", "volume_id", v.ID, "published", len(v.Published))
-	}
-	if isImage(v) {
-		// An image volume's snapshot is its image, cut at one instant,
-		// unless an archive is asked for by name (an export of its
-		// tree, as of that instant too); compression tunes archives, so
-		// one class serves volumes of both layouts.
-		switch params[ParamFormat] {
-		case "", "auto":
-			format = FormatImage
-		case FormatTarGz:
-		default:
-			return SnapshotRecord{}, StorageErr(ErrInvalid, "volume %s is an image volume: its snapshots are copies of its image (%s=auto) or archives of its tree (%s=%s); %s=%s is for directory volumes", v.ID, ParamFormat, ParamFormat, FormatTarGz, ParamFormat, params[ParamFormat])
-		}
 	}
 	if _, err := d.usable(dst); err != nil {
 		return SnapshotRecord{}, err

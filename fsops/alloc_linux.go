@@ -47,7 +47,13 @@ func CreateSparseFile(path string, size int64) (*os.File, error) {
 // GrowFile extends the file at path to size bytes, allocated like
 // CreateBackingFile. It never shrinks: a smaller size is an error
 // wrapping EINVAL.
-func GrowFile(path string, size int64) error {
+func GrowFile(path string, size int64) error { return grow(path, size, true) }
+
+// GrowSparse is GrowFile without the allocation: the new bytes are a
+// hole (an image whose file system allocates what it writes).
+func GrowSparse(path string, size int64) error { return grow(path, size, false) }
+
+func grow(path string, size int64, alloc bool) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -60,8 +66,12 @@ func GrowFile(path string, size int64) error {
 	if size < st.Size {
 		return &os.PathError{Op: "grow", Path: path, Err: unix.EINVAL}
 	}
-	if err := allocate(int(f.Fd()), path, size); err != nil {
-		return err
+	if alloc {
+		if err := allocate(int(f.Fd()), path, size); err != nil {
+			return err
+		}
+	} else if err := unix.Ftruncate(int(f.Fd()), size); err != nil {
+		return &os.PathError{Op: "ftruncate", Path: path, Err: err}
 	}
 	return f.Sync()
 }

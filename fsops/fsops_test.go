@@ -236,6 +236,26 @@ func TestCreateAndGrowBackingFile(t *testing.T) {
 	}
 }
 
+// TestGrowSparse: the file grows to the size asked with nothing of it
+// allocated, and never shrinks.
+func TestGrowSparse(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(p, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := GrowSparse(p, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := GrowSparse(p, 1<<20); !errors.Is(err, unix.EINVAL) {
+		t.Fatalf("shrink: %v", err)
+	}
+	var st unix.Stat_t
+	unix.Stat(p, &st)
+	if st.Size != 64<<20 || st.Blocks*512 > 1<<20 {
+		t.Fatalf("size %d, %d bytes allocated; want 64 MiB, sparse", st.Size, st.Blocks*512)
+	}
+}
+
 func TestCopyFileDataKeepsHoles(t *testing.T) {
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src")
