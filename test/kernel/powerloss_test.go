@@ -100,8 +100,17 @@ func TestPowerLoss(t *testing.T) {
 	}
 	n, l := recoverAgain(t, g, driver, again)
 	total, lost = total+n, lost+l
+	// Said again last: a CI log keeps only its tail, and a lost point is
+	// what must be read from it.
+	for _, line := range lostPoints {
+		fmt.Println("lost: " + line)
+	}
 	fmt.Printf("%d passed, %d failed\n", total-lost, lost)
 }
+
+// lostPoints are the first points of each replay that lost something, as
+// printed when they were checked (the replays run one after another).
+var lostPoints []string
 
 // epochs prints how many checkpoints (each raises the journal's epoch)
 // and driver starts the recorded run crossed.
@@ -490,7 +499,9 @@ func replay(t *testing.T, fs fsSpec, driver, base, logPath string, ops, already 
 				}
 			}
 			if lost <= 10 {
-				fmt.Printf("powerloss %s: point %d (entry %d, %d extra writes, torn %d, %d ops acknowledged): %s\n", fs.name, i, p.upto, len(p.extra), p.torn, len(acked), strings.Join(problems, "; "))
+				line := fmt.Sprintf("powerloss %s: point %d (entry %d, %d extra writes, torn %d, %d ops acknowledged): %s", fs.name, i, p.upto, len(p.extra), p.torn, len(acked), strings.Join(problems, "; "))
+				fmt.Println(line)
+				lostPoints = append(lostPoints, line)
 			}
 		}
 		os.Remove(ppath)
