@@ -195,12 +195,14 @@ e2e: cluster-up
 
 # The Kubernetes external-storage e2e suite (k8s.io/kubernetes v1.37.2
 # e2e.test, run by ginkgo) against the driver deployed from deploy/, with
-# deploy/test-driver.yaml; E2E_SKIP adds \[Serial\] to the default skips,
+# deploy/test-driver.yaml (image volumes, deploy/'s default layout;
+# E2E_DRIVER=deploy/test-driver-directory.yaml for directory volumes); E2E_SKIP adds \[Serial\] to the default skips,
 # `make e2e-suite E2E_SKIP='\[Disruptive\]|\[Feature:SELinux\]|alpha' E2E_FOCUS='External.Storage.*\[Serial\]' E2E_PROCS=1`
 # runs the serial set. The summary goes to test/cluster/e2e/results/.
 E2E_FOCUS ?= External.Storage
 E2E_SKIP  ?= \[Serial\]|\[Disruptive\]|\[Feature:SELinux\]|alpha
 E2E_PROCS ?= 3
+E2E_DRIVER ?= deploy/test-driver.yaml
 E2E_OUT   ?= /tmp/hostpath-e2e-suite
 E2E_SUMMARY ?= test/cluster/e2e/results/parallel.md
 e2e-suite: cluster-build
@@ -211,9 +213,9 @@ e2e-suite: cluster-build
 	KUBE_TEST_REPO_LIST=$(CURDIR)/test/cluster/e2e/repo-list.yaml $(CACHE)/bin/ginkgo -p --procs=$(E2E_PROCS) --no-color \
 	  --focus='$(E2E_FOCUS)' --skip='$(E2E_SKIP)' --timeout=3h --output-dir=$(E2E_OUT) --json-report=report.json \
 	  $(CACHE)/bin/e2e.test -- -kubeconfig=$(CACHE)/cluster/admin.kubeconfig -provider=local \
-	  -storage.testdriver=$(CURDIR)/deploy/test-driver.yaml -report-dir=$(E2E_OUT) 2>&1 | tee $(E2E_OUT)/run.log | grep -E '^(Ran |PASS|FAIL|SUCCESS|  \[FAIL\])'; \
+	  -storage.testdriver=$(CURDIR)/$(E2E_DRIVER) -report-dir=$(E2E_OUT) 2>&1 | tee $(E2E_OUT)/run.log | grep -E '^(Ran |PASS|FAIL|SUCCESS|  \[FAIL\])'; \
 	  rc=$${PIPESTATUS[0]}; \
-	  mkdir -p test/cluster/e2e/results; $(GO) -C test/cluster run ./cmd/suitesummary -cmd "make e2e-suite E2E_FOCUS='$(E2E_FOCUS)' E2E_SKIP='$(E2E_SKIP)' E2E_PROCS=$(E2E_PROCS)" \
+	  mkdir -p test/cluster/e2e/results; $(GO) -C test/cluster run ./cmd/suitesummary -cmd "make e2e-suite E2E_DRIVER=$(E2E_DRIVER) E2E_FOCUS='$(E2E_FOCUS)' E2E_SKIP='$(E2E_SKIP)' E2E_PROCS=$(E2E_PROCS)" \
 	    < $(E2E_OUT)/report.json > $(E2E_SUMMARY) && sed -n 5p $(E2E_SUMMARY); \
 	  [ -n "$(KEEP_CLUSTER)" ] || $(MAKE) --no-print-directory -C $(CURDIR) cluster-down || rc=1; exit $$rc
 
@@ -305,7 +307,7 @@ test-powerloss: kernel-deps
 	HOSTPATH_KERNELS="$(KERNEL_CACHE)/$(firstword $(KERNEL_SUITES))" HOSTPATH_KERNEL_BIN=$(PL_BIN) HOSTPATH_KERNEL_WORK=$(KERNEL_CACHE)/work \
 	  HOSTPATH_POWERLOSS_RECORDER=$(PL_BIN)/recorder/record.test \
 	  $(GO) test -count=1 -v -timeout 150m -run '^TestPowerLoss$$' ./test/kernel/ 2>&1 | tee /tmp/hostpath-powerloss.log | \
-	  grep --line-buffered -E '^(powerloss|recorded|@@guest|[0-9]+ passed|--- |ok|FAIL)|_test.go:'; test $${PIPESTATUS[0]} -eq 0
+	  grep --line-buffered -E '^(powerloss|lost: |recorded|@@guest|[0-9]+ passed|--- |ok|FAIL)|_test.go:'; test $${PIPESTATUS[0]} -eq 0
 
 test-kernel: kernel-deps
 	rm -rf $(KERNEL_BIN) && mkdir -p $(KERNEL_BIN)

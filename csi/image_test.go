@@ -158,6 +158,7 @@ func TestImageVolume(t *testing.T) {
 				t.Fatalf("snapshot %+v: want an image of %d bytes", srec, size)
 			}
 			dir := fromSnapshot("as-directory", srec.ID, size)
+			dir.Parameters = map[string]string{engine.ParamLayout: engine.LayoutDirectory}
 			_, err = d.CreateVolume(ctx, dir)
 			wantCode(t, err, codes.InvalidArgument)
 
@@ -411,9 +412,23 @@ func TestImageFromAnotherNode(t *testing.T) {
 			}
 		})
 	}
+	// A class naming the directory layout cannot be filled from an image;
+	// one naming none takes the source's layout (TestDefaultLayout here).
 	for _, req := range []*csi.CreateVolumeRequest{fromSnapshot("dir-r", snapID, size), fromVolume("dir-c", src.GetVolumeId(), size)} {
+		req.Parameters = map[string]string{engine.ParamLayout: engine.LayoutDirectory}
 		_, err := b.d.CreateVolume(ctx, req)
 		wantCode(t, err, codes.InvalidArgument)
+	}
+	for _, req := range []*csi.CreateVolumeRequest{fromSnapshot("any-r", snapID, size), fromVolume("any-c", src.GetVolumeId(), size)} {
+		r, err := b.d.CreateVolume(ctx, req)
+		if err != nil {
+			t.Fatalf("%s from an image on a, its class naming no layout: %v", req.Name, err)
+		}
+		id := r.GetVolume().GetVolumeId()
+		t.Cleanup(func() { b.d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}) })
+		if rec, _ := volumeRec(b.d, id); rec.Layout != engine.LayoutImage {
+			t.Fatalf("%s from an image on a, its class naming no layout: layout %q, want the source's", req.Name, rec.Layout)
+		}
 	}
 	// A directory volume's snapshot on a fills an image volume on b.
 	dir := mustCreate(t, a.d, "dir", size)

@@ -200,8 +200,15 @@ func (d *Driver) checkCOPath(field, p string) (string, error) {
 
 // checkLayout is the layout a CreateVolume asks for: image volumes are
 // mount volumes holding ext4 (a capability may name it or no fs_type).
+// A class that names no layout leaves it to the engine (""), except for a
+// capability naming another file system: that is a directory volume, as
+// it has always been (a directory has no file system of its own to
+// choose).
 func checkLayout(params map[string]string, access string, caps []*csi.VolumeCapability) (string, error) {
-	layout := params[engine.ParamLayout]
+	layout, named := params[engine.ParamLayout]
+	if !named && access == engine.AccessMount && checkImageFS(caps...) != nil {
+		return engine.LayoutDirectory, nil
+	}
 	if layout != engine.LayoutImage {
 		return layout, nil
 	}

@@ -79,6 +79,10 @@ type Config struct {
 	// bound and the snapshot refused: pods never wait longer, and no torn
 	// copy is kept.
 	MaxFreeze time.Duration
+	// DefaultLayout is the layout of a new mount volume whose class names
+	// none (LayoutDirectory when empty); a restore or clone of a mount
+	// source takes its source's instead.
+	DefaultLayout string
 }
 
 // ControllerExpansion and nodeExpansion say which sides of expansion are
@@ -184,6 +188,13 @@ func Open(cfg Config, moved func(op string, n int64)) (*Engine, error) {
 	}
 	if cfg.MaxFreeze <= 0 {
 		cfg.MaxFreeze = 10 * time.Second
+	}
+	switch cfg.DefaultLayout {
+	case "":
+		cfg.DefaultLayout = LayoutDirectory
+	case LayoutDirectory, LayoutImage:
+	default:
+		return nil, fmt.Errorf("--default-layout=%q: want %s or %s", cfg.DefaultLayout, LayoutDirectory, LayoutImage)
 	}
 	if cfg.PoolRetryInterval <= 0 {
 		cfg.PoolRetryInterval = 10 * time.Second

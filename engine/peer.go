@@ -64,28 +64,34 @@ func (d *Engine) remoteSource(id string) (string, bool) {
 }
 
 // statRemote asks the source's node what it is: its access type and the
-// bytes a volume made from it needs.
-func (d *Engine) statRemote(ctx context.Context, tag, kind, id, access, layout string) (int64, error) {
+// bytes a volume made from it needs. A mount volume's layout that its
+// class did not name (named false) is the source's, where that is a mount
+// volume's; the layout the new volume gets is returned.
+func (d *Engine) statRemote(ctx context.Context, tag, kind, id, access, layout string, named bool) (int64, string, error) {
 	m, _, node, err := d.peerSet().Open(ctx, tag, kind, id, true)
 	if err != nil {
-		return 0, peerStatus(err, kind, id, node)
+		return 0, "", peerStatus(err, kind, id, node)
 	}
 	// A peer from before layouts sends none: its mount sources are
 	// directories.
 	srcAccess := m.Attrs["access"]
+	srcLayout := orDirectory(srcAccess, m.Attrs["layout"])
+	if !named && srcAccess == AccessMount && access == AccessMount {
+		layout = srcLayout
+	}
 	if kind == SourceSnapshot {
-		if err := restorable(id+" on node "+node, srcAccess, orDirectory(srcAccess, m.Attrs["layout"]), access, layout); err != nil {
-			return 0, err
+		if err := restorable(id+" on node "+node, srcAccess, srcLayout, access, layout); err != nil {
+			return 0, "", err
 		}
-		return m.Size, nil
+		return m.Size, layout, nil
 	}
 	if srcAccess != access {
-		return 0, StorageErr(ErrInvalid, "source %s %s on node %s is of a %s volume; it cannot fill a %s volume", kind, id, node, srcAccess, access)
+		return 0, "", StorageErr(ErrInvalid, "source %s %s on node %s is of a %s volume; it cannot fill a %s volume", kind, id, node, srcAccess, access)
 	}
-	if got := orDirectory(access, m.Attrs["layout"]); got != layout {
-		return 0, StorageErr(ErrInvalid, "source %s %s on node %s is of a %s-layout volume; it cannot fill a %s-layout volume", kind, id, node, got, layout)
+	if srcLayout != layout {
+		return 0, "", StorageErr(ErrInvalid, "source %s %s on node %s is of a %s-layout volume; it cannot fill a %s-layout volume", kind, id, node, srcLayout, layout)
 	}
-	return m.Size, nil
+	return m.Size, layout, nil
 }
 
 // peerStatus is the answer when a peer could not give a source: it names

@@ -10,8 +10,10 @@ import (
 // checked: what createVolume makes.
 type VolumeSpec struct {
 	Name, Access, Kind string
-	// Layout is a mount volume's: LayoutDirectory (or "") or
-	// LayoutImage; "" for a block volume.
+	// Layout is a mount volume's as its StorageClass names it:
+	// LayoutDirectory or LayoutImage, or "" when the class names none
+	// (then a restore or clone takes its source's layout, and a new
+	// volume Config.DefaultLayout); "" for a block volume.
 	Layout   string
 	Params   map[string]string
 	Pool     *Pool
@@ -55,10 +57,19 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 	}()
 	src := spec.Source
 	rec := VolumeRecord{Name: spec.Name, AccessType: spec.Access, Kind: spec.Kind, Parameters: spec.Params, Pool: recordPool(spec.Pool)}
-	if spec.Access == AccessMount && spec.Layout == LayoutImage {
+	// A layout the class does not name is decided once, here: the
+	// source's for a restore or clone (a clone is like what it clones,
+	// also across an upgrade that changed --default-layout), else the
+	// configured default.
+	named := spec.Access != AccessMount || spec.Layout != ""
+	layout := spec.Layout
+	if !named {
+		layout = d.sourceLayout(src)
+	}
+	if spec.Access == AccessMount && layout == LayoutImage {
 		rec.Layout = LayoutImage
 	}
-	layout := layoutOf(rec)
+	layout = layoutOf(rec)
 	switch src.kind {
 	case SourceSnapshot:
 		rec.SourceSnapshot = src.ID
@@ -72,10 +83,14 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 		// The source's node pins it while it is sent; here it is only
 		// asked what it is, and not at all when the volume exists.
 		if old, ok := d.Records.Volumes.ByName(spec.Name); ok {
-			return d.existingVolume(old, rec, spec.Capacity)
+			return d.existingVolume(old, rec, spec.Capacity, named)
 		}
-		if floor, err = d.statRemote(ctx, src.Tag, src.kind, src.ID, spec.Access, layout); err != nil {
+		var got string
+		if floor, got, err = d.statRemote(ctx, src.Tag, src.kind, src.ID, spec.Access, layout, named); err != nil {
 			return VolumeRecord{}, err
+		}
+		if rec.Layout, layout = "", got; got == LayoutImage {
+			rec.Layout = LayoutImage
 		}
 	case src.kind == SourceSnapshot:
 		unpin, err := d.pinSnapshot(src.ID)
@@ -122,7 +137,7 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 	}
 	applyMutable(&rec, spec.Mutable)
 	if old, ok := d.Records.Volumes.ByName(spec.Name); ok {
-		return d.existingVolume(old, rec, spec.Capacity)
+		return d.existingVolume(old, rec, spec.Capacity, named)
 	}
 	if src.Tag != "" {
 		handed := unlock
@@ -132,9 +147,29 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 	return d.provisionVolume(ctx, rec, "")
 }
 
+// sourceLayout is the layout of a mount volume whose class names none: a
+// local source's, where it is a mount volume or a snapshot of one, else
+// Config.DefaultLayout. (A remote source's comes with its answer to
+// statRemote.)
+func (d *Engine) sourceLayout(src sourceRef) string {
+	switch {
+	case src.Tag != "":
+	case src.kind == SourceSnapshot:
+		if s, ok := d.Records.Snapshots.Get(src.ID); ok && s.AccessType == AccessMount {
+			return snapshotLayout(s)
+		}
+	case src.kind == SourceVolume:
+		if v, ok := d.Records.Volumes.Get(src.ID); ok && v.AccessType == AccessMount {
+			return layoutOf(v)
+		}
+	}
+	return d.Config.DefaultLayout
+}
+
 // existingVolume answers a repeated CreateVolume: the same volume if the
-// request is compatible, ErrExists saying what differs if not.
-func (d *Engine) existingVolume(old, want VolumeRecord, cr SizeRange) (VolumeRecord, error) {
+// request is compatible, ErrExists saying what differs if not. A layout
+// the request did not name (layoutNamed false) is whatever the volume has.
+func (d *Engine) existingVolume(old, want VolumeRecord, cr SizeRange, layoutNamed bool) (VolumeRecord, error) {
 	if old.Phase != PhaseReady {
 		return VolumeRecord{}, StorageErr(ErrBusy, "volume %q is being %s; retry later", old.Name, old.Phase)
 	}
@@ -142,7 +177,7 @@ func (d *Engine) existingVolume(old, want VolumeRecord, cr SizeRange) (VolumeRec
 	switch {
 	case old.AccessType != want.AccessType:
 		diff = fmt.Sprintf("it is a %s volume, the request asks for %s", old.AccessType, want.AccessType)
-	case layoutOf(old) != layoutOf(want):
+	case layoutNamed && layoutOf(old) != layoutOf(want):
 		diff = fmt.Sprintf("it has the %s layout, the request asks for %s", layoutOf(old), layoutOf(want))
 	case old.CapacityBytes < cr.Required:
 		diff = fmt.Sprintf("it has %d bytes, the request requires %d", old.CapacityBytes, cr.Required)

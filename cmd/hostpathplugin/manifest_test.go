@@ -41,7 +41,7 @@ func load(t *testing.T) manifests {
 	files, _ := filepath.Glob("../../deploy/*.yaml")
 	more, _ := filepath.Glob("../../deploy/example/*.yaml")
 	for _, f := range append(files, more...) {
-		if filepath.Base(f) == "test-driver.yaml" {
+		if isTestDriver(f) {
 			continue // not an object: TestE2EDriverDefinition checks it
 		}
 		data, err := os.ReadFile(f)
@@ -141,7 +141,7 @@ func TestManifests(t *testing.T) {
 	for dir, res := range m.kustomization {
 		files, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
 		for _, f := range files {
-			if base := filepath.Base(f); base != "kustomization.yaml" && base != "test-driver.yaml" && !contains(res, base) {
+			if base := filepath.Base(f); base != "kustomization.yaml" && !isTestDriver(base) && !contains(res, base) {
 				t.Errorf("%s is not listed in %s/kustomization.yaml", base, dir)
 			}
 		}
@@ -289,11 +289,30 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// deploy/test-driver.yaml tells the Kubernetes e2e suite what the driver
-// does; it must name this driver, its topology key and classes deploy/
-// creates, and only capabilities the suite knows.
+// isTestDriver reports whether a deploy/ file is a claim to the e2e suite.
+func isTestDriver(f string) bool {
+	ok, _ := filepath.Match("test-driver*.yaml", filepath.Base(f))
+	return ok
+}
+
+// deploy/test-driver*.yaml tell the Kubernetes e2e suite what the driver
+// does (test-driver.yaml of deploy/'s default class, image volumes;
+// test-driver-directory.yaml of directory volumes); each must name this
+// driver, its topology key and classes deploy/ creates, and only
+// capabilities the suite knows.
 func TestE2EDriverDefinition(t *testing.T) {
-	data, err := os.ReadFile("../../deploy/test-driver.yaml")
+	files, _ := filepath.Glob("../../deploy/test-driver*.yaml")
+	if len(files) != 2 {
+		t.Fatalf("claims to the e2e suite: %v, want test-driver.yaml and test-driver-directory.yaml", files)
+	}
+	want := map[string]string{"test-driver.yaml": "hostpath", "test-driver-directory.yaml": "hostpath-directory"}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) { checkE2EDriver(t, f, want[filepath.Base(f)]) })
+	}
+}
+
+func checkE2EDriver(t *testing.T, file, class string) {
+	data, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,8 +337,15 @@ func TestE2EDriverDefinition(t *testing.T) {
 	if len(def.DriverInfo.TopologyKeys) != 1 || def.DriverInfo.TopologyKeys[0] != csi.TopologyKey {
 		t.Errorf("topology keys %v, the driver's is %s", def.DriverInfo.TopologyKeys, csi.TopologyKey)
 	}
-	if def.StorageClass.FromExistingClassName != m.classes[0].Name || def.SnapshotClass.FromExistingClassName != m.snapClasses[0].Name {
-		t.Errorf("classes %q/%q are not deploy/'s", def.StorageClass.FromExistingClassName, def.SnapshotClass.FromExistingClassName)
+	var classes []string
+	for _, c := range m.classes {
+		classes = append(classes, c.Name)
+	}
+	if got := def.StorageClass.FromExistingClassName; got != class || !contains(classes, got) {
+		t.Errorf("class %q: want %q, one of deploy/'s %v", got, class, classes)
+	}
+	if def.SnapshotClass.FromExistingClassName != m.snapClasses[0].Name {
+		t.Errorf("snapshot class %q is not deploy/'s", def.SnapshotClass.FromExistingClassName)
 	}
 	known := []string{"persistence", "block", "fsGroup", "exec", "snapshotDataSource", "pvcDataSource", "multipods",
 		"controllerExpansion", "nodeExpansion", "offlineExpansion", "onlineExpansion", "singleNodeVolume", "topology", "capacity",
