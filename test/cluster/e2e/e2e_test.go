@@ -110,6 +110,11 @@ func TestKubernetes(t *testing.T) {
 			out, err := k.run("", "exec", "-n", ns, "writer", "--", "cat", "/data/hello")
 			return err == nil && strings.TrimSpace(out) == content, out
 		})
+		// The class names no layout: deploy/'s --default-layout makes it
+		// an image volume, an ext4 of its own.
+		if mnt := mountType(k, "writer"); mnt != "ext4" {
+			t.Fatalf("a volume of the default class is mounted as %q in the pod, want ext4 (an image volume)", mnt)
+		}
 	})
 	sum := strings.Fields(k.exec(ns, "writer", "sha256sum", "/data/random"))[0]
 	step(t, "a PVC of StorageClass hostpath-hdd lands in the hdd pool, whose capacity is its own disk's", func() {
@@ -125,11 +130,17 @@ func TestKubernetes(t *testing.T) {
 		k.apply(pod("hdd", "hdd", "", "echo on-hdd > /data/where && sync"))
 		k.waitPod(ns, "hdd", "Running", 180*time.Second)
 		handle := k.jsonpath("", "pv/"+k.jsonpath(ns, "pvc/hdd", "{.spec.volumeName}"), "{.spec.csi.volumeHandle}")
-		k.waitFor("the file in the hdd pool's disk", 60*time.Second, func() (bool, string) {
-			b, err := os.ReadFile(filepath.Join(hddPool, "volumes", handle, "where"))
-			return err == nil && strings.TrimSpace(string(b)) == "on-hdd", fmt.Sprint(err)
+		// An image volume (the class names no layout): its image is a file
+		// in the hdd pool's disk, and the pod's file is in it.
+		img := filepath.Join(hddPool, "volumes", handle+".img")
+		if _, err := os.Stat(img); err != nil {
+			t.Fatalf("the volume's image in the hdd pool's disk: %v", err)
+		}
+		k.waitFor("the file in the volume", 60*time.Second, func() (bool, string) {
+			out, err := k.run("", "exec", "-n", ns, "hdd", "--", "cat", "/data/where")
+			return err == nil && strings.TrimSpace(out) == "on-hdd", out
 		})
-		fmt.Printf("e2e      volume %s of hostpath-hdd is in %s\n", handle, filepath.Join(hddPool, "volumes", handle))
+		fmt.Printf("e2e      volume %s of hostpath-hdd is %s\n", handle, img)
 	})
 	step(t, "CSIStorageCapacity shrinks as volumes are made", func() {
 		k.apply(pvc("filler", "1Gi", "Filesystem", ""))
@@ -156,7 +167,7 @@ func TestKubernetes(t *testing.T) {
 			n, _ := strconv.Atoi(append(f, "0")[0])
 			return err == nil && n > 2000, out
 		})
-		if mnt := strings.TrimSpace(k.exec(ns, "imgwriter", "sh", "-c", "grep ' /data ' /proc/mounts | cut -d' ' -f3")); mnt != "ext4" {
+		if mnt := mountType(k, "imgwriter"); mnt != "ext4" {
 			t.Fatalf("the image volume is mounted as %q in the pod, want ext4", mnt)
 		}
 		takeSnapshot(k, "imgsnap", "img")
@@ -179,16 +190,37 @@ func TestKubernetes(t *testing.T) {
 		})
 	})
 	step(t, "online expansion seen inside the pods", func() {
+		k.apply(inClass(pvc("dirdata", "64Mi", "Filesystem", ""), "hostpath-directory"))
+		k.apply(pod("dirdata", "dirdata", "", "true"))
+		k.waitPod(ns, "dirdata", "Running", 180*time.Second)
 		k.must("patch", "pvc", "block", "-n", ns, "-p", `{"spec":{"resources":{"requests":{"storage":"64Mi"}}}}`)
+		k.must("patch", "pvc", "dirdata", "-n", ns, "-p", `{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}`)
 		k.must("patch", "pvc", "data", "-n", ns, "-p", `{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}`)
 		k.waitFor("device grown in the pod", 120*time.Second, func() (bool, string) {
 			out, _ := k.run("", "exec", "-n", ns, "block", "--", "blockdev", "--getsize64", "/dev/xvda")
 			return strings.TrimSpace(out) == strconv.Itoa(64<<20), out
 		})
-		k.waitFor("PVC capacity", 120*time.Second, func() (bool, string) {
-			c := k.jsonpath(ns, "pvc/data", "{.status.capacity.storage}")
+		k.waitFor("the directory volume's PVC capacity", 120*time.Second, func() (bool, string) {
+			c := k.jsonpath(ns, "pvc/dirdata", "{.status.capacity.storage}")
 			return c == "128Mi", c
 		})
+		// An image volume's file system grows online through ext4's resize
+		// ioctl, which needs CAP_SYS_RESOURCE. Where this host's root has
+		// none (its bounding set lacks it, and so does every container
+		// here), the expansion must say so rather than hang or lie.
+		if hostCanResize(t) {
+			k.waitFor("the image volume grown in the pod", 120*time.Second, func() (bool, string) {
+				c := k.jsonpath(ns, "pvc/data", "{.status.capacity.storage}")
+				out, _ := k.run("", "exec", "-n", ns, "writer", "--", "df", "-k", "/data")
+				return c == "128Mi", c + "\n" + out
+			})
+			return
+		}
+		k.waitFor("the image volume's expansion refused, saying why", 120*time.Second, func() (bool, string) {
+			ev := k.events(ns)
+			return strings.Contains(ev, "needs CAP_SYS_RESOURCE"), ev
+		})
+		fmt.Println("e2e      this host's root lacks CAP_SYS_RESOURCE: the image volume's online expansion is refused with its reason (it grows in make test-kernel's guests)")
 	})
 	step(t, "CSI inline ephemeral volume", func() {
 		k.apply(fmt.Sprintf(`apiVersion: v1
@@ -416,6 +448,32 @@ func applyOverlay(t *testing.T, k *kube, base, image, tag, extra string) {
 }
 
 // inClass puts a PVC manifest in another StorageClass.
+// mountType is the file system type of /data in a pod.
+func mountType(k *kube, pod string) string {
+	return strings.TrimSpace(k.exec(ns, pod, "sh", "-c", "grep ' /data ' /proc/mounts | cut -d' ' -f3"))
+}
+
+// hostCanResize reports whether this process's bounding set holds
+// CAP_SYS_RESOURCE, and so whether the cluster's privileged containers
+// may: ext4's online resize needs it.
+func hostCanResize(t *testing.T) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapBnd:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				t.Fatalf("CapBnd %q: %v", v, err)
+			}
+			return n&(1<<unix.CAP_SYS_RESOURCE) != 0
+		}
+	}
+	t.Fatal("no CapBnd in /proc/self/status")
+	return false
+}
+
 func inClass(manifest, class string) string {
 	return strings.Replace(manifest, "storageClassName: hostpath\n", "storageClassName: "+class+"\n", 1)
 }

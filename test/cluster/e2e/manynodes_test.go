@@ -172,9 +172,15 @@ func manyNodes(t *testing.T, k *kube, nodes []string) {
 			t.Fatalf("a %d MiB hdd volume's pod runs on %s, want %s (the other hdd pools have at most %d bytes)", size>>20, got, hddLargest, hddOthers)
 		}
 		handle := k.jsonpath("", "pv/"+k.jsonpath(ns, "pvc/hddbig", "{.spec.volumeName}"), "{.spec.csi.volumeHandle}")
-		if _, err := os.Stat(filepath.Join(nodeRoot(t, hddLargest), hddPool, "volumes", handle, "where")); err != nil {
+		// An image volume (the class names no layout): its image is in
+		// that node's hdd pool, and the pod's file in it.
+		if _, err := os.Stat(filepath.Join(nodeRoot(t, hddLargest), hddPool, "volumes", handle+".img")); err != nil {
 			t.Fatalf("the volume is not in %s's hdd pool: %v", hddLargest, err)
 		}
+		k.waitFor("the pod's file", 60*time.Second, func() (bool, string) {
+			out, err := k.run("", "exec", "-n", ns, "hddbig", "--", "cat", "/data/where")
+			return err == nil && strings.TrimSpace(out) == "hdd", out
+		})
 		fmt.Printf("e2e      a %d MiB hostpath-hdd volume placed on %s, the only hdd pool with room (state dirs: %s is largest)\n", size>>20, hddLargest, largest)
 		k.must("delete", "pod", "hddbig", "-n", ns, "--grace-period=1")
 		k.must("delete", "pvc", "hddbig", "-n", ns)
@@ -255,8 +261,19 @@ func manyNodes(t *testing.T, k *kube, nodes []string) {
 			t.Fatalf("web-1's volume reads %q, want what it wrote on %s", got, lost)
 		}
 	})
+	// The previous release refuses a state dir holding image volumes (it
+	// predates them: the downgrade guard), so the upgrade starts from
+	// clean nodes, as a cluster on that release would be.
+	cleanNodes(t, k, nodes, "everything deleted: nothing left on any node")
+	k.must("create", "namespace", ns)
 	rollingUpgrade(t, k, nodes)
-	step(t, "everything deleted: nothing left on any node", func() {
+	cleanNodes(t, k, nodes, "the upgrade's volumes deleted: nothing left on any node")
+}
+
+// cleanNodes deletes the test's namespace and waits until no PV, mount,
+// loop device, volume or snapshot is left on any node.
+func cleanNodes(t *testing.T, k *kube, nodes []string, name string) {
+	step(t, name, func() {
 		k.must("delete", "namespace", ns, "--timeout=300s")
 		k.waitFor("PVs deleted", 180*time.Second, func() (bool, string) {
 			pvs := k.items("pv")
@@ -273,6 +290,24 @@ func manyNodes(t *testing.T, k *kube, nodes []string) {
 			return len(left) == 0, strings.Join(left, "; ")
 		})
 	})
+}
+
+// layoutOn is the layout of a claim's volume as its node's disk holds it:
+// "image" (an image file) or "directory".
+func layoutOn(t *testing.T, k *kube, node, claim string) string {
+	t.Helper()
+	handle := k.jsonpath("", "pv/"+k.jsonpath(ns, "pvc/"+claim, "{.spec.volumeName}"), "{.spec.csi.volumeHandle}")
+	for _, pool := range []string{stateDir, hddPool} {
+		vols := filepath.Join(nodeRoot(t, node), pool, "volumes")
+		if _, err := os.Stat(filepath.Join(vols, handle+".img")); err == nil {
+			return "image"
+		}
+		if st, err := os.Stat(filepath.Join(vols, handle)); err == nil && st.IsDir() {
+			return "directory"
+		}
+	}
+	t.Fatalf("volume %s of %s is on no pool of %s", handle, claim, node)
+	return ""
 }
 
 // crossNode restores a snapshot, clones a volume and restores a block
@@ -492,7 +527,7 @@ func leftoversIn(root, mountinfo string) []string {
 	for _, bf := range files {
 		// Attached in the driver's container, a device shows its file
 		// relative to that container's mount of the state dir.
-		if b, _ := os.ReadFile(bf); strings.HasPrefix(string(b), stateDir) || strings.HasPrefix(string(b), "/volumes/vol-") {
+		if b, _ := os.ReadFile(bf); strings.HasPrefix(string(b), stateDir) || strings.HasPrefix(string(b), hddPool) || strings.HasPrefix(string(b), "/volumes/vol-") {
 			left = append(left, "loop device for "+strings.TrimSpace(string(b)))
 		}
 	}
@@ -610,6 +645,25 @@ func rollingUpgrade(t *testing.T, k *kube, nodes []string) {
 		k.waitPod(ns, "up-restored", "Running", 180*time.Second)
 		if got := strings.Fields(k.exec(ns, "up-restored", "sha256sum", "/data/static"))[0]; got != sums["up-0"] {
 			t.Fatalf("the previous release's snapshot restores to %s, want %s", got, sums["up-0"])
+		}
+	})
+	step(t, "after the upgrade: the previous release's volumes stay directories, new ones in the same class are image volumes", func() {
+		// The class names no layout: the previous release made directory
+		// volumes there, this deploy/'s --default-layout makes image
+		// volumes, and a restore takes its source's layout.
+		for i, n := range nodes {
+			if got := layoutOn(t, k, n, fmt.Sprintf("up-%d", i)); got != "directory" {
+				t.Fatalf("up-%d, made by the previous release, is a %s volume after the upgrade", i, got)
+			}
+		}
+		if got := layoutOn(t, k, nodes[0], "up-restored"); got != "directory" {
+			t.Fatalf("up-restored, from a directory volume's snapshot in a class naming no layout, is a %s volume", got)
+		}
+		k.apply(pvc("up-new", "32Mi", "Filesystem", ""))
+		k.apply(onNode(pod("up-new", "up-new", "", "echo new > /data/f"), nodes[0]))
+		k.waitPod(ns, "up-new", "Running", 180*time.Second)
+		if got := layoutOn(t, k, nodes[0], "up-new"); got != "image" {
+			t.Fatalf("a new volume of the class after the upgrade is a %s volume, want image", got)
 		}
 	})
 }
