@@ -177,7 +177,9 @@ func (d *Engine) stageImage(v VolumeRecord, staging string) error {
 }
 
 // growImageFS grows the ext4 mounted at path to the size of its device,
-// online, if it is smaller.
+// online, if it is smaller: to the blocks a file system made at that size
+// spans (ext4.Blocks), so a tail too short for a group of its own (an
+// odd-sized volume's last few blocks) is no reason to resize.
 func growImageFS(dev loop.Device, path string) error {
 	f, err := os.Open(dev.Path())
 	if err != nil {
@@ -193,6 +195,14 @@ func growImageFS(dev loop.Device, path string) error {
 		return err
 	}
 	want := uint64(devBytes) / uint64(size.BlockSize)
+	if size.BlockSize == ext4.BlockSize && devBytes >= ext4.MinSize {
+		// Made by format/ext4 (or alike): its geometry says how far it
+		// can grow. (One of another block size, a block volume's mkfs,
+		// grows to its device.)
+		if want, err = ext4.Blocks(devBytes); err != nil {
+			return err
+		}
+	}
 	if want <= size.Blocks {
 		return nil
 	}

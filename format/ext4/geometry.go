@@ -21,6 +21,8 @@ const (
 	lostFoundInode = 11
 	lostFoundSize  = 4 // blocks, as mke2fs makes it
 
+	// BlockSize is the block size of every file system Format makes.
+	BlockSize = blockSize
 	// MinSize is the smallest file system made: room for the smallest
 	// journal jbd2 takes (1024 blocks) and some data.
 	MinSize = 16 << 20
@@ -130,6 +132,19 @@ func defaultJournal(blocks uint64) uint32 {
 		return 131072
 	}
 	return 262144
+}
+
+// Blocks is how many blocks a file system Format makes in size bytes
+// spans: fewer than size holds where the last group would be too short
+// for its metadata (it is left out, as mke2fs does). A file system is as
+// large as its device allows when it has this many: growing it into the
+// rest would add a group with no room for data.
+func Blocks(size int64) (uint64, error) {
+	geo, err := newGeometry(size)
+	if err != nil {
+		return 0, err
+	}
+	return geo.blocks, nil
 }
 
 // newGeometry lays out a file system of size bytes.

@@ -67,3 +67,30 @@ func TestGeometryInvariants(t *testing.T) {
 		}
 	}
 }
+
+// TestBlocks: the blocks a file system of a size spans, which is what an
+// image volume's file system is grown to: a tail too short for a group is
+// left out, so a device one block past a whole group is already full.
+func TestBlocks(t *testing.T) {
+	const group = blocksPerGroup * blockSize
+	for _, tc := range []struct {
+		name string
+		size int64
+		want uint64
+	}{
+		{"four whole groups", 4 * group, 4 * blocksPerGroup},
+		{"a byte short of a block more", 4*group + blockSize - 1, 4 * blocksPerGroup},
+		{"one block past a group", 4*group + blockSize, 4 * blocksPerGroup},
+		{"a tail too short for its metadata", 4*group + 64*blockSize, 4 * blocksPerGroup},
+		{"a tail with room for data", 4*group + 2048*blockSize, 4*blocksPerGroup + 2048},
+		{"the smallest", MinSize, uint64(MinSize) / blockSize},
+	} {
+		got, err := Blocks(tc.size)
+		if err != nil || got != tc.want {
+			t.Errorf("%s: Blocks(%d) = %d (%v), want %d", tc.name, tc.size, got, err, tc.want)
+		}
+	}
+	if _, err := Blocks(MinSize - 1); err == nil {
+		t.Error("Blocks below MinSize: no error")
+	}
+}
