@@ -10,8 +10,6 @@ import (
 	"testing"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
-	hcsi "github.com/hostpath-csi/hostpath/csi"
-	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/format/ext4"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 	"github.com/hostpath-csi/hostpath/loop"
@@ -72,21 +70,15 @@ func BenchmarkImageCreateAPI(b *testing.B) {
 		b.Fatal("mkfs.ext4 and losetup are needed to compare with (make deps)")
 	}
 	ctx := context.Background()
-	mount := &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}},
-		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
 	const size = 10 << 30
 	for _, fs := range fileSystems(b) {
-		d, err := hcsi.New(engine.Config{DriverName: "bench", Version: "b", NodeID: "n", StateDir: outDir(b, fs, "image-state"), MaxVolumeSize: 1 << 40})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { d.Close() })
+		d := benchDriver(b, fs, "image")
 		seq := 0
 		compare(b, fmt.Sprintf("%s/size=%dGiB", fs.name, size>>30), size, fs, []variant{
 			{"ours", func(b *testing.B, _ string) {
 				seq++
-				v, err := d.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: fmt.Sprint("img", seq), VolumeCapabilities: []*csipb.VolumeCapability{mount},
-					CapacityRange: &csipb.CapacityRange{RequiredBytes: size}, Parameters: map[string]string{engine.ParamLayout: engine.LayoutImage}})
+				v, err := d.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: fmt.Sprint("img", seq), VolumeCapabilities: []*csipb.VolumeCapability{mountCap},
+					CapacityRange: &csipb.CapacityRange{RequiredBytes: size}, Parameters: imageParams})
 				b.StopTimer()
 				if err != nil {
 					b.Fatal(err)

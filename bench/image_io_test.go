@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -9,11 +8,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	csipb "github.com/container-storage-interface/spec/lib/go/csi"
-	"golang.org/x/sys/unix"
-
-	hcsi "github.com/hostpath-csi/hostpath/csi"
-	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 )
 
@@ -54,36 +48,6 @@ func fio(b *testing.B, file, rw, bs string, depth int, io string) (float64, floa
 	return j.Runtime * 1e6, (j.Read.BW + j.Write.BW) / 1e6
 }
 
-// imageMount makes an image volume of size in a driver on fs, stages it
-// and returns where its file system is mounted; all undone at the end.
-func imageMount(b *testing.B, fs *benchFS, size int64) string {
-	ctx := context.Background()
-	d, err := hcsi.New(engine.Config{DriverName: "bench", Version: "b", NodeID: "n", StateDir: outDir(b, fs, "io-state"), MaxVolumeSize: 1 << 40})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { d.Close() })
-	mount := &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}},
-		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
-	v, err := d.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "io", VolumeCapabilities: []*csipb.VolumeCapability{mount},
-		CapacityRange: &csipb.CapacityRange{RequiredBytes: size}, Parameters: map[string]string{engine.ParamLayout: engine.LayoutImage}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	id := v.GetVolume().GetVolumeId()
-	b.Cleanup(func() { d.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: id}) })
-	staging := outDir(b, fs, "io-staging")
-	if _, err := d.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: mount}); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		if _, err := d.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
-			unix.Unmount(staging, unix.MNT_DETACH)
-		}
-	})
-	return staging
-}
-
 // BenchmarkImageIO: fio on a file in an image volume's own file system
 // (through its loop device, with direct I/O) against the same fio on a
 // file in the pool itself, both O_DIRECT, on each fresh pool file system,
@@ -95,7 +59,8 @@ func BenchmarkImageIO(b *testing.B) {
 		b.Fatal("fio is needed (make deps installs it)")
 	}
 	for _, fs := range fileSystems(b) {
-		in := filepath.Join(imageMount(b, fs, 1<<30), "fio.dat")
+		_, mnt := mountedVolume(b, benchDriver(b, fs, "io"), fs, "io", 1<<30, imageParams)
+		in := filepath.Join(mnt, "fio.dat")
 		beside := filepath.Join(outDir(b, fs, "io-pool"), "fio.dat")
 		for _, f := range []string{in, beside} {
 			// Laid out once, allocated, outside the timing.

@@ -125,11 +125,11 @@ func (d *Engine) attachImage(v VolumeRecord) (loop.Device, error) {
 	if err != nil || ok {
 		return dev, err
 	}
-	if dev, err = loop.Attach(path, loop.Options{BlockSize: imageBlockSize}); err != nil {
+	if dev, err = loop.Attach(path, loop.Options{BlockSize: imageBlockSize, DirectIO: true}); err != nil {
 		return dev, err
 	}
-	if err := loop.SetDirectIO(dev, true); err != nil {
-		klog.InfoS("image volume's loop device stays buffered: the pool's file system refuses direct I/O", "volume_id", v.ID, "device", dev.Path(), "err", err)
+	if !dev.DirectIO {
+		klog.InfoS("image volume's loop device stays buffered: the pool's file system refuses direct I/O", "volume_id", v.ID, "device", dev.Path())
 	}
 	return dev, nil
 }

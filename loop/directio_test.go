@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -105,4 +106,51 @@ func attachDev(t *testing.T, path string) loop.Device {
 	}
 	t.Cleanup(func() { loop.Detach(d) })
 	return d
+}
+
+// TestAttachDirectIO: Options.DirectIO binds the device with direct I/O in
+// the one call where the backing file takes it (the status says so, and
+// Device.DirectIO), and binds it buffered, without an error, where it does
+// not (ramfs has no O_DIRECT); either way the device reads back what it
+// was written.
+func TestAttachDirectIO(t *testing.T) {
+	testutil.RequireRoot(t)
+	ram := filepath.Join(t.TempDir(), "ram")
+	os.Mkdir(ram, 0o755)
+	if err := unix.Mount("ramfs", ram, "ramfs", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(ram, unix.MNT_DETACH) })
+	ext4Dir := freshExt4(t)
+	for _, tc := range []struct {
+		name string
+		dir  string
+		opts loop.Options
+		want bool
+	}{
+		{"ext4, direct I/O", ext4Dir, loop.Options{DirectIO: true}, true},
+		{"ext4, direct I/O at 4 KiB blocks", ext4Dir, loop.Options{DirectIO: true, BlockSize: 4096}, true},
+		{"ext4, buffered", ext4Dir, loop.Options{}, false},
+		{"ramfs, direct I/O asked", ram, loop.Options{DirectIO: true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(tc.dir, strings.NewReplacer(" ", "_", "/", "-", ",", "").Replace(tc.name)+".img")
+			if err := os.WriteFile(p, make([]byte, 1<<20), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			d, err := loop.Attach(p, tc.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { loop.Detach(d) })
+			info, err := loop.Status(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := info.Flags&unix.LO_FLAGS_DIRECT_IO != 0; got != tc.want || d.DirectIO != tc.want {
+				t.Fatalf("direct I/O: status %v, Device.DirectIO %v, want %v", got, d.DirectIO, tc.want)
+			}
+			writeRead(t, d)
+		})
+	}
 }
