@@ -216,6 +216,13 @@ state = %q
 [grpc]
   address = %q
 
+# No NRI: nothing here uses it, and its default socket
+# (/var/run/nri/nri.sock) is one path for every node's containerd, so
+# two starting at once raced for it ("bind: address already in use") and
+# one node never came up.
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
