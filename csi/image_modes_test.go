@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -312,5 +313,47 @@ func TestImageOddSize(t *testing.T) {
 		if err != nil || got.Blocks != want || got.Blocks != 4*32768 {
 			t.Fatalf("a %d-byte image volume staged at %s holds %d blocks (%v), want %d", size, staging, got.Blocks, err, want)
 		}
+	}
+}
+
+// TestImageSizes: an image volume holds a file system, which has a
+// smallest and a largest size: a smaller request gets the smallest (a
+// volume may be larger than required_bytes, within limit_bytes), a limit
+// below it or a size above the largest is OutOfRange, not Internal.
+func TestImageSizes(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.MaxVolumeSize = 1 << 50
+	d := newDriver(t, cfg)
+	for _, tc := range []struct {
+		name     string
+		req, lim int64
+		want     int64 // the volume's size; 0: OutOfRange
+	}{
+		{"1 MiB asked", 1 << 20, 0, ext4.MinSize},
+		{"1 MiB asked, 32 MiB at most", 1 << 20, 32 << 20, ext4.MinSize},
+		{"at most 8 MiB", 1 << 20, 8 << 20, 0},
+		{"past the largest ext4", ext4.MaxSize + 4096, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := createReq(strings.ReplaceAll(tc.name, " ", "-"), tc.req)
+			r.Parameters, r.CapacityRange.LimitBytes = imageParams, tc.lim
+			v, err := d.CreateVolume(ctx, r)
+			if tc.want == 0 {
+				wantCode(t, err, codes.OutOfRange)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := v.GetVolume().GetVolumeId()
+			t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}) })
+			if got := v.GetVolume().GetCapacityBytes(); got != tc.want {
+				t.Fatalf("capacity %d, want %d", got, tc.want)
+			}
+			_, target := stageAndPublish(t, d, id)
+			if err := os.WriteFile(filepath.Join(target, "f"), []byte("small"), 0o644); err != nil {
+				t.Fatalf("writing in the volume: %v", err)
+			}
+		})
 	}
 }

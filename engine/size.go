@@ -33,7 +33,7 @@ func (d *Engine) resolveSize(r SizeRange, access string, floor int64) (int64, er
 		size += blockSectorSize - size%blockSectorSize
 	}
 	if lim > 0 && size > lim {
-		return 0, StorageErr(ErrOutOfRange, "volume must be at least %d bytes (its source's size, rounded up to %d-byte sectors for block), above limit_bytes %d", size, blockSectorSize, lim)
+		return 0, StorageErr(ErrOutOfRange, "volume must be at least %d bytes (its source's size, or an image volume's smallest file system, rounded up to %d-byte sectors for block), above limit_bytes %d", size, blockSectorSize, lim)
 	}
 	if d.Config.MaxVolumeSize > 0 && size > d.Config.MaxVolumeSize {
 		return 0, StorageErr(ErrOutOfRange, "requested %d bytes exceeds the largest volume this driver creates (--max-volume-size %d)", size, d.Config.MaxVolumeSize)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/hostpath-csi/hostpath/format/ext4"
 )
 
 // VolumeSpec is a new volume as CreateVolume asks for it, its fields
@@ -132,8 +134,17 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 	if req := spec.Capacity.Required; req > 0 && req < floor {
 		return VolumeRecord{}, StorageErr(ErrOutOfRange, "requested %d bytes is smaller than the source's %d bytes", req, floor)
 	}
+	if isImage(rec) {
+		// An image volume holds a file system, which has a smallest size
+		// (ext4.MinSize): a smaller request gets that, as CSI lets a
+		// volume be larger than required_bytes within limit_bytes.
+		floor = max(floor, ext4.MinSize)
+	}
 	if rec.CapacityBytes, err = d.resolveSize(spec.Capacity, spec.Access, floor); err != nil {
 		return VolumeRecord{}, err
+	}
+	if isImage(rec) && rec.CapacityBytes > ext4.MaxSize {
+		return VolumeRecord{}, StorageErr(ErrOutOfRange, "an image volume holds at most %d bytes (its ext4 has 32-bit block numbers); %d asked", int64(ext4.MaxSize), rec.CapacityBytes)
 	}
 	applyMutable(&rec, spec.Mutable)
 	if old, ok := d.Records.Volumes.ByName(spec.Name); ok {
