@@ -321,6 +321,7 @@ func TestImageOddSize(t *testing.T) {
 // volume may be larger than required_bytes, within limit_bytes), a limit
 // below it or a size above the largest is OutOfRange, not Internal.
 func TestImageSizes(t *testing.T) {
+	testutil.RequireRoot(t) // loop devices, mounts
 	cfg := testConfig(t)
 	cfg.MaxVolumeSize = 1 << 50
 	d := newDriver(t, cfg)
