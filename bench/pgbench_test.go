@@ -38,12 +38,17 @@ func findPostgres(b *testing.B) postgres {
 	return postgres{bin: filepath.Dir(bins[len(bins)-1]), uid: uint32(uid), gid: uint32(gid)}
 }
 
-// do runs one of PostgreSQL's programs as postgres and returns its output.
-func (p postgres) do(b *testing.B, name string, args ...string) string {
+// command is one of PostgreSQL's programs, to run as postgres.
+func (p postgres) command(name string, args ...string) *exec.Cmd {
 	c := exec.Command(filepath.Join(p.bin, name), args...)
 	c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: p.uid, Gid: p.gid}}
 	c.Dir, c.Env = "/", []string{"PATH=" + p.bin + ":/usr/bin:/bin", "LC_ALL=C"}
-	out, err := c.CombinedOutput()
+	return c
+}
+
+// do runs one of PostgreSQL's programs as postgres and returns its output.
+func (p postgres) do(b *testing.B, name string, args ...string) string {
+	out, err := p.command(name, args...).CombinedOutput()
 	if err != nil {
 		b.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 	}
@@ -69,11 +74,7 @@ func (p postgres) serve(b *testing.B, dir, sock string) {
 	}
 	p.do(b, "initdb", "-D", dir, "-U", "postgres", "-A", "trust", "--no-instructions")
 	p.do(b, "pg_ctl", "-D", dir, "-w", "-l", filepath.Join(sock, "log"), "-o", "-k "+sock+" -c listen_addresses=''", "start")
-	b.Cleanup(func() {
-		c := exec.Command(filepath.Join(p.bin, "pg_ctl"), "-D", dir, "-w", "-m", "fast", "stop")
-		c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: p.uid, Gid: p.gid}}
-		c.Run()
-	})
+	b.Cleanup(func() { p.command("pg_ctl", "-D", dir, "-w", "-m", "fast", "stop").Run() })
 }
 
 var tpsLine = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)

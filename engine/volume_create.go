@@ -68,10 +68,7 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 	if !named {
 		layout = d.sourceLayout(src)
 	}
-	if spec.Access == AccessMount && layout == LayoutImage {
-		rec.Layout = LayoutImage
-	}
-	layout = layoutOf(rec)
+	layout = setLayout(&rec, layout)
 	switch src.kind {
 	case SourceSnapshot:
 		rec.SourceSnapshot = src.ID
@@ -87,13 +84,10 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 		if old, ok := d.Records.Volumes.ByName(spec.Name); ok {
 			return d.existingVolume(old, rec, spec.Capacity, named)
 		}
-		var got string
-		if floor, got, err = d.statRemote(ctx, src.Tag, src.kind, src.ID, spec.Access, layout, named); err != nil {
+		if floor, layout, err = d.statRemote(ctx, src.Tag, src.kind, src.ID, spec.Access, layout, named); err != nil {
 			return VolumeRecord{}, err
 		}
-		if rec.Layout, layout = "", got; got == LayoutImage {
-			rec.Layout = LayoutImage
-		}
+		layout = setLayout(&rec, layout)
 	case src.kind == SourceSnapshot:
 		unpin, err := d.pinSnapshot(src.ID)
 		if err != nil {
@@ -156,6 +150,17 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 		return d.provisionPulled(ctx, rec, src.Tag, handed)
 	}
 	return d.provisionVolume(ctx, rec, "")
+}
+
+// setLayout records layout for a new volume (only an image mount volume's
+// is written: a directory's is the record's empty default) and returns
+// the volume's layout as layoutOf says it.
+func setLayout(v *VolumeRecord, layout string) string {
+	v.Layout = ""
+	if v.AccessType == AccessMount && layout == LayoutImage {
+		v.Layout = LayoutImage
+	}
+	return layoutOf(*v)
 }
 
 // sourceLayout is the layout of a mount volume whose class names none: a

@@ -137,7 +137,7 @@ func configure(n, fd int, backing string, openFlags int, loFlags, blockSize uint
 			err = unix.IoctlLoopConfigure(dfd, &cfg)
 		}
 		if err == nil {
-			return boundDevice(devf, n)
+			return deviceOf(devf, n, dio)
 		}
 		if err != unix.EINVAL && err != unix.ENOTTY {
 			return Device{}, &os.PathError{Op: "ioctl(LOOP_CONFIGURE)", Path: path, Err: err}
@@ -166,30 +166,25 @@ func configure(n, fd int, backing string, openFlags int, loFlags, blockSize uint
 		// Refused (EINVAL) where the backing file cannot: buffered.
 		_ = unix.IoctlSetInt(dfd, unix.LOOP_SET_DIRECT_IO, 1)
 	}
-	return boundDevice(devf, n)
+	return deviceOf(devf, n, dio)
 }
 
-// boundDevice is the device configure bound, with the direct I/O its
-// status shows.
-func boundDevice(f *os.File, n int) (Device, error) {
-	d, err := deviceOf(f, n)
-	if err != nil {
-		return d, err
-	}
-	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
-	if err != nil {
-		return Device{}, &os.PathError{Op: "ioctl(LOOP_GET_STATUS64)", Path: f.Name(), Err: err}
-	}
-	d.DirectIO = info.Flags&unix.LO_FLAGS_DIRECT_IO != 0
-	return d, nil
-}
-
-func deviceOf(f *os.File, n int) (Device, error) {
+// deviceOf is the loop device open as f; where direct I/O was asked
+// (dio), its status says whether the device got it.
+func deviceOf(f *os.File, n int, dio bool) (Device, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return Device{}, &os.PathError{Op: "fstat", Path: f.Name(), Err: err}
 	}
-	return Device{Number: n, Rdev: st.Rdev}, nil
+	d := Device{Number: n, Rdev: st.Rdev}
+	if dio {
+		info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
+		if err != nil {
+			return Device{}, &os.PathError{Op: "ioctl(LOOP_GET_STATUS64)", Path: f.Name(), Err: err}
+		}
+		d.DirectIO = info.Flags&unix.LO_FLAGS_DIRECT_IO != 0
+	}
+	return d, nil
 }
 
 // Find returns a writable loop device bound to the file at backing,
@@ -264,7 +259,7 @@ func List() ([]Bound, error) {
 		if err != nil {
 			return nil, err
 		}
-		d, err := deviceOf(f, n)
+		d, err := deviceOf(f, n, false)
 		f.Close()
 		if err != nil {
 			return nil, err

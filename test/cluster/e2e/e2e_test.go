@@ -106,10 +106,7 @@ func TestKubernetes(t *testing.T) {
 		}
 		k.apply(pod("writer", "data", "", fmt.Sprintf("echo %q > /data/hello && head -c 4194304 /dev/urandom > /data/random && sync", content)))
 		k.waitPod(ns, "writer", "Running", 180*time.Second)
-		k.waitFor("written file", 60*time.Second, func() (bool, string) {
-			out, err := k.run("", "exec", "-n", ns, "writer", "--", "cat", "/data/hello")
-			return err == nil && strings.TrimSpace(out) == content, out
-		})
+		waitPodFile(k, "writer", "/data/hello", content, 60*time.Second)
 		// The class names no layout: deploy/'s --default-layout makes it
 		// an image volume, an ext4 of its own.
 		if mnt := mountType(k, "writer"); mnt != "ext4" {
@@ -129,17 +126,14 @@ func TestKubernetes(t *testing.T) {
 		k.apply(inClass(pvc("hdd", "64Mi", "Filesystem", ""), "hostpath-hdd"))
 		k.apply(pod("hdd", "hdd", "", "echo on-hdd > /data/where && sync"))
 		k.waitPod(ns, "hdd", "Running", 180*time.Second)
-		handle := k.jsonpath("", "pv/"+k.jsonpath(ns, "pvc/hdd", "{.spec.volumeName}"), "{.spec.csi.volumeHandle}")
+		handle := volumeHandle(k, "hdd")
 		// An image volume (the class names no layout): its image is a file
 		// in the hdd pool's disk, and the pod's file is in it.
 		img := filepath.Join(hddPool, "volumes", handle+".img")
 		if _, err := os.Stat(img); err != nil {
 			t.Fatalf("the volume's image in the hdd pool's disk: %v", err)
 		}
-		k.waitFor("the file in the volume", 60*time.Second, func() (bool, string) {
-			out, err := k.run("", "exec", "-n", ns, "hdd", "--", "cat", "/data/where")
-			return err == nil && strings.TrimSpace(out) == "on-hdd", out
-		})
+		waitPodFile(k, "hdd", "/data/where", "on-hdd", 60*time.Second)
 		fmt.Printf("e2e      volume %s of hostpath-hdd is %s\n", handle, img)
 	})
 	step(t, "CSIStorageCapacity shrinks as volumes are made", func() {
@@ -238,10 +232,7 @@ spec:
     csi: {driver: hostpath.csi.k8s.io, volumeAttributes: {size: 16Mi}}
 `, ns, busybox))
 		k.waitPod(ns, "inline", "Running", 180*time.Second)
-		k.waitFor("inline file", 30*time.Second, func() (bool, string) {
-			out, _ := k.run("", "exec", "-n", ns, "inline", "--", "cat", "/data/f")
-			return strings.TrimSpace(out) == "inline", out
-		})
+		waitPodFile(k, "inline", "/data/f", "inline", 30*time.Second)
 	})
 	step(t, "fsGroup on a non-root pod", func() {
 		k.apply(pvc("fsgroup", "16Mi", "Filesystem", ""))
@@ -448,6 +439,20 @@ func applyOverlay(t *testing.T, k *kube, base, image, tag, extra string) {
 }
 
 // inClass puts a PVC manifest in another StorageClass.
+// waitPodFile waits until a file in a pod holds want (its spaces around
+// trimmed).
+func waitPodFile(k *kube, pod, file, want string, timeout time.Duration) {
+	k.waitFor(file+" in "+pod, timeout, func() (bool, string) {
+		out, err := k.run("", "exec", "-n", ns, pod, "--", "cat", file)
+		return err == nil && strings.TrimSpace(out) == want, out
+	})
+}
+
+// volumeHandle is the driver's volume id of a bound claim.
+func volumeHandle(k *kube, claim string) string {
+	return k.jsonpath("", "pv/"+k.jsonpath(ns, "pvc/"+claim, "{.spec.volumeName}"), "{.spec.csi.volumeHandle}")
+}
+
 // mountType is the file system type of /data in a pod.
 func mountType(k *kube, pod string) string {
 	return strings.TrimSpace(k.exec(ns, pod, "sh", "-c", "grep ' /data ' /proc/mounts | cut -d' ' -f3"))

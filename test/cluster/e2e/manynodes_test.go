@@ -171,16 +171,13 @@ func manyNodes(t *testing.T, k *kube, nodes []string) {
 		if got := k.jsonpath(ns, "pod/hddbig", "{.spec.nodeName}"); got != hddLargest {
 			t.Fatalf("a %d MiB hdd volume's pod runs on %s, want %s (the other hdd pools have at most %d bytes)", size>>20, got, hddLargest, hddOthers)
 		}
-		handle := k.jsonpath("", "pv/"+k.jsonpath(ns, "pvc/hddbig", "{.spec.volumeName}"), "{.spec.csi.volumeHandle}")
+		handle := volumeHandle(k, "hddbig")
 		// An image volume (the class names no layout): its image is in
 		// that node's hdd pool, and the pod's file in it.
 		if _, err := os.Stat(filepath.Join(nodeRoot(t, hddLargest), hddPool, "volumes", handle+".img")); err != nil {
 			t.Fatalf("the volume is not in %s's hdd pool: %v", hddLargest, err)
 		}
-		k.waitFor("the pod's file", 60*time.Second, func() (bool, string) {
-			out, err := k.run("", "exec", "-n", ns, "hddbig", "--", "cat", "/data/where")
-			return err == nil && strings.TrimSpace(out) == "hdd", out
-		})
+		waitPodFile(k, "hddbig", "/data/where", "hdd", 60*time.Second)
 		fmt.Printf("e2e      a %d MiB hostpath-hdd volume placed on %s, the only hdd pool with room (state dirs: %s is largest)\n", size>>20, hddLargest, largest)
 		k.must("delete", "pod", "hddbig", "-n", ns, "--grace-period=1")
 		k.must("delete", "pvc", "hddbig", "-n", ns)
@@ -296,7 +293,7 @@ func cleanNodes(t *testing.T, k *kube, nodes []string, name string) {
 // "image" (an image file) or "directory".
 func layoutOn(t *testing.T, k *kube, node, claim string) string {
 	t.Helper()
-	handle := k.jsonpath("", "pv/"+k.jsonpath(ns, "pvc/"+claim, "{.spec.volumeName}"), "{.spec.csi.volumeHandle}")
+	handle := volumeHandle(k, claim)
 	for _, pool := range []string{stateDir, hddPool} {
 		vols := filepath.Join(nodeRoot(t, node), pool, "volumes")
 		if _, err := os.Stat(filepath.Join(vols, handle+".img")); err == nil {
