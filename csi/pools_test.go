@@ -19,37 +19,11 @@ import (
 	"github.com/hostpath-csi/hostpath/loop"
 )
 
-// poolDir bind-mounts a fresh file system of fstype at a new directory and
-// returns it: a pool's disk, which the test can take away (unmount) and
-// bring back (bindPool again).
+// poolDir is a pool's directory on a fresh file system of fstype, and that
+// file system (testfs.PoolDir).
 func poolDir(t *testing.T, fstype string) (dir, disk string) {
 	t.Helper()
-	disk = testfs.FileSystem(t, run, fstype, 300<<20, nil, "")
-	return poolOn(t, disk, fstype), disk
-}
-
-// poolOn bind-mounts disk (a mounted file system) at a new directory.
-func poolOn(t *testing.T, disk, fstype string) string {
-	t.Helper()
-	dir := filepath.Join(t.TempDir(), fstype+"-pool")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bindPool(t, disk, dir)
-	t.Cleanup(func() {
-		testutil.UnmountUnder(t, dir+"/")
-		if err := unix.Unmount(dir, 0); err != nil && err != unix.EINVAL {
-			t.Errorf("unmounting pool %s: %v", dir, err)
-		}
-	})
-	return dir
-}
-
-func bindPool(t *testing.T, disk, dir string) {
-	t.Helper()
-	if err := unix.Mount(disk, dir, "", unix.MS_BIND, ""); err != nil {
-		t.Fatal(err)
-	}
+	return testfs.PoolDir(t, run, fstype)
 }
 
 // twoPools configures a driver with pool fast (ext4, not reflink; disk is
@@ -268,7 +242,7 @@ func TestPoolQuotas(t *testing.T) {
 			cases[i].mountOpt, cases[i].mkfs, cases[i].want = "", nil, engine.QuotaNone
 			c = cases[i]
 		}
-		dir := poolOn(t, testfs.FileSystem(t, run, c.fstype, c.size, c.mkfs, c.mountOpt, c.setup...), c.fstype)
+		dir := testfs.PoolOn(t, testfs.FileSystem(t, run, c.fstype, c.size, c.mkfs, c.mountOpt, c.setup...), c.fstype)
 		cfg.Pools[c.fstype] = dir
 	}
 	d := newDriver(t, cfg)
@@ -371,7 +345,7 @@ func TestPoolDown(t *testing.T) {
 		t.Fatalf("pool big while fast is down: %v", err)
 	}
 
-	bindPool(t, disk, fast)
+	testfs.Bind(t, disk, fast)
 	deadline := time.Now().Add(5 * time.Second)
 	for publish(id) != nil {
 		if time.Now().After(deadline) {
