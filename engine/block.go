@@ -151,24 +151,6 @@ func flushAll(path string) error {
 	return nil
 }
 
-// growBlock grows the backing file and tells the loop device, so the new
-// size shows in BLKGETSIZE64 at once, also while the volume is published.
-func (d *Engine) growBlock(v VolumeRecord, size int64) error {
-	path := d.VolumeDataPath(v)
-	grow := fsops.GrowFile
-	if isImage(v) {
-		grow = fsops.GrowSparse
-	}
-	if err := grow(path, size); err != nil {
-		return err
-	}
-	dev, err := d.attachFile(v)
-	if err != nil {
-		return err
-	}
-	return loop.Resize(dev)
-}
-
 // settleBlock makes a fresh block volume's backing file durable (its
 // blocks and its name) before a pod can write to it, and records that.
 func (d *Engine) settleBlock(v *VolumeRecord) error {

@@ -36,25 +36,6 @@ func (d *Engine) NodeVolumeOrProvision(ctx context.Context, id string, vctx map[
 	return v, unlock, nil
 }
 
-// mountSource is what gets bind-mounted for a volume: its directory, or
-// the device node of its loop device (a read-only device of its own for a
-// read-only publication, returned too so a failed mount can let it go).
-func (d *Engine) mountSource(v VolumeRecord, readOnly bool) (string, *loop.Device, error) {
-	if isImage(v) {
-		staged, err := d.stagedImage(v)
-		return staged, nil, err
-	}
-	if v.AccessType == AccessMount {
-		return d.VolumeDataPath(v), nil, nil
-	}
-	if readOnly {
-		dev, err := d.readOnlyBlockDevice(v)
-		return dev.Path(), &dev, err
-	}
-	dev, err := d.attachBlock(v)
-	return dev.Path(), nil, err
-}
-
 // inspectMount returns the mount at path (nil if there is none) and
 // whether it shows the volume.
 func (d *Engine) inspectMount(path string, v VolumeRecord) (*fsops.MountPoint, bool, error) {
@@ -65,7 +46,7 @@ func (d *Engine) inspectMount(path string, v VolumeRecord) (*fsops.MountPoint, b
 	if mp == nil {
 		return nil, false, nil
 	}
-	ours, err := d.mountShows(mp, v)
+	ours, err := d.layoutFor(v).shows(mp, v)
 	if err != nil {
 		return nil, false, StorageErr(ErrUnsure, "cannot tell whether %s (%s on %s) shows volume %s: %v; nothing was changed, retry once the volume's data can be inspected", path, mp.Source, mp.Root, v.ID, err)
 	}
@@ -92,7 +73,7 @@ func (d *Engine) bindVolume(v VolumeRecord, path string, flags uintptr, dir bool
 	if err := fsops.MakeMountPoint(path, dir); err != nil {
 		return fmt.Errorf("creating %s: %w", path, err)
 	}
-	src, roDev, err := d.mountSource(v, flags&fsops.ReadOnly != 0)
+	src, roDev, err := d.layoutFor(v).mountSource(v, flags&fsops.ReadOnly != 0)
 	if err != nil {
 		return fmt.Errorf("finding the source of volume %s: %w", v.ID, err)
 	}
@@ -119,10 +100,8 @@ func (d *Engine) unbindVolume(v VolumeRecord, path string, remove bool) error {
 		if err := fsops.Unmount(path); err != nil {
 			return fmt.Errorf("unmounting %s: %w", path, err)
 		}
-		if v.AccessType == AccessBlock {
-			if err := d.releaseBlockDevice(mp.Rdev, v); err != nil {
-				return fmt.Errorf("detaching the read-only device of volume %s: %w", v.ID, err)
-			}
+		if err := d.layoutFor(v).unmounted(mp, v); err != nil {
+			return err
 		}
 	}
 	if remove {

@@ -157,56 +157,30 @@ func (w *watchedReader) Read(b []byte) (int, error) {
 
 // buildFrom writes a received stream into the volume's data.
 func (d *Engine) buildFrom(ctx context.Context, v VolumeRecord, m transfer.Meta, body io.Reader) error {
+	return d.layoutFor(v).build(ctx, v, m, body)
+}
+
+// buildExtents writes a file-backed volume's file from received extents,
+// made durable before it appears; finish gives the file its size.
+func (d *Engine) buildExtents(ctx context.Context, v VolumeRecord, body io.Reader, finish func(*os.File) error) error {
 	path := d.VolumeDataPath(v)
-	if isImage(v) && m.Format != wireExtents {
-		// A directory volume's snapshot, as a tree: into the new
-		// image's own file system.
-		if err := treeFormat(m); err != nil {
-			return err
-		}
-		if err := d.makeEmptyImage(v); err != nil {
-			return err
-		}
-		return d.fillImage(v, func(dir string) error { return d.extractTree(ctx, m, body, dir) })
-	}
-	if fileBacked(v) {
-		if m.Format != wireExtents {
-			return fmt.Errorf("%w: a block or image source came as %q", archive.ErrFormat, m.Format)
-		}
-		tmp := filepath.Join(tmpBeside(path), filepath.Base(path)+".partial")
-		err := fsops.CreateDurable(path, tmp, 0o600, func(out *os.File) error {
-			// The volume's size, never the source's. A live source's
-			// size was asked for with another request, unpinned in
-			// between: one grown since is refused before a byte is
-			// written (never written in full past the capacity reserved
-			// and then cut). A snapshot, which cannot change, is cut to
-			// the new volume's size as a local restore is (copyBacking):
-			// a block snapshot's recorded size may be less than its
-			// image's length.
-			limit := archive.ExtentsLimit{Max: v.CapacityBytes, Clip: v.SourceSnapshot != ""}
-			_, st, err := extractExtents(ctx, body, out, limit)
-			d.moved("restore", st.Bytes)
-			if err != nil {
-				return err
-			}
-			if isImage(v) {
-				return out.Truncate(v.CapacityBytes) // sparse: the file system allocates
-			}
-			return fsops.AllocateFile(int(out.Fd()), v.CapacityBytes)
-		})
+	tmp := filepath.Join(tmpBeside(path), filepath.Base(path)+".partial")
+	return fsops.CreateDurable(path, tmp, 0o600, func(out *os.File) error {
+		// The volume's size, never the source's. A live source's size
+		// was asked for with another request, unpinned in between: one
+		// grown since is refused before a byte is written (never
+		// written in full past the capacity reserved and then cut). A
+		// snapshot, which cannot change, is cut to the new volume's size
+		// as a local restore is (copyBacking): a block snapshot's
+		// recorded size may be less than its image's length.
+		limit := archive.ExtentsLimit{Max: v.CapacityBytes, Clip: v.SourceSnapshot != ""}
+		_, st, err := extractExtents(ctx, body, out, limit)
+		d.moved("restore", st.Bytes)
 		if err != nil {
 			return err
 		}
-		_, err = d.attachFile(v)
-		return err
-	}
-	if err := treeFormat(m); err != nil {
-		return err
-	}
-	if err := d.makeVolumeDir(v, path); err != nil {
-		return err
-	}
-	return d.extractTree(ctx, m, body, path)
+		return finish(out)
+	})
 }
 
 // treeFormat refuses a stream that is no tree.
@@ -364,24 +338,9 @@ func (d *Engine) serveVolume(id string) (transfer.Meta, func(context.Context) (i
 		return transfer.Meta{}, nil, nil, servable(err, SourceVolume, id)
 	}
 	m := transfer.Meta{Size: v.CapacityBytes, Attrs: map[string]string{"access": v.AccessType, "layout": layoutOf(v)}}
-	path := d.VolumeDataPath(v)
-	if isImage(v) {
-		// Read while its pods write, the image would be torn: what is
-		// sent is a copy cut frozen, as a snapshot is.
-		m.Format = wireExtents
-		return m, func(ctx context.Context) (io.ReadCloser, error) { return d.sendImage(ctx, v) }, unpin, nil
-	}
-	if v.AccessType == AccessBlock {
-		m.Format = wireExtents
-		return m, func(ctx context.Context) (io.ReadCloser, error) {
-			if err := flushAll(path); err != nil {
-				return nil, err
-			}
-			return extentsOf(ctx, path)
-		}, unpin, nil
-	}
-	m.Format = WireTarZst
-	return m, func(ctx context.Context) (io.ReadCloser, error) { return archiveOf(ctx, path), nil }, unpin, nil
+	format, open := d.layoutFor(v).serve(v)
+	m.Format = format
+	return m, open, unpin, nil
 }
 
 // archiveOf streams a tar.zst of the tree at dir, made as it is read.

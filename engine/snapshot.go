@@ -205,33 +205,23 @@ func (d *Engine) snapshots() creation[SnapshotRecord] {
 // snapshot holds (what a restore needs room for) and, for archives, the
 // archive's sha256.
 func (d *Engine) writeSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord, compact bool) (int64, string, error) {
-	ctx, done := d.track(ctx, "snapshot", s.ID, d.expectedBytes(v))
+	ctx, done := d.track(ctx, "snapshot", s.ID, d.layoutFor(v).expectedBytes(v))
 	defer done()
-	switch s.Format {
-	case FormatImage:
-		if isImage(v) {
-			return d.writeImageSnapshot(ctx, v, s)
-		}
-		return d.writeBlockSnapshot(ctx, v, s)
-	case FormatReflink:
-		return d.writeReflinkSnapshot(ctx, v, s)
-	}
+	return d.layoutFor(v).writeSnapshot(ctx, v, s, compact)
+}
+
+// writeArchive archives tree into snapshot s's file (tar.gz, or tar.zst
+// for FormatTarZst), made durable before it is renamed into place. It
+// returns the bytes of file data archived and the archive's sha256.
+func (d *Engine) writeArchive(ctx context.Context, tree string, s SnapshotRecord, compact bool) (int64, string, error) {
 	h := sha256.New()
 	var st archive.Stats
-	write := func(tree string) error {
-		return fsops.CreateDurable(d.SnapshotDataPath(s), d.snapshotTempPath(s), 0o600, func(f *os.File) error {
-			var err error
-			st, err = archive.Write(ctx, tree, io.MultiWriter(f, h), archive.Options{Compact: compact, Zstd: s.Format == FormatTarZst})
-			d.moved("archive", st.Bytes)
-			return err
-		})
-	}
-	var err error
-	if isImage(v) {
-		err = d.imageTree(ctx, v, write)
-	} else {
-		err = write(d.VolumeDataPath(v))
-	}
+	err := fsops.CreateDurable(d.SnapshotDataPath(s), d.snapshotTempPath(s), 0o600, func(f *os.File) error {
+		var err error
+		st, err = archive.Write(ctx, tree, io.MultiWriter(f, h), archive.Options{Compact: compact, Zstd: s.Format == FormatTarZst})
+		d.moved("archive", st.Bytes)
+		return err
+	})
 	if err != nil {
 		return 0, "", err
 	}

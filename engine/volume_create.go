@@ -234,7 +234,7 @@ func (d *Engine) provisionVolume(ctx context.Context, rec VolumeRecord, tag stri
 	return d.volumes().create(rec, d.checkCapacity, func(rec VolumeRecord) (VolumeRecord, error) {
 		err := d.createVolumeData(ctx, rec, tag)
 		if err == nil {
-			err = d.syncVolumeData(rec)
+			err = d.layoutFor(rec).syncData(rec)
 		}
 		if err != nil {
 			return VolumeRecord{}, fmt.Errorf("creating volume %q: %w", rec.Name, err)

@@ -41,59 +41,13 @@ func (d *Engine) createVolumeData(ctx context.Context, v VolumeRecord, tag strin
 		if s, ok := d.Records.Snapshots.Get(v.SourceSnapshot); ok {
 			kind, expected = "restore", s.SizeBytes
 		} else if src, ok := d.Records.Volumes.Get(v.SourceVolume); ok {
-			expected = d.expectedBytes(src)
+			expected = d.layoutFor(src).expectedBytes(src)
 		}
 		var done func()
 		ctx, done = d.track(ctx, kind, v.ID, expected)
 		defer done()
 	}
-	if v.AccessType == AccessBlock {
-		return d.createBlockData(ctx, v)
-	}
-	if isImage(v) {
-		return d.createImageData(ctx, v)
-	}
-	dir := d.VolumeDataPath(v)
-	if err := d.makeVolumeDir(v, dir); err != nil {
-		return err
-	}
-	switch {
-	case v.SourceSnapshot != "":
-		return d.restoreSnapshot(ctx, v.SourceSnapshot, dir)
-	case v.SourceVolume != "":
-		src, ok := d.Records.Volumes.Get(v.SourceVolume)
-		if !ok {
-			return StorageErr(ErrNotFound, "source volume %s disappeared", v.SourceVolume)
-		}
-		st, err := fsops.CopyTree(ctx, d.VolumeDataPath(src), dir)
-		d.moved("clone", st.Bytes)
-		return err
-	}
-	return nil
-}
-
-// syncVolumeData makes a new directory volume's data durable before its
-// record says ready: the directory (and its entry in volumes/), and for a
-// restore or clone every file written into it, with one syncfs(2). The
-// journal entry that says ready can otherwise reach the disk before them
-// (an fdatasync of the journal's preallocated file flushes its data
-// without committing the file system's metadata): make test-powerloss
-// found ready volumes with no directory, and restores with no files, after
-// a power loss on ext4. Block volumes are made durable as they are
-// written (fsops.CreateDurable), or repaired at start when fresh; static
-// local volumes are the operator's.
-func (d *Engine) syncVolumeData(v VolumeRecord) error {
-	if fileBacked(v) || v.LocalPath != "" {
-		return nil
-	}
-	path := d.VolumeDataPath(v)
-	if v.SourceSnapshot != "" || v.SourceVolume != "" {
-		return fsops.SyncFS(path)
-	}
-	if err := fsops.SyncFile(path); err != nil {
-		return err
-	}
-	return fsops.SyncDir(d.PoolOf(v.Pool).Paths.Volumes())
+	return d.layoutFor(v).createData(ctx, v)
 }
 
 // mkdirOpen makes a volume directory any pod uid may write to, as with the
@@ -107,31 +61,7 @@ func mkdirOpen(dir string) error {
 
 // removeVolumeData removes whatever a volume has on disk; what is already
 // gone is not an error.
-func (d *Engine) removeVolumeData(v VolumeRecord) error {
-	if v.LocalPath != "" {
-		return nil // the operator's directory, never ours to remove
-	}
-	if fileBacked(v) {
-		return d.removeBlockData(v)
-	}
-	// Durable before the record goes: a removal a power loss undid would
-	// bring the data back owned by nothing.
-	if err := fsops.RemoveAllDurable(d.VolumeDataPath(v)); err != nil {
-		return err
-	}
-	if d.PoolOf(v.Pool).Get().Quota == QuotaProject && v.ProjectID != 0 {
-		return d.setVolumeLimit(v, 0)
-	}
-	return nil
-}
-
-// growVolume gives a volume its new size on disk.
-func (d *Engine) growVolume(ctx context.Context, v VolumeRecord, size int64) error {
-	if fileBacked(v) {
-		return d.growBlock(v, size)
-	}
-	return d.setVolumeLimit(v, size)
-}
+func (d *Engine) removeVolumeData(v VolumeRecord) error { return d.layoutFor(v).removeData(v) }
 
 // mountedAt returns a staging or target path where the volume is mounted
 // right now on this node, or "". Records of mounts that a reboot or an
@@ -165,34 +95,6 @@ func mountPaths(v VolumeRecord) []string {
 func (d *Engine) ShowsVolume(path string, v VolumeRecord) (bool, error) {
 	_, ours, err := d.inspectMount(path, v)
 	return ours, err
-}
-
-// mountShows reports whether a mount point shows this volume: the same
-// directory inode, or the device of one of its loop devices.
-func (d *Engine) mountShows(mp *fsops.MountPoint, v VolumeRecord) (bool, error) {
-	if fileBacked(v) {
-		devs, err := d.BlockDevices(v)
-		if err != nil {
-			return false, err
-		}
-		for _, dev := range devs {
-			// A block volume's mount is its device node; an image
-			// volume's, the file system on its device.
-			shown := mp.Rdev
-			if isImage(v) {
-				shown = mp.Dev
-			}
-			if shown != 0 && shown == dev.Rdev {
-				return true, nil
-			}
-		}
-		return false, nil
-	}
-	dev, ino, _, err := fsops.Identity(d.VolumeDataPath(v))
-	if err != nil {
-		return false, err
-	}
-	return mp.Dev == dev && mp.Ino == ino, nil
 }
 
 // SnapshotDataPath is where a ready snapshot's data lives.
@@ -267,25 +169,4 @@ func present(kind, id, name, path string) error {
 		return fmt.Errorf("the data of %s %s (%s) at %s cannot be looked at: %w", kind, id, name, path, err)
 	}
 	return nil
-}
-
-// expectedBytes is what copying a volume will move, where it can be known
-// without walking the tree: a block volume's allocated bytes, a directory
-// volume's project quota usage. 0 means not known.
-func (d *Engine) expectedBytes(v VolumeRecord) int64 {
-	if fileBacked(v) {
-		if f, err := os.Open(d.VolumeDataPath(v)); err == nil {
-			defer f.Close()
-			if _, allocated, err := fsops.FileSize(f); err == nil {
-				return allocated
-			}
-		}
-		return 0
-	}
-	if p := d.PoolOf(v.Pool); p.Get().Quota == QuotaProject && v.ProjectID != 0 {
-		if u, err := fsops.GetProjectUsage(p.Paths.Volumes(), v.ProjectID); err == nil {
-			return u.UsedBytes
-		}
-	}
-	return 0
 }

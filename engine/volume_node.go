@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-
-	"github.com/hostpath-csi/hostpath/fsops"
-	"github.com/hostpath-csi/hostpath/loop"
 )
 
 // The storage side of the Node service: each handler, once it has checked
@@ -29,16 +26,7 @@ func (d *Engine) StageVolume(v VolumeRecord, staging string) error {
 			return fmt.Errorf("recording staging of volume %s: %w", v.ID, err)
 		}
 	}
-	if v.AccessType == AccessBlock {
-		if _, err := d.attachBlock(v); err != nil {
-			return fmt.Errorf("attaching block volume %s: %w", v.ID, err)
-		}
-		return nil
-	}
-	if isImage(v) {
-		return d.stageImage(v, staging)
-	}
-	return d.bindVolume(v, staging, 0, true)
+	return d.layoutFor(v).stage(v, staging)
 }
 
 // UnstageVolume undoes stageVolume: a staging path that is not mounted is
@@ -115,39 +103,7 @@ func (d *Engine) VolumeStats(id, path string) (volumeStats, error) {
 	if err := d.mountedHere(v, path); err != nil {
 		return volumeStats{}, err
 	}
-	if v.AccessType == AccessBlock {
-		dev, err := d.attachBlock(v)
-		if err != nil {
-			return volumeStats{}, fmt.Errorf("finding the device of volume %s: %w", v.ID, err)
-		}
-		size, err := loop.Size(dev.Path())
-		if err != nil {
-			return volumeStats{}, fmt.Errorf("reading the size of %s: %w", dev.Path(), err)
-		}
-		return volumeStats{Block: true, Total: size}, nil
-	}
-	if isImage(v) {
-		st, err := imageStats(path)
-		if err != nil {
-			return volumeStats{}, fmt.Errorf("reading the file system of volume %s: %w", v.ID, err)
-		}
-		return st, nil
-	}
-	u, err := d.VolumeUsage(v)
-	if err != nil {
-		return volumeStats{}, fmt.Errorf("measuring volume %s: %w", v.ID, err)
-	}
-	fs, err := fsops.Statfs(d.VolumeDataPath(v))
-	if err != nil {
-		return volumeStats{}, fmt.Errorf("reading the file system of volume %s: %w", v.ID, err)
-	}
-	return volumeStats{
-		Total:      v.CapacityBytes,
-		Used:       u.Bytes,
-		Available:  min(max(v.CapacityBytes-u.Bytes, 0), fs.AvailableBytes),
-		InodesUsed: u.Inodes,
-		InodesFree: fs.FreeInodes,
-	}, nil
+	return d.layoutFor(v).stats(v, path)
 }
 
 // mountedHere answers NotFound unless path shows volume v.
@@ -183,7 +139,7 @@ func (d *Engine) ExpandOnNode(ctx context.Context, id, path string, cr SizeRange
 		if err != nil {
 			return 0, err
 		}
-		if err := d.growVolume(ctx, v, size); err != nil {
+		if err := d.layoutFor(v).grow(ctx, v, size); err != nil {
 			return 0, fmt.Errorf("expanding volume %s to %d bytes: %w", v.ID, size, err)
 		}
 		v.CapacityBytes = size
@@ -191,20 +147,8 @@ func (d *Engine) ExpandOnNode(ctx context.Context, id, path string, cr SizeRange
 			return 0, fmt.Errorf("recording the new size of volume %s: %w", v.ID, err)
 		}
 	}
-	if fileBacked(v) {
-		dev, err := d.attachFile(v)
-		if err == nil {
-			err = loop.Resize(dev)
-		}
-		if err != nil {
-			return 0, fmt.Errorf("resizing the device of volume %s: %w", v.ID, err)
-		}
-		if isImage(v) {
-			// Online, while pods write: the kernel adds the new groups.
-			if err := growImageFS(dev, path); err != nil {
-				return 0, fmt.Errorf("growing the file system of volume %s: %w", v.ID, err)
-			}
-		}
+	if err := d.layoutFor(v).resizeOnNode(v, path); err != nil {
+		return 0, err
 	}
 	return v.CapacityBytes, nil
 }

@@ -60,7 +60,7 @@ func (d *Engine) ExpandVolume(ctx context.Context, id string, cr SizeRange) (Vol
 		return VolumeRecord{}, err
 	}
 	if size > v.CapacityBytes {
-		if err := d.growVolume(ctx, v, size); err != nil {
+		if err := d.layoutFor(v).grow(ctx, v, size); err != nil {
 			return VolumeRecord{}, fmt.Errorf("expanding volume %s to %d bytes: %w", id, size, err)
 		}
 		v.CapacityBytes = size
