@@ -12,6 +12,7 @@ import (
 	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/format/ext4"
 	"github.com/hostpath-csi/hostpath/fsops"
+	"github.com/hostpath-csi/hostpath/internal/testfs"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 	"github.com/hostpath-csi/hostpath/loop"
 	"golang.org/x/sys/unix"
@@ -31,11 +32,28 @@ func coveredBy(ranges []*csi.BlockMetadata, off, n int64) bool {
 // TestImageSnapshotMetadata: SnapshotMetadata answers for image volumes'
 // snapshots, checked against a full read of the two images: every 4 KiB
 // block that holds data is inside an allocated range, and every block
-// that differs between them is inside a changed range.
+// that differs between them is inside a changed range. On the state dir's
+// file system the snapshots are copies; on XFS and btrfs they are
+// reflinks, and the delta skips the blocks they share.
 func TestImageSnapshotMetadata(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.EnableSnapshotMetadata = true
-	d := newDriver(t, cfg)
+	for _, fstype := range []string{"", "xfs", "btrfs"} {
+		name := fstype
+		if name == "" {
+			name = "state-dir"
+		}
+		t.Run(name, func(t *testing.T) {
+			testutil.RequireRoot(t)
+			cfg := testConfig(t)
+			if fstype != "" {
+				cfg.StateDir = filepath.Join(testfs.FileSystem(t, run, fstype, 1<<30, nil, ""), "state")
+			}
+			cfg.EnableSnapshotMetadata = true
+			imageSnapshotMetadata(t, newDriver(t, cfg))
+		})
+	}
+}
+
+func imageSnapshotMetadata(t *testing.T, d *Driver) {
 	v := createImage(t, d, "img", 64<<20, nil)
 	_, target := stageAndPublish(t, d, v.GetVolumeId())
 	if err := os.WriteFile(filepath.Join(target, "a"), bytes.Repeat([]byte("first "), 200000), 0o644); err != nil {

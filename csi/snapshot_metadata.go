@@ -1,8 +1,6 @@
 package csi
 
 import (
-	"os"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -13,27 +11,20 @@ import (
 
 // The SnapshotMetadata service (behind --enable-snapshot-metadata, as in
 // the reference) lets a backup tool read only what a block snapshot holds
-// or what changed between two: ranges come from the snapshot file's
-// extents (SEEK_DATA/SEEK_HOLE) and, for deltas, from comparing the data
-// of two snapshots of the same volume.
+// or what changed between two: the engine reads the ranges from the
+// snapshot file's extents (SEEK_DATA/SEEK_HOLE) and, for deltas, compares
+// two snapshots of the same volume, skipping the blocks they share.
 
 const (
 	defaultMetadataResults = 256
-	deltaBlock             = 4096
+	deltaBlock             = engine.DeltaBlock
 )
 
 func (d *Driver) blockSnapshot(id string) (engine.SnapshotRecord, error) {
 	if err := d.checkIDHere("snapshot_id", id); err != nil {
 		return engine.SnapshotRecord{}, err
 	}
-	s, ok := d.Records.Snapshots.Get(id)
-	if !ok || s.Phase != engine.PhaseReady {
-		return engine.SnapshotRecord{}, status.Errorf(codes.NotFound, "snapshot %q does not exist", id)
-	}
-	if s.Format != engine.FormatImage {
-		return engine.SnapshotRecord{}, invalid("snapshot %s is of a directory volume; block metadata exists only for block and image volumes", id)
-	}
-	return s, nil
+	return d.BlockSnapshot(id)
 }
 
 func checkRange(offset int64, maxResults int32, capacity int64) (int, error) {
@@ -93,14 +84,9 @@ func (d *Driver) GetMetadataAllocated(req *csi.GetMetadataAllocatedRequest, stre
 	if err != nil {
 		return err
 	}
-	f, err := os.Open(d.SnapshotDataPath(s))
+	exts, err := d.AllocatedRanges(s, req.GetStartingOffset())
 	if err != nil {
-		return toStatus(err, "opening snapshot %s", s.ID)
-	}
-	defer f.Close()
-	exts, err := fsops.DataExtents(int(f.Fd()), req.GetStartingOffset(), s.VolumeBytes)
-	if err != nil {
-		return toStatus(err, "reading the extents of snapshot %s", s.ID)
+		return err
 	}
 	typ := d.metadataType()
 	return sendExtents(exts, n, typ == csi.BlockMetadataType_FIXED_LENGTH, func(b []*csi.BlockMetadata) error {
@@ -128,26 +114,13 @@ func (d *Driver) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, stream csi.S
 	if err != nil {
 		return err
 	}
-	if base.SourceVolume != target.SourceVolume {
-		return invalid("snapshots %s and %s are of different volumes", base.ID, target.ID)
-	}
 	n, err := checkRange(req.GetStartingOffset(), req.GetMaxResults(), target.VolumeBytes)
 	if err != nil {
 		return err
 	}
-	a, err := os.Open(d.SnapshotDataPath(base))
+	changed, err := d.ChangedRanges(base, target, req.GetStartingOffset())
 	if err != nil {
-		return toStatus(err, "opening snapshot %s", base.ID)
-	}
-	defer a.Close()
-	b, err := os.Open(d.SnapshotDataPath(target))
-	if err != nil {
-		return toStatus(err, "opening snapshot %s", target.ID)
-	}
-	defer b.Close()
-	changed, err := fsops.ChangedRanges(a, b, req.GetStartingOffset(), target.VolumeBytes, deltaBlock)
-	if err != nil {
-		return toStatus(err, "comparing snapshots %s and %s", base.ID, target.ID)
+		return err
 	}
 	typ := d.metadataType()
 	return sendExtents(changed, n, typ == csi.BlockMetadataType_FIXED_LENGTH, func(bm []*csi.BlockMetadata) error {
