@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -23,6 +24,12 @@ type benchFS struct {
 	reflink bool
 	dir     string
 }
+
+// poolDirectIO binds the pool images' loop devices with direct I/O, so a
+// pool's reads and writes reach the disk under this machine's root file
+// system instead of its page cache: a pool on a disk, as a node has one,
+// rather than in memory.
+var poolDirectIO = flag.Bool("bench.pooldio", false, "bind the pool file systems' loop devices with direct I/O (a pool on the disk, not in the page cache)")
 
 var (
 	fsOnce  sync.Once
@@ -92,9 +99,12 @@ func makeFileSystems() ([]*benchFS, error) {
 		if out, err := exec.Command(fs.mkfs[0], append(fs.mkfs[1:], img)...).CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("%v: %v %s", fs.mkfs, err, out)
 		}
-		dev, err := loop.Attach(img, loop.Options{})
+		dev, err := loop.Attach(img, loop.Options{DirectIO: *poolDirectIO})
 		if err != nil {
 			return nil, err
+		}
+		if *poolDirectIO && !dev.DirectIO {
+			return nil, fmt.Errorf("-bench.pooldio: %s's loop device was refused direct I/O", img)
 		}
 		cleanup = append(cleanup, func() { loop.Detach(dev) })
 		mnt := filepath.Join(root, fs.name)

@@ -1,6 +1,7 @@
 // Package e2e drives the driver only through Kubernetes objects on the
 // local test cluster (make cluster-up): deploy/ applied as a user would,
-// then PVCs, pods, snapshots, clones, expansion, block and inline volumes,
+// then PVCs, pods, snapshots, clones, a database's snapshots under load,
+// expansion, block and inline volumes,
 // fsGroup, a killed driver pod, and at the end a node with nothing left.
 // Run it with make e2e.
 package e2e
@@ -173,6 +174,9 @@ func TestKubernetes(t *testing.T) {
 		out := k.exec(ns, "imgreader", "awk", `$0 != "record " NR-1 { print "torn at line " NR ": " $0; exit 1 } END { print NR " records" }`, "/data/log")
 		fmt.Printf("e2e      the image volume's snapshot, restored, holds %s, whole\n", strings.TrimSpace(out))
 		k.must("delete", "pod", "-n", ns, "imgwriter", "--wait=false") // it would write until its volume is full
+	})
+	step(t, "PostgreSQL on an image volume: VolumeSnapshots taken while pgbench writes restore, start, and pass pgbench's invariant and pg_amcheck", func() {
+		postgresSnapshots(k, "hostpath-hdd", 3)
 	})
 	step(t, "block PVC in a pod (volumeDevices)", func() {
 		k.apply(pvc("block", "32Mi", "Block", ""))
