@@ -176,7 +176,7 @@ func TestKubernetes(t *testing.T) {
 		k.must("delete", "pod", "-n", ns, "imgwriter", "--wait=false") // it would write until its volume is full
 	})
 	step(t, "PostgreSQL on an image volume: VolumeSnapshots taken while pgbench writes restore, start, and pass pgbench's invariant and pg_amcheck", func() {
-		postgresSnapshots(k, "hostpath-hdd", 3)
+		postgresSnapshots(k, "hostpath-hdd", 2)
 	})
 	step(t, "block PVC in a pod (volumeDevices)", func() {
 		k.apply(pvc("block", "32Mi", "Block", ""))

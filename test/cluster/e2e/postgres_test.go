@@ -26,11 +26,11 @@ const pgInvariant = `select (select sum(abalance) from pgbench_accounts) = h and
 // controller, as a backup tool takes them; each restored into a new claim
 // and started by a new pod (crash recovery, since the copy was cut while
 // the server ran), which checks pgbench's invariant and runs pg_amcheck
-// over every table and index. The claims are in hostpath-hdd (its pool's
-// disk has room for four).
+// over every table and index. The claims are in hostpath-hdd, whose
+// pool's disk (2 GiB on one node) has room for them and the snapshots.
 func postgresSnapshots(k *kube, class string, snapshots int) {
 	k.t.Helper()
-	claim := func(name, source string) string { return inClass(pvc(name, "256Mi", "Filesystem", source), class) }
+	claim := func(name, source string) string { return inClass(pvc(name, "128Mi", "Filesystem", source), class) }
 	k.apply(claim("pg", ""))
 	k.apply(pgPod("pg", "pg", `[ -d /data/pg ] || initdb -D /data/pg -U postgres --auth=trust -E UTF8 --locale=C
 `+pgServer+`
