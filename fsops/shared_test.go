@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hostpath-csi/hostpath/internal/testfs"
+	"github.com/hostpath-csi/hostpath/internal/testutil"
 )
 
 func TestSubtractExtents(t *testing.T) {
@@ -129,6 +130,7 @@ func TestSharedRanges(t *testing.T) {
 // tmpfsDir is a tmpfs mounted for the test.
 func tmpfsDir(t *testing.T) string {
 	t.Helper()
+	testutil.RequireRoot(t)
 	dir := t.TempDir()
 	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64m"); err != nil {
 		t.Fatal(err)
