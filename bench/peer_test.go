@@ -58,7 +58,7 @@ func BenchmarkRestoreFromPeer(b *testing.B) {
 				done := make(chan struct{})
 				go func() {
 					defer close(done)
-					(&transfer.Server{Creds: creds, Source: d.TransferSource()}).Serve(sctx, ln)
+					(&transfer.Server{Creds: creds, Source: d.TransferSource(), Authorizer: transfer.AllowAll}).Serve(sctx, ln)
 				}()
 				b.Cleanup(func() { cancel(); <-done })
 				addrs[node] = ln.Addr().String()

@@ -51,7 +51,7 @@ func (n *peerNode) serve(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.addr = ln.Addr().String()
-	srv := &transfer.Server{Creds: n.creds, Source: n.d.TransferSource()}
+	srv := &transfer.Server{Creds: n.creds, Source: n.d.TransferSource(), Authorizer: transfer.AllowAll}
 	c, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(c, ln) }()

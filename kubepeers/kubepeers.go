@@ -95,27 +95,50 @@ type Resolver struct {
 
 // Resolve implements transfer.Peers' Resolve. A node that is gone (its
 // CSINode deleted with it) or has no internal address is an error.
+//
+// The node a key names is the one whose name has that key. A CSINode's
+// name is its kubelet's own (the API server's node authorizer lets a
+// kubelet write only its own node's objects), while the driver id listed
+// in it is whatever the driver on that node says: a node that is taken
+// can claim another node's id, never its name. So a CSINode whose driver
+// id is not its name is passed over, and the client then checks that the
+// server's certificate names that node.
 func (r *Resolver) Resolve(ctx context.Context, key string) (string, string, error) {
 	list, err := r.Client.StorageV1().CSINodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return "", "", fmt.Errorf("listing CSINodes: %w", err)
 	}
+	var found []string
+	var impostors []string
 	for _, cn := range list.Items {
 		for _, d := range cn.Spec.Drivers {
 			if d.Name != r.Driver || r.KeyOf(d.NodeID) != key {
 				continue
 			}
-			node, err := r.Client.CoreV1().Nodes().Get(ctx, cn.Name, metav1.GetOptions{})
-			if err != nil {
-				return "", cn.Name, fmt.Errorf("node %s: %w", cn.Name, err)
+			if d.NodeID != cn.Name || r.KeyOf(cn.Name) != key {
+				impostors = append(impostors, cn.Name)
+				continue
 			}
-			for _, a := range node.Status.Addresses {
-				if a.Type == corev1.NodeInternalIP {
-					return net.JoinHostPort(a.Address, strconv.Itoa(r.Port)), cn.Name, nil
-				}
-			}
-			return "", cn.Name, fmt.Errorf("node %s has no internal IP", cn.Name)
+			found = append(found, cn.Name)
 		}
 	}
-	return "", "", fmt.Errorf("no node of the cluster runs driver %s with key %s (the node may be gone)", r.Driver, key)
+	switch {
+	case len(found) > 1:
+		return "", "", fmt.Errorf("nodes %v all have key %s: the source's node cannot be told apart", found, key)
+	case len(found) == 0 && len(impostors) > 0:
+		return "", "", fmt.Errorf("no node of the cluster runs driver %s with key %s; nodes %v claim it with a driver id that is not their name, and are not trusted", r.Driver, key, impostors)
+	case len(found) == 0:
+		return "", "", fmt.Errorf("no node of the cluster runs driver %s with key %s (the node may be gone)", r.Driver, key)
+	}
+	name := found[0]
+	node, err := r.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", name, fmt.Errorf("node %s: %w", name, err)
+	}
+	for _, a := range node.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			return net.JoinHostPort(a.Address, strconv.Itoa(r.Port)), name, nil
+		}
+	}
+	return "", name, fmt.Errorf("node %s has no internal IP", name)
 }

@@ -3,6 +3,7 @@ package kubepeers
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -52,23 +53,37 @@ func TestSecretStoreOneAuthority(t *testing.T) {
 	}
 }
 
+// TestResolver: a key names the node whose name has it; a node whose
+// driver claims another node's id is never taken for that node.
 func TestResolver(t *testing.T) {
+	csiNode := func(name string, drivers ...storagev1.CSINodeDriver) *storagev1.CSINode {
+		return &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: storagev1.CSINodeSpec{Drivers: drivers}}
+	}
+	node := func(name, ip string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+			{Type: corev1.NodeHostName, Address: name}, {Type: corev1.NodeInternalIP, Address: ip}}}}
+	}
 	client := fake.NewClientset(
-		&storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{
-			{Name: "other.csi", NodeID: "id-x"}, {Name: "d", NodeID: "id-1"}}}},
-		&storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: "n2"}, Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: "d", NodeID: "id-2"}}}},
-		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
-			{Type: corev1.NodeHostName, Address: "n1"}, {Type: corev1.NodeInternalIP, Address: "10.0.0.1"}}}},
+		// evil comes first in the list and claims n1's id.
+		csiNode("a-evil", storagev1.CSINodeDriver{Name: "d", NodeID: "n1"}, storagev1.CSINodeDriver{Name: "d", NodeID: "n4"}),
+		csiNode("n1", storagev1.CSINodeDriver{Name: "other.csi", NodeID: "id-x"}, storagev1.CSINodeDriver{Name: "d", NodeID: "n1"}),
+		csiNode("n2", storagev1.CSINodeDriver{Name: "d", NodeID: "n2"}),
+		csiNode("n3", storagev1.CSINodeDriver{Name: "d", NodeID: "id-3"}),
+		node("a-evil", "10.0.0.66"), node("n1", "10.0.0.1"), node("n3", "10.0.0.3"),
 	)
 	r := &Resolver{Client: client, Driver: "d", Port: 9470, KeyOf: func(id string) string { return "k-" + id }}
-	for _, c := range []struct{ key, addr, node string }{
-		{"k-id-1", "10.0.0.1:9470", "n1"},
-		{"k-id-x", "", ""},   // another driver's id
-		{"k-id-2", "", "n2"}, // its Node is gone
-		{"k-id-9", "", ""},
+	for _, c := range []struct {
+		key, addr, node, inErr string
+	}{
+		{"k-n1", "10.0.0.1:9470", "n1", ""},
+		{"k-id-x", "", "", "no node"},            // another driver's id
+		{"k-n2", "", "n2", "not found"},          // its Node is gone
+		{"k-id-3", "", "", "not their name"},     // a driver id that is not its node's name
+		{"k-n4", "", "", "[a-evil] claim it"},    // only an impostor claims it
+		{"k-n9", "", "", "the node may be gone"}, // nobody
 	} {
 		addr, node, err := r.Resolve(context.Background(), c.key)
-		if addr != c.addr || node != c.node || (c.addr == "") != (err != nil) {
+		if addr != c.addr || node != c.node || (c.addr == "") != (err != nil) || (err != nil && !strings.Contains(err.Error(), c.inErr)) {
 			t.Errorf("%s: %q %q %v", c.key, addr, node, err)
 		}
 	}

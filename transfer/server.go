@@ -66,6 +66,13 @@ const copyBuffer = 256 << 10
 type Server struct {
 	Creds  *Credentials
 	Source Source
+	// Authorizer decides which peer may have which source; nil refuses
+	// every request (a server is never open to every node by omission:
+	// AllowAll says so).
+	Authorizer Authorizer
+	// MaxPeerLifetime is the longest validity a peer's certificate may
+	// have; zero means DefaultMaxPeerLifetime.
+	MaxPeerLifetime time.Duration
 	// MaxStreams is how many sources are read at once (more wait for
 	// nothing: they get ErrBusy); MaxConns how many authenticated
 	// connections are open at once. Zero means 4 and 64.
@@ -216,6 +223,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("this is driver %s, not %s", s.Creds.Driver, parts[0]), http.StatusForbidden)
 		return
 	}
+	maxLife := s.MaxPeerLifetime
+	if maxLife <= 0 {
+		maxLife = DefaultMaxPeerLifetime
+	}
+	if err := checkLifetime(r.TLS.PeerCertificates[0], maxLife); err != nil {
+		http.Error(w, err.Error(), http.StatusForbidden)
+		return
+	}
+	// Authorized before a stream slot is taken: a peer refused never
+	// holds one, and a slow answer from the authorizer holds none either.
+	if err := s.authorize(r.Context(), peer, parts[1], parts[2]); err != nil {
+		code := statusOf(err)
+		http.Error(w, publicMessage(code), code)
+		return
+	}
 	select {
 	case s.streams <- struct{}{}:
 		defer func() { <-s.streams }()
@@ -268,6 +290,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		panic(http.ErrAbortHandler)
 	}
 	w.Header().Set(sumTrailer, strconv.FormatUint(uint64(h.Sum32()), 16))
+}
+
+func (s *Server) authorize(ctx context.Context, peer, kind, id string) error {
+	if s.Authorizer == nil {
+		return fmt.Errorf("%w: this server has no authorizer", ErrRefused)
+	}
+	return s.Authorizer.Authorize(ctx, peer, kind, id)
 }
 
 // publicMessage is what a peer is told of a refusal with this status.

@@ -79,7 +79,7 @@ func startNode(t *testing.T, store Store, name string, src *fakeSource, tune fun
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &Server{Creds: c, Source: src}
+	srv := &Server{Creds: c, Source: src, Authorizer: AllowAll}
 	if tune != nil {
 		tune(srv)
 	}

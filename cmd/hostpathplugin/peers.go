@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -21,12 +22,18 @@ import (
 // servePeers joins this node to the deployment's node-to-node transfer
 // when the driver runs in a cluster: credentials from the authority in the
 // namespace's Secret (made by whichever node comes first), a server for
-// this node's sources, and peers for restores and clones whose source is
-// on another node. Outside a cluster (by hand, csi-sanity) it does
+// this node's sources (each served only to the node a claim for it waits
+// on), and peers for restores and clones whose source is on another node. Outside a cluster (by hand, csi-sanity) it does
 // nothing, and such a source stays ResourceExhausted.
 func servePeers(ctx context.Context, d *csi.Driver, o options) {
-	client, ok := inClusterClient("no node-to-node transfer; sources on other nodes cannot be restored here")
+	const without = "no node-to-node transfer; sources on other nodes cannot be restored here"
+	client, ok := inClusterClient(without)
 	if !ok {
+		return
+	}
+	restConfig, err := rest.InClusterConfig()
+	if err != nil {
+		klog.ErrorS(err, without)
 		return
 	}
 	_, portStr, err := net.SplitHostPort(o.transferEndpoint)
@@ -67,7 +74,24 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 	res := &kubepeers.Resolver{Client: client, Driver: o.cfg.DriverName, Port: port, KeyOf: engine.NodeTag}
 	d.SetPeers(&transfer.Peers{Client: &transfer.Client{Creds: creds}, Resolve: res.Resolve})
 	klog.InfoS("serving this node's sources to the other nodes", "endpoint", o.transferEndpoint, "certificateUntil", creds.Expiry())
-	srv := &transfer.Server{Creds: creds, Source: d.TransferSource()}
+	snapshots, err := versioned.NewForConfig(restConfig)
+	if err != nil {
+		klog.ErrorS(err, "no node-to-node transfer: no client for VolumeSnapshots, by which a peer's restores are checked")
+		return
+	}
+	pending := &kubepeers.Pending{Client: client, Snapshots: snapshots, Driver: o.cfg.DriverName,
+		SnapshotKind: engine.SourceSnapshot, VolumeKind: engine.SourceVolume}
+	// A peer gets a source only while a claim to be filled from it waits
+	// on the peer's node; refusals are logged here, since the peer is
+	// told only that it was refused.
+	authz := transfer.AuthorizerFunc(func(ctx context.Context, peer, kind, id string) error {
+		err := pending.Authorize(ctx, peer, kind, id)
+		if err != nil {
+			klog.InfoS("a source was refused to another node: no claim to be filled from it waits on that node", "peer", peer, "kind", kind, "id", id, "err", err)
+		}
+		return err
+	})
+	srv := &transfer.Server{Creds: creds, Source: d.TransferSource(), Authorizer: authz}
 	if err := srv.Serve(ctx, ln); err != nil {
 		klog.ErrorS(err, "node-to-node transfer stopped")
 	}

@@ -335,6 +335,8 @@ func crossNode(t *testing.T, k *kube, node, web0Node string) {
 		imageSum = strings.Fields(k.exec(ns, "ximg", "sha256sum", "/data/random"))[0]
 		takeSnapshot(k, "ximgsnap", "ximg")
 	})
+	snapContent := k.jsonpath(ns, "volumesnapshot/xsnap", "{.status.boundVolumeSnapshotContentName}")
+	peerAttempts(t, k, node, k.jsonpath("", "volumesnapshotcontent/"+snapContent, "{.status.snapshotHandle}"), volumeHandle(k, "pinned"))
 	cases := []struct{ name, class, size, mode, source, read, want string }{
 		{"x-restore", "hostpath", "256Mi", "Filesystem", "{kind: VolumeSnapshot, name: xsnap, apiGroup: snapshot.storage.k8s.io}", "sha256sum /data/random", fileSum},
 		{"x-clone", "hostpath", "256Mi", "Filesystem", "{kind: PersistentVolumeClaim, name: pinned}", "sha256sum /data/random", fileSum},

@@ -1,0 +1,158 @@
+package kubepeers
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	snapfake "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned/fake"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/hostpath-csi/hostpath/transfer"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+// claim is a claim in ns, selected for node ("" for none), in phase,
+// filled from ref (nil for none).
+func claim(ns, name, node string, phase corev1.PersistentVolumeClaimPhase, ref *corev1.TypedObjectReference) *corev1.PersistentVolumeClaim {
+	c := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(ns + "/" + name), Annotations: map[string]string{}},
+		Status:     corev1.PersistentVolumeClaimStatus{Phase: phase},
+	}
+	if node != "" {
+		c.Annotations[SelectedNodeAnnotation] = node
+	}
+	if ref != nil {
+		c.Spec.DataSourceRef = ref
+		if ref.Namespace == nil {
+			c.Spec.DataSource = &corev1.TypedLocalObjectReference{APIGroup: ref.APIGroup, Kind: ref.Kind, Name: ref.Name}
+		}
+	}
+	return c
+}
+
+func fromSnapshot(name string) *corev1.TypedObjectReference {
+	return &corev1.TypedObjectReference{APIGroup: ptr("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: name}
+}
+
+func fromClaim(name string) *corev1.TypedObjectReference {
+	return &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: name}
+}
+
+// snapshot is a VolumeSnapshot in ns bound to a content of driver with
+// handle, whose reference back names the snapshot refNS/refName.
+func snapshot(ns, name, content, driver, handle, refNS, refName string) []runtime.Object {
+	return []runtime.Object{
+		&snapv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Status: &snapv1.VolumeSnapshotStatus{BoundVolumeSnapshotContentName: ptr(content)}},
+		&snapv1.VolumeSnapshotContent{ObjectMeta: metav1.ObjectMeta{Name: content},
+			Spec:   snapv1.VolumeSnapshotContentSpec{Driver: driver, VolumeSnapshotRef: corev1.ObjectReference{Namespace: refNS, Name: refName}},
+			Status: &snapv1.VolumeSnapshotContentStatus{SnapshotHandle: ptr(handle)}},
+	}
+}
+
+// volume is a volume of driver with handle bound to the claim claimNS/claimName.
+func volume(name, driver, handle, claimNS, claimName string) *corev1.PersistentVolume {
+	return &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PersistentVolumeSpec{
+		PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: handle}},
+		ClaimRef:               &corev1.ObjectReference{Namespace: claimNS, Name: claimName, UID: types.UID(claimNS + "/" + claimName)},
+	}}
+}
+
+// TestPendingAuthorizes: a node gets a source only while a claim to be
+// filled from it waits on that node, as the API records it.
+func TestPendingAuthorizes(t *testing.T) {
+	const d = "hostpath.csi.k8s.io"
+	bound := func(ns, name, pv string) *corev1.PersistentVolumeClaim {
+		c := claim(ns, name, "", corev1.ClaimBound, nil)
+		c.Spec.VolumeName = pv
+		return c
+	}
+	kube := fake.NewClientset(
+		claim("app", "restore", "n2", corev1.ClaimPending, fromSnapshot("snap")),
+		claim("app", "restored", "n4", corev1.ClaimBound, fromSnapshot("snap")),
+		claim("app", "unscheduled", "", corev1.ClaimPending, fromSnapshot("snap")),
+		claim("app", "foreign", "n5", corev1.ClaimPending, fromSnapshot("foreign-snap")),
+		claim("app", "misbound", "n6", corev1.ClaimPending, fromSnapshot("misbound-snap")),
+		claim("app", "across", "n7", corev1.ClaimPending, &corev1.TypedObjectReference{APIGroup: ptr("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "snap", Namespace: ptr("app")}),
+		claim("app", "clone", "n3", corev1.ClaimPending, fromClaim("src")),
+		bound("app", "src", "pv-src"), volume("pv-src", d, "vol-1", "app", "src"),
+		claim("app", "clone-stolen", "n8", corev1.ClaimPending, fromClaim("src2")),
+		bound("app", "src2", "pv-src2"), volume("pv-src2", d, "vol-2", "app", "someone-else"),
+	)
+	var objs []runtime.Object
+	objs = append(objs, snapshot("app", "snap", "content-1", d, "snap-1", "app", "snap")...)
+	objs = append(objs, snapshot("app", "foreign-snap", "content-2", "other.csi", "snap-2", "app", "foreign-snap")...)
+	objs = append(objs, snapshot("app", "misbound-snap", "content-3", d, "snap-3", "app", "another-snap")...)
+	p := &Pending{Client: kube, Snapshots: snapfake.NewSimpleClientset(objs...), Driver: d, SnapshotKind: "snapshot", VolumeKind: "volume"}
+	for _, c := range []struct {
+		peer, kind, id string
+		want           error // nil: allowed
+	}{
+		{"n2", "snapshot", "snap-1", nil},                 // its restore waits on n2
+		{"n3", "snapshot", "snap-1", transfer.ErrRefused}, // nothing of it waits on n3
+		{"n2", "snapshot", "snap-9", transfer.ErrRefused}, // n2 restores another snapshot
+		{"n2", "volume", "snap-1", transfer.ErrRefused},   // the kind must match too
+		{"n4", "snapshot", "snap-1", transfer.ErrRefused}, // its claim is bound already
+		{"", "snapshot", "snap-1", transfer.ErrRefused},   // a claim not yet scheduled names no node
+		{"n5", "snapshot", "snap-2", transfer.ErrRefused}, // another driver's content
+		{"n6", "snapshot", "snap-3", transfer.ErrRefused}, // a content not bound back to its snapshot
+		{"n7", "snapshot", "snap-1", nil},                 // a dataSourceRef naming its namespace
+		{"n3", "volume", "vol-1", nil},                    // a clone waits on n3
+		{"n2", "volume", "vol-1", transfer.ErrRefused},    // not on n2
+		{"n8", "volume", "vol-2", transfer.ErrRefused},    // a volume not bound to the source claim
+		{"n3", "archive", "vol-1", transfer.ErrRefused},   // a kind not served
+	} {
+		err := p.Authorize(context.Background(), c.peer, c.kind, c.id)
+		if (c.want == nil) != (err == nil) || (c.want != nil && !errors.Is(err, c.want)) {
+			t.Errorf("%s asks for %s %s: %v, want %v", c.peer, c.kind, c.id, err, c.want)
+		}
+	}
+}
+
+// TestPendingListsAtMostEveryMaxAge: however many requests come, the
+// claims are listed once per MaxAge; a list that fails is a busy answer
+// (the peer retries), never an allowance.
+func TestPendingListsAtMostEveryMaxAge(t *testing.T) {
+	kube := fake.NewClientset(claim("app", "clone", "n3", corev1.ClaimPending, fromClaim("src")))
+	var lists atomic.Int64
+	var fail atomic.Bool
+	kube.PrependReactor("list", "persistentvolumeclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+		lists.Add(1)
+		if fail.Load() {
+			return true, nil, errors.New("the API server is down")
+		}
+		return false, nil, nil
+	})
+	now := time.Unix(1e9, 0)
+	p := &Pending{Client: kube, Snapshots: snapfake.NewSimpleClientset(), Driver: "d", SnapshotKind: "snapshot", VolumeKind: "volume",
+		MaxAge: time.Second, Now: func() time.Time { return now }}
+	done := make(chan error)
+	for range 20 {
+		go func() { done <- p.Authorize(context.Background(), "n3", "volume", "vol-x") }()
+	}
+	for range 20 {
+		if err := <-done; !errors.Is(err, transfer.ErrRefused) {
+			t.Fatal(err)
+		}
+	}
+	if n := lists.Load(); n != 1 {
+		t.Fatalf("20 requests within MaxAge listed the claims %d times", n)
+	}
+	now = now.Add(2 * time.Second)
+	fail.Store(true)
+	err := p.Authorize(context.Background(), "n3", "volume", "vol-x")
+	if !errors.Is(err, transfer.ErrBusy) || !strings.Contains(err.Error(), "API server is down") || lists.Load() != 2 {
+		t.Fatalf("with the API down: %v after %d lists", err, lists.Load())
+	}
+}
