@@ -3,46 +3,28 @@ package transfer
 import (
 	"context"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
-	"net"
 	"net/url"
 	"sync"
 	"time"
 )
 
-// Keys of the authority's data in a Store.
-const (
-	// CertsKey holds the authority's certificates, PEM, newest first:
-	// every one that has not expired is trusted.
-	CertsKey = "ca.crt"
-	// KeyKey holds the private key of the newest certificate, PEM.
-	KeyKey = "ca.key"
-)
-
-// ErrNoAuthority is what a Store's Load returns when no authority was
-// saved yet; ErrConflict is what its Save returns when the data changed
-// since the version it was given (or, creating, when it exists already).
-var (
-	ErrNoAuthority = errors.New("no transfer authority stored yet")
-	ErrConflict    = errors.New("the transfer authority changed meanwhile")
-)
-
-// A Store keeps the deployment's authority where every node can read it.
-// Save with version "" creates; otherwise it replaces the data only if it
-// is still at that version, so two nodes never roll the authority over
-// twice or make two of them.
-type Store interface {
-	Load(ctx context.Context) (data map[string][]byte, version string, err error)
-	Save(ctx context.Context, data map[string][]byte, version string) error
+// An Authority is where a node's credentials come from: the authorities
+// its peers' certificates must chain to, and a certificate for its own
+// key. A StoreAuthority holds the signing key itself; one reached through
+// an API (a signer elsewhere, which checks who asks) keeps it from the
+// nodes.
+type Authority interface {
+	// Trust returns the authorities whose certificates are trusted now,
+	// newest first.
+	Trust(ctx context.Context) ([]*x509.Certificate, error)
+	// Issue returns a certificate (DER) for a certificate request (DER,
+	// see NewRequest) of node, valid for about life: the authority may
+	// make it shorter.
+	Issue(ctx context.Context, node string, csr []byte, life time.Duration) ([]byte, error)
 }
 
 // Default lifetimes: the authority's, and a node certificate's (renewed at
@@ -56,15 +38,20 @@ const (
 // Refresh (or Run) keeps them current; the zero lifetimes mean the
 // defaults.
 type Credentials struct {
-	Store  Store
-	Driver string // the driver name every certificate of the deployment names
-	Node   string // this node's name, in its certificate
+	// Authority issues this node's certificates and says whom to trust.
+	// When it is nil, a StoreAuthority on Store is used (with
+	// AuthorityLifetime and Now).
+	Authority Authority
+	Store     Store
+	Driver    string // the driver name every certificate of the deployment names
+	Node      string // this node's name, in its certificate
 
 	AuthorityLifetime, LeafLifetime time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 
 	mu    sync.Mutex
+	auth  Authority // Authority, or the StoreAuthority made for Store
 	roots *x509.CertPool
 	cas   []*x509.Certificate
 	leaf  *tls.Certificate
@@ -77,15 +64,23 @@ func (c *Credentials) now() time.Time {
 	return time.Now()
 }
 
-func (c *Credentials) lifetimes() (ca, leaf time.Duration) {
-	ca, leaf = c.AuthorityLifetime, c.LeafLifetime
-	if ca == 0 {
-		ca = DefaultAuthorityLifetime
+func (c *Credentials) leafLifetime() time.Duration {
+	if c.LeafLifetime == 0 {
+		return DefaultLeafLifetime
 	}
-	if leaf == 0 {
-		leaf = DefaultLeafLifetime
+	return c.LeafLifetime
+}
+
+func (c *Credentials) authority() Authority {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.auth == nil {
+		c.auth = c.Authority
+		if c.auth == nil {
+			c.auth = &StoreAuthority{Store: c.Store, Driver: c.Driver, Lifetime: c.AuthorityLifetime, Now: c.now}
+		}
 	}
-	return ca, leaf
+	return c.auth
 }
 
 // Identity is the URI a certificate of driver's node carries, and what a
@@ -94,68 +89,71 @@ func Identity(driver, node string) *url.URL {
 	return &url.URL{Scheme: "csi-transfer", Host: driver, Path: "/node/" + node}
 }
 
-// Refresh loads the authority (making it if there is none, rolling it over
-// when a third of its life is left) and issues this node a certificate
-// when it has none, when half of its life is gone, or when its issuer is
-// no longer the newest authority.
+// Refresh asks the authority whom to trust and gets this node a new
+// certificate when it has none, when half of its life is gone, or when
+// its issuer is no longer the newest authority. The key of a new one is
+// made here and never leaves this process.
 func (c *Credentials) Refresh(ctx context.Context) error {
-	caLife, leafLife := c.lifetimes()
-	var cas []*x509.Certificate
-	var key crypto.Signer
-	for try := 0; ; try++ {
-		if try == 5 {
-			return fmt.Errorf("saving the transfer authority: %w (5 tries)", ErrConflict)
-		}
-		data, version, err := c.Store.Load(ctx)
-		if errors.Is(err, ErrNoAuthority) {
-			data, version = nil, ""
-		} else if err != nil {
-			return fmt.Errorf("loading the transfer authority: %w", err)
-		}
-		now := c.now()
-		if data != nil {
-			if cas, key, err = ParseAuthority(data, now); err != nil {
-				return err
-			}
-		} else {
-			cas, key = nil, nil
-		}
-		if key != nil && cas[0].NotAfter.Sub(now) > caLife/3 {
-			break
-		}
-		ca, caKey, err := newAuthority(c.Driver, now, caLife)
-		if err != nil {
-			return err
-		}
-		cas, key = append([]*x509.Certificate{ca}, cas...), caKey
-		out, err := encodeAuthority(cas, key)
-		if err != nil {
-			return err
-		}
-		if err := c.Store.Save(ctx, out, version); errors.Is(err, ErrConflict) {
-			continue // another node saved first: use what it saved
-		} else if err != nil {
-			return fmt.Errorf("saving the transfer authority: %w", err)
-		}
-		break
+	auth := c.authority()
+	cas, err := auth.Trust(ctx)
+	if err != nil {
+		return err
+	}
+	if len(cas) == 0 {
+		return errors.New("the transfer authority trusts no certificate")
 	}
 	roots := x509.NewCertPool()
 	for _, ca := range cas {
 		roots.AddCert(ca)
 	}
+	life := c.leafLifetime()
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.roots, c.cas = roots, cas
 	now := c.now()
-	if l := c.leaf; l != nil && l.Leaf.NotAfter.Sub(now) > leafLife/2 && c.keepIssuer(l.Leaf, cas, now) {
+	l := c.leaf
+	keep := l != nil && l.Leaf.NotAfter.Sub(now) > life/2 && c.keepIssuer(l.Leaf, cas, now)
+	c.mu.Unlock()
+	if keep {
 		return nil
 	}
-	leaf, err := issueLeaf(cas[0], key, c.Driver, c.Node, now, leafLife)
+	// Issuing may take a while (a signer elsewhere): no lock is held,
+	// and the certificate held meanwhile stays in use.
+	key, csr, err := NewRequest(c.Driver, c.Node)
 	if err != nil {
 		return err
 	}
-	c.leaf = leaf
+	der, err := auth.Issue(ctx, c.Node, csr, life)
+	if err != nil {
+		return fmt.Errorf("getting this node's transfer certificate: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return fmt.Errorf("the transfer authority issued a damaged certificate: %w", err)
+	}
+	if err := c.checkIssued(leaf, key.Public(), cas); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.leaf = &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+	c.mu.Unlock()
 	return nil
+}
+
+// checkIssued refuses a certificate this node could not use: not for its
+// key, not naming it, or not from an authority its peers trust.
+func (c *Credentials) checkIssued(leaf *x509.Certificate, pub crypto.PublicKey, cas []*x509.Certificate) error {
+	if k, ok := leaf.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !k.Equal(pub) {
+		return errors.New("the transfer authority issued a certificate for another key")
+	}
+	if peerNode(leaf, c.Driver) != c.Node {
+		return fmt.Errorf("the transfer authority issued a certificate that does not name node %s of driver %s", c.Node, c.Driver)
+	}
+	for _, ca := range cas {
+		if leaf.CheckSignatureFrom(ca) == nil {
+			return nil
+		}
+	}
+	return errors.New("the transfer authority issued a certificate that chains to none of the authorities it trusts")
 }
 
 // backdate is how far before its making a certificate is valid from, so
@@ -163,9 +161,9 @@ func (c *Credentials) Refresh(ctx context.Context) error {
 const backdate = 5 * time.Minute
 
 // Propagation is how long a new authority is given to reach every node
-// (each re-reads the store every minute) before certificates it signed are
-// presented: until then a node keeps its certificate from the authority
-// before, which every node trusts.
+// (each re-reads the authorities every minute) before certificates it
+// signed are presented: until then a node keeps its certificate from the
+// authority before, which every node trusts.
 const Propagation = 10 * time.Minute
 
 // keepIssuer reports whether a certificate's issuer may stay: it is the
@@ -222,167 +220,4 @@ func (c *Credentials) Expiry() time.Time {
 		return time.Time{}
 	}
 	return c.leaf.Leaf.NotAfter
-}
-
-func serial() (*big.Int, error) {
-	return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
-}
-
-func newAuthority(driver string, now time.Time, life time.Duration) (*x509.Certificate, crypto.Signer, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, err
-	}
-	sn, err := serial()
-	if err != nil {
-		return nil, nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          sn,
-		Subject:               pkix.Name{CommonName: driver + " transfer authority " + now.UTC().Format("2006-01-02T15:04:05Z")},
-		NotBefore:             now.Add(-backdate),
-		NotAfter:              now.Add(life),
-		KeyUsage:              x509.KeyUsageCertSign,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		MaxPathLenZero:        true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		return nil, nil, err
-	}
-	ca, err := x509.ParseCertificate(der)
-	return ca, key, err
-}
-
-// IssueLeaf makes a certificate for node of driver, signed by ca, valid
-// from notBefore to notAfter (clipped to the authority's end). It is
-// exported for tests that play a peer with an unusual certificate.
-func IssueLeaf(ca *x509.Certificate, caKey crypto.Signer, driver, node string, notBefore, notAfter time.Time) (*tls.Certificate, error) {
-	if notAfter.After(ca.NotAfter) {
-		notAfter = ca.NotAfter
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	sn, err := serial()
-	if err != nil {
-		return nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: sn,
-		Subject:      pkix.Name{CommonName: node},
-		URIs:         []*url.URL{Identity(driver, node)},
-		NotBefore:    notBefore,
-		NotAfter:     notAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	// The client checks the server's name as it dials it: a node named by
-	// an IP address (some clusters name their Nodes so) needs an IP SAN.
-	if ip := net.ParseIP(node); ip != nil {
-		tmpl.IPAddresses = []net.IP{ip}
-	} else {
-		tmpl.DNSNames = []string{node}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, key.Public(), caKey)
-	if err != nil {
-		return nil, err
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, err
-	}
-	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
-}
-
-func issueLeaf(ca *x509.Certificate, caKey crypto.Signer, driver, node string, now time.Time, life time.Duration) (*tls.Certificate, error) {
-	return IssueLeaf(ca, caKey, driver, node, now.Add(-backdate), now.Add(life))
-}
-
-func encodeAuthority(cas []*x509.Certificate, key crypto.Signer) (map[string][]byte, error) {
-	var certs []byte
-	for _, ca := range cas {
-		certs = append(certs, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})...)
-	}
-	der, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return nil, err
-	}
-	return map[string][]byte{CertsKey: certs, KeyKey: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})}, nil
-}
-
-// ParseAuthority reads a Store's data: the certificates still valid at
-// now, newest first, and the newest one's key (nil when that certificate
-// has expired, and the authority must be rolled over).
-func ParseAuthority(data map[string][]byte, now time.Time) ([]*x509.Certificate, crypto.Signer, error) {
-	var cas []*x509.Certificate
-	rest := data[CertsKey]
-	for {
-		var b *pem.Block
-		b, rest = pem.Decode(rest)
-		if b == nil {
-			break
-		}
-		ca, err := x509.ParseCertificate(b.Bytes)
-		if err != nil {
-			return nil, nil, fmt.Errorf("the stored transfer authority is damaged: %w", err)
-		}
-		if ca.IsCA && now.Before(ca.NotAfter) {
-			cas = append(cas, ca)
-		}
-	}
-	b, _ := pem.Decode(data[KeyKey])
-	if b == nil {
-		return nil, nil, errors.New("the stored transfer authority has no key")
-	}
-	k, err := x509.ParsePKCS8PrivateKey(b.Bytes)
-	if err != nil {
-		return nil, nil, fmt.Errorf("the stored transfer authority's key is damaged: %w", err)
-	}
-	key, ok := k.(crypto.Signer)
-	if !ok {
-		return nil, nil, errors.New("the stored transfer authority's key cannot sign")
-	}
-	// The key belongs to the newest certificate. When that one has
-	// expired the key signs nothing valid: no key is returned, and the
-	// caller rolls the authority over.
-	if len(cas) == 0 {
-		return nil, nil, nil
-	}
-	if pub, ok := cas[0].PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(key.Public()) {
-		return cas, nil, nil
-	}
-	return cas, key, nil
-}
-
-// MemoryStore is a Store in memory, for drivers in one process (tests) or
-// a driver alone.
-type MemoryStore struct {
-	mu      sync.Mutex
-	data    map[string][]byte
-	version int
-}
-
-// Load implements Store.
-func (m *MemoryStore) Load(context.Context) (map[string][]byte, string, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.data == nil {
-		return nil, "", ErrNoAuthority
-	}
-	return m.data, fmt.Sprint(m.version), nil
-}
-
-// Save implements Store.
-func (m *MemoryStore) Save(_ context.Context, data map[string][]byte, version string) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if (version == "") != (m.data == nil) || (version != "" && version != fmt.Sprint(m.version)) {
-		return ErrConflict
-	}
-	m.data = data
-	m.version++
-	return nil
 }
