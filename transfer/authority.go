@@ -178,25 +178,34 @@ func encodeAuthority(cas []*x509.Certificate, key crypto.Signer) (map[string][]b
 	return map[string][]byte{CertsKey: certs, KeyKey: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})}, nil
 }
 
-// ParseAuthority reads a Store's data: the certificates still valid at
-// now, newest first, and the newest one's key (nil when that certificate
-// has expired, and the authority must be rolled over).
-func ParseAuthority(data map[string][]byte, now time.Time) ([]*x509.Certificate, crypto.Signer, error) {
+// ParseCertificates reads PEM certificates of authorities: those still
+// valid at now, in their order (newest first, as authorities are kept).
+func ParseCertificates(certs []byte, now time.Time) ([]*x509.Certificate, error) {
 	var cas []*x509.Certificate
-	rest := data[CertsKey]
+	rest := certs
 	for {
 		var b *pem.Block
 		b, rest = pem.Decode(rest)
 		if b == nil {
-			break
+			return cas, nil
 		}
 		ca, err := x509.ParseCertificate(b.Bytes)
 		if err != nil {
-			return nil, nil, fmt.Errorf("the stored transfer authority is damaged: %w", err)
+			return nil, fmt.Errorf("the transfer authority's certificates are damaged: %w", err)
 		}
 		if ca.IsCA && now.Before(ca.NotAfter) {
 			cas = append(cas, ca)
 		}
+	}
+}
+
+// ParseAuthority reads a Store's data: the certificates still valid at
+// now, newest first, and the newest one's key (nil when that certificate
+// has expired, and the authority must be rolled over).
+func ParseAuthority(data map[string][]byte, now time.Time) ([]*x509.Certificate, crypto.Signer, error) {
+	cas, err := ParseCertificates(data[CertsKey], now)
+	if err != nil {
+		return nil, nil, err
 	}
 	b, _ := pem.Decode(data[KeyKey])
 	if b == nil {

@@ -1,0 +1,265 @@
+package kubepeers
+
+import (
+	"bytes"
+	"context"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	certv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/hostpath-csi/hostpath/transfer"
+)
+
+// NodeNameExtra is where the API server records, in a request made with
+// a service-account token bound to a pod, the node that pod runs on (the
+// token's node-bound claims). A certificate request's spec.extra is the
+// requester's as the API server authenticated it: no requester can write
+// it.
+const NodeNameExtra = "authentication.kubernetes.io/node-name"
+
+// DefaultMaxCertLifetime is the longest a Signer signs for.
+const DefaultMaxCertLifetime = 6 * time.Hour
+
+// Signer approves and signs the transfer's certificate requests made
+// through the Kubernetes CSR API for its signer name. It grants a request
+// only when the API server's own record of the requester ties it to the
+// node the request names: the requester is the drivers' service account,
+// with a token bound to a pod on that node, and the request asks for
+// exactly that node's certificate (transfer.CheckRequest). It is the only
+// holder of the signing key (its Authority's Store, a Secret only its own
+// service account may read), and publishes the authorities to trust in a
+// ConfigMap the nodes read and only it writes.
+type Signer struct {
+	Client kubernetes.Interface
+	// Name is the signer name requests ask for (DRIVER/transfer).
+	Name   string
+	Driver string
+	// Namespace and ServiceAccount are the drivers' service account: the
+	// only requester granted.
+	Namespace, ServiceAccount string
+	// Authority holds the signing key and rolls it over.
+	Authority *transfer.StoreAuthority
+	// Bundle is the ConfigMap, in Namespace, where the authorities to
+	// trust are published (transfer.CertsKey).
+	Bundle string
+	// MaxLifetime caps what is signed; zero means DefaultMaxCertLifetime.
+	MaxLifetime time.Duration
+	// OnDecision, when set, is told of every request granted or refused
+	// (the Signer itself never logs).
+	OnDecision func(csr, node string, granted bool, reason string)
+}
+
+func (s *Signer) requester() string {
+	return "system:serviceaccount:" + s.Namespace + ":" + s.ServiceAccount
+}
+
+// allowedUsages are what a node's certificate is for.
+var allowedUsages = []certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageClientAuth, certv1.UsageServerAuth}
+
+// decide returns the node a request may have a certificate for, or why
+// it may not.
+func (s *Signer) decide(csr *certv1.CertificateSigningRequest) (string, error) {
+	if csr.Spec.Username != s.requester() {
+		return "", fmt.Errorf("asked by %q, not by the drivers' service account %s", csr.Spec.Username, s.requester())
+	}
+	nodes := csr.Spec.Extra[NodeNameExtra]
+	if len(nodes) != 1 || nodes[0] == "" {
+		return "", fmt.Errorf("the requester's token is bound to no node (%s is %v): only a driver pod's own token, bound to its pod, is granted", NodeNameExtra, nodes)
+	}
+	node := nodes[0]
+	for _, u := range csr.Spec.Usages {
+		if !slices.Contains(allowedUsages, u) {
+			return node, fmt.Errorf("it asks for usage %q", u)
+		}
+	}
+	if _, err := transfer.CheckRequest(csr.Spec.Request, s.Driver, node); err != nil {
+		return node, fmt.Errorf("asked from node %s: %w", node, err)
+	}
+	return node, nil
+}
+
+func condition(csr *certv1.CertificateSigningRequest, t certv1.RequestConditionType) bool {
+	for _, c := range csr.Status.Conditions {
+		if c.Type == t && c.Status != corev1.ConditionFalse {
+			return true
+		}
+	}
+	return false
+}
+
+// Handle decides one request: it is denied, or approved and signed. A
+// request of another signer, or decided already, is left as it is.
+func (s *Signer) Handle(ctx context.Context, csr *certv1.CertificateSigningRequest) error {
+	if csr.Spec.SignerName != s.Name || len(csr.Status.Certificate) > 0 ||
+		condition(csr, certv1.CertificateDenied) || condition(csr, certv1.CertificateFailed) {
+		return nil
+	}
+	csr = csr.DeepCopy()
+	node, err := s.decide(csr)
+	if err != nil {
+		csr.Status.Conditions = append(csr.Status.Conditions, certv1.CertificateSigningRequestCondition{
+			Type: certv1.CertificateDenied, Status: corev1.ConditionTrue, Reason: "NotThisNode",
+			Message: "refused by " + s.Name + ": " + err.Error(), LastUpdateTime: metav1.Now(),
+		})
+		_, uerr := s.Client.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{})
+		s.tell(csr.Name, node, false, err.Error())
+		return uerr
+	}
+	if !condition(csr, certv1.CertificateApproved) {
+		csr.Status.Conditions = append(csr.Status.Conditions, certv1.CertificateSigningRequestCondition{
+			Type: certv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "NodeBoundToken",
+			Message: "the requester's token is bound to a pod on node " + node + ", the node the request names", LastUpdateTime: metav1.Now(),
+		})
+		if csr, err = s.Client.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+	}
+	life := s.maxLifetime()
+	if e := csr.Spec.ExpirationSeconds; e != nil && time.Duration(*e)*time.Second < life {
+		life = time.Duration(*e) * time.Second
+	}
+	der, err := s.Authority.Issue(ctx, node, csr.Spec.Request, life)
+	if err != nil {
+		return fmt.Errorf("signing %s for node %s: %w", csr.Name, node, err)
+	}
+	csr.Status.Certificate = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	if _, err := s.Client.CertificatesV1().CertificateSigningRequests().UpdateStatus(ctx, csr, metav1.UpdateOptions{}); err != nil {
+		return err
+	}
+	s.tell(csr.Name, node, true, fmt.Sprintf("signed for %s", life))
+	return nil
+}
+
+func (s *Signer) maxLifetime() time.Duration {
+	if s.MaxLifetime > 0 {
+		return s.MaxLifetime
+	}
+	return DefaultMaxCertLifetime
+}
+
+func (s *Signer) tell(csr, node string, granted bool, reason string) {
+	if s.OnDecision != nil {
+		s.OnDecision(csr, node, granted, reason)
+	}
+}
+
+// Publish makes or rolls over the authority as needed and writes the
+// authorities to trust, newest first, into the Bundle ConfigMap when they
+// changed.
+func (s *Signer) Publish(ctx context.Context) error {
+	cas, err := s.Authority.Trust(ctx)
+	if err != nil {
+		return err
+	}
+	var certs []byte
+	for _, ca := range cas {
+		certs = append(certs, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})...)
+	}
+	cms := s.Client.CoreV1().ConfigMaps(s.Namespace)
+	cm, err := cms.Get(ctx, s.Bundle, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = cms.Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: s.Bundle, Namespace: s.Namespace,
+				Labels:      map[string]string{"app.kubernetes.io/managed-by": "hostpath-csi"},
+				Annotations: map[string]string{"hostpath.csi/what": "the authorities the drivers' node-to-node transfer trusts, published by its signer (" + s.Name + "), which alone writes it"}},
+			Data: map[string]string{transfer.CertsKey: string(certs)},
+		}, metav1.CreateOptions{})
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	if bytes.Equal([]byte(cm.Data[transfer.CertsKey]), certs) {
+		return nil
+	}
+	cm = cm.DeepCopy()
+	if cm.Data == nil {
+		cm.Data = map[string]string{}
+	}
+	cm.Data[transfer.CertsKey] = string(certs)
+	_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+	return err
+}
+
+// Run publishes the authorities (again every minute, rolling them over
+// when due) and decides every request for its signer name as it comes,
+// until ctx ends. onErr is told of failures, which are retried.
+func (s *Signer) Run(ctx context.Context, onErr func(error)) error {
+	if err := s.Publish(ctx); err != nil {
+		return fmt.Errorf("publishing the transfer's authorities: %w", err)
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(s.Client, 10*time.Minute,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.signerName", s.Name).String()
+		}))
+	inf := factory.Certificates().V1().CertificateSigningRequests()
+	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
+	defer queue.ShutDown()
+	enqueue := func(obj any) {
+		if csr, ok := obj.(*certv1.CertificateSigningRequest); ok && csr.Spec.SignerName == s.Name {
+			queue.Add(csr.Name)
+		}
+	}
+	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: enqueue, UpdateFunc: func(_, obj any) { enqueue(obj) },
+	}); err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+		return ctx.Err()
+	}
+	go func() {
+		t := time.NewTicker(time.Minute)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				queue.ShutDown()
+				return
+			case <-t.C:
+				if err := s.Publish(ctx); err != nil && onErr != nil {
+					onErr(fmt.Errorf("publishing the transfer's authorities: %w", err))
+				}
+			}
+		}
+	}()
+	for {
+		name, shutdown := queue.Get()
+		if shutdown {
+			return ctx.Err()
+		}
+		err := func() error {
+			csr, err := inf.Lister().Get(name)
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			return s.Handle(ctx, csr)
+		}()
+		if err != nil && !errors.Is(err, context.Canceled) {
+			if onErr != nil {
+				onErr(fmt.Errorf("certificate request %s: %w", name, err))
+			}
+			queue.AddRateLimited(name)
+		} else {
+			queue.Forget(name)
+		}
+		queue.Done(name)
+	}
+}

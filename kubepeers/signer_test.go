@@ -1,0 +1,174 @@
+package kubepeers
+
+import (
+	"context"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	certv1 "k8s.io/api/certificates/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/hostpath-csi/hostpath/transfer"
+)
+
+const (
+	signerName = "hostpath.csi.k8s.io/transfer"
+	driverSA   = "system:serviceaccount:csi:node-sa"
+)
+
+// requesters plays the API server's authentication: it records, on each
+// certificate request made, who asked as the API server would (the
+// username and the extra of the token the request came with), which the
+// requester cannot choose.
+type requesters struct {
+	mu    sync.Mutex
+	next  []func(*certv1.CertificateSigningRequestSpec)
+	names int
+}
+
+func (r *requesters) as(user string, node string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.next = append(r.next, func(s *certv1.CertificateSigningRequestSpec) {
+		s.Username = user
+		if node != "" {
+			s.Extra = map[string]certv1.ExtraValue{NodeNameExtra: {node}, "authentication.kubernetes.io/pod-name": {"driver-" + node}}
+		}
+	})
+}
+
+func (r *requesters) react(a k8stesting.Action) (bool, runtime.Object, error) {
+	csr := a.(k8stesting.CreateAction).GetObject().(*certv1.CertificateSigningRequest)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.next) == 0 {
+		return true, nil, errors.New("the test named no requester")
+	}
+	r.next[0](&csr.Spec)
+	r.next = r.next[1:]
+	if csr.Name == "" {
+		r.names++
+		csr.Name = fmt.Sprintf("%s%05d", csr.GenerateName, r.names)
+	}
+	return false, nil, nil
+}
+
+// TestSignerGrantsOnlyTheTokensNode: through the CSR API, a node's driver
+// gets a certificate for its own node and nothing else; the node's key
+// never leaves it; the lifetime is capped; what nodes trust is what the
+// signer publishes from its own record.
+func TestSignerGrantsOnlyTheTokensNode(t *testing.T) {
+	client := fake.NewClientset()
+	who := &requesters{}
+	client.PrependReactor("create", "certificatesigningrequests", who.react)
+	var decisions sync.Map
+	s := &Signer{Client: client, Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa",
+		Authority: &transfer.StoreAuthority{Store: &SecretStore{Client: client, Namespace: "csi", Name: "signer-key"}, Driver: "d"},
+		Bundle:    "trust", MaxLifetime: 6 * time.Hour,
+		OnDecision: func(csr, node string, granted bool, reason string) { decisions.Store(csr, reason) }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, func(err error) { t.Log(err) }) }()
+	t.Cleanup(func() { cancel(); <-done })
+	node := func(name string) *transfer.Credentials {
+		return &transfer.Credentials{Driver: "d", Node: name, LeafLifetime: 24 * time.Hour,
+			Authority: &CSRAuthority{Client: client, Signer: signerName, Namespace: "csi", Bundle: "trust", Poll: 20 * time.Millisecond, Timeout: 10 * time.Second}}
+	}
+	// The bundle is up before the first request is decided.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := client.CoreV1().ConfigMaps("csi").Get(ctx, "trust", metav1.GetOptions{}); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the signer published no authorities")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	cases := []struct {
+		name       string
+		user, node string // the requester as the API server authenticated it
+		asks       string // the node the driver asks a certificate for
+		granted    bool
+		inErr      string
+	}{
+		{"a driver's token bound to its node, for that node", driverSA, "n1", "n1", true, ""},
+		{"a driver's token bound to n1, for n2", driverSA, "n1", "n2", false, "not node"},
+		{"a token bound to no pod", driverSA, "", "n1", false, "bound to no node"},
+		{"another service account on that node", "system:serviceaccount:csi:other", "n1", "n1", false, "not by the drivers' service account"},
+		{"a user", "admin", "", "n1", false, "not by the drivers' service account"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			who.as(c.user, c.node)
+			creds := node(c.asks)
+			err := creds.Refresh(context.Background())
+			if !c.granted {
+				if !errors.Is(err, ErrDenied) || !strings.Contains(err.Error(), c.inErr) {
+					t.Fatalf("Refresh: %v, want a refusal saying %q", err, c.inErr)
+				}
+				if !creds.Expiry().IsZero() {
+					t.Fatal("a refused node holds a certificate")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Capped to the signer's 6 hours though 24 were asked for.
+			if life := time.Until(creds.Expiry()); life > 6*time.Hour || life < 5*time.Hour {
+				t.Fatalf("the certificate lives %v", life)
+			}
+		})
+	}
+	// No request holds a private key: only requests left the nodes.
+	list, err := client.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
+	if err != nil || len(list.Items) != len(cases) {
+		t.Fatalf("%d requests (%v)", len(list.Items), err)
+	}
+	for _, csr := range list.Items {
+		if strings.Contains(string(csr.Spec.Request), "PRIVATE KEY") {
+			t.Fatalf("%s carries a private key", csr.Name)
+		}
+	}
+
+	t.Run("the bundle is the signer's own record", func(t *testing.T) {
+		cm, err := client.CoreV1().ConfigMaps("csi").Get(ctx, "trust", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Someone plants an authority of theirs in the bundle; the
+		// signer's next publication puts its own record back.
+		planted := &transfer.StoreAuthority{Store: &transfer.MemoryStore{}, Driver: "d"}
+		theirs, err := planted.Trust(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cm.Data[transfer.CertsKey] += string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: theirs[0].Raw}))
+		if _, err := client.CoreV1().ConfigMaps("csi").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Publish(ctx); err != nil {
+			t.Fatal(err)
+		}
+		cm, _ = client.CoreV1().ConfigMaps("csi").Get(ctx, "trust", metav1.GetOptions{})
+		cas, err := transfer.ParseCertificates([]byte(cm.Data[transfer.CertsKey]), time.Now())
+		if err != nil || len(cas) != 1 || cas[0].Equal(theirs[0]) {
+			t.Fatalf("after the signer's publication the bundle holds %d authorities (%v)", len(cas), err)
+		}
+		key, _, _ := (&SecretStore{Client: client, Namespace: "csi", Name: "signer-key"}).Load(ctx)
+		own, _, _ := transfer.ParseAuthority(key, time.Now())
+		if !cas[0].Equal(own[0]) {
+			t.Fatal("the bundle is not the signer's authority")
+		}
+	})
+}
