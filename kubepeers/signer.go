@@ -59,6 +59,14 @@ type Signer struct {
 	// OnDecision, when set, is told of every request granted or refused
 	// (the Signer itself never logs).
 	OnDecision func(csr, node string, granted bool, reason string)
+	// Legacy, when set, is the Secret in which the release before the
+	// signer kept the authority, readable by every node: see adopt.
+	// AdoptFor is how long an adopted authority keeps signing; zero means
+	// DefaultAdoptFor.
+	Legacy   *SecretStore
+	AdoptFor time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
 }
 
 func (s *Signer) requester() string {
@@ -155,12 +163,18 @@ func (s *Signer) tell(csr, node string, granted bool, reason string) {
 	}
 }
 
-// Publish makes or rolls over the authority as needed and writes the
-// authorities to trust, newest first, into the Bundle ConfigMap when they
-// changed.
+// Publish makes or rolls over the authority as needed (adopting the one
+// of the release before, the first time) and writes the authorities to
+// trust, newest first, into the Bundle ConfigMap when they changed.
 func (s *Signer) Publish(ctx context.Context) error {
+	if err := s.adopt(ctx); err != nil {
+		return fmt.Errorf("adopting the authority of the release before the signer: %w", err)
+	}
 	cas, err := s.Authority.Trust(ctx)
 	if err != nil {
+		return err
+	}
+	if cas, err = s.endAdoption(ctx, cas); err != nil {
 		return err
 	}
 	var certs []byte

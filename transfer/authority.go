@@ -68,6 +68,19 @@ func (a *StoreAuthority) now() time.Time {
 // Trust implements Authority: the authorities in the Store that have not
 // ended, newest first, made or rolled over first when needed.
 func (a *StoreAuthority) Trust(ctx context.Context) ([]*x509.Certificate, error) {
+	return a.trust(ctx, nil)
+}
+
+// RollOver is Trust, with the newest authority replaced also when due
+// says so of it (its key was seen where it should not have been, say);
+// the one replaced stays trusted, as in a rollover that came due. due is
+// asked again of what another holder may have saved meanwhile, so two
+// holders do not roll over twice.
+func (a *StoreAuthority) RollOver(ctx context.Context, due func(newest *x509.Certificate) bool) ([]*x509.Certificate, error) {
+	return a.trust(ctx, due)
+}
+
+func (a *StoreAuthority) trust(ctx context.Context, due func(*x509.Certificate) bool) ([]*x509.Certificate, error) {
 	life := a.Lifetime
 	if life == 0 {
 		life = DefaultAuthorityLifetime
@@ -92,7 +105,7 @@ func (a *StoreAuthority) Trust(ctx context.Context) ([]*x509.Certificate, error)
 		} else {
 			cas, key = nil, nil
 		}
-		if key != nil && cas[0].NotAfter.Sub(now) > life/3 {
+		if key != nil && cas[0].NotAfter.Sub(now) > life/3 && (due == nil || !due(cas[0])) {
 			break
 		}
 		ca, caKey, err := newAuthority(a.Driver, now, life)
@@ -103,6 +116,11 @@ func (a *StoreAuthority) Trust(ctx context.Context) ([]*x509.Certificate, error)
 		out, err := encodeAuthority(cas, key)
 		if err != nil {
 			return nil, err
+		}
+		for k, v := range data { // what else the holder keeps there
+			if k != CertsKey && k != KeyKey {
+				out[k] = v
+			}
 		}
 		if err := a.Store.Save(ctx, out, version); errors.Is(err, ErrConflict) {
 			continue // another holder saved first: use what it saved
