@@ -88,7 +88,7 @@ func TestSignerAdoptsTheAuthorityBefore(t *testing.T) {
 		Bundle:    "trust", MaxLifetime: 6 * time.Hour, Legacy: legacy, AdoptFor: 2 * time.Hour, Now: now}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx, func(err error) { t.Log(err) }) }()
+	go func() { done <- s.Run(ctx, func(err error) { t.Log(err) }, nil) }()
 	t.Cleanup(func() { cancel(); <-done })
 
 	nu := &transfer.Credentials{Driver: "d", Node: "new", Now: now, LeafLifetime: 6 * time.Hour,

@@ -32,6 +32,10 @@ type CSRAuthority struct {
 	Poll, Timeout time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Owner, when set, owns the requests made (the CSIDriver object, which
+	// is cluster-scoped as requests are): uninstalling the driver deletes
+	// what the signer has not swept yet, and nodes need no delete.
+	Owner *metav1.OwnerReference
 }
 
 // ErrDenied is what Issue returns when the signer refused the request.
@@ -72,9 +76,13 @@ func (a *CSRAuthority) Issue(ctx context.Context, node string, csr []byte, life 
 	defer cancel()
 	secs := int32(max(life, 10*time.Minute) / time.Second) // the API's floor
 	csrs := a.Client.CertificatesV1().CertificateSigningRequests()
+	meta := metav1.ObjectMeta{GenerateName: "hostpath-transfer-" + node + "-",
+		Labels: map[string]string{"app.kubernetes.io/managed-by": "hostpath-csi"}}
+	if a.Owner != nil {
+		meta.OwnerReferences = []metav1.OwnerReference{*a.Owner}
+	}
 	made, err := csrs.Create(ctx, &certv1.CertificateSigningRequest{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "hostpath-transfer-" + node + "-",
-			Labels: map[string]string{"app.kubernetes.io/managed-by": "hostpath-csi"}},
+		ObjectMeta: meta,
 		Spec: certv1.CertificateSigningRequestSpec{
 			Request:           pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr}),
 			SignerName:        a.Signer,

@@ -82,6 +82,40 @@ func ControllerOf(ctx context.Context, client kubernetes.Interface, namespace, n
 	return &owner, nil
 }
 
+// DeploymentOf is the Deployment that runs pod name in namespace (through
+// its ReplicaSet), as an owner for what the transfer signer makes; nil
+// when there is none.
+func DeploymentOf(ctx context.Context, client kubernetes.Interface, namespace, name string) (*metav1.OwnerReference, error) {
+	rs, err := ControllerOf(ctx, client, namespace, name)
+	if err != nil || rs == nil || rs.Kind != "ReplicaSet" {
+		return nil, err
+	}
+	set, err := client.AppsV1().ReplicaSets(namespace).Get(ctx, rs.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	ref := metav1.GetControllerOf(set)
+	if ref == nil || ref.Kind != "Deployment" {
+		return nil, nil
+	}
+	owner := *ref
+	owner.BlockOwnerDeletion = nil
+	return &owner, nil
+}
+
+// CSIDriverOwner is the driver's CSIDriver object as an owner (of the
+// cluster-scoped objects a node makes); nil when there is none.
+func CSIDriverOwner(ctx context.Context, client kubernetes.Interface, driver string) (*metav1.OwnerReference, error) {
+	d, err := client.StorageV1().CSIDrivers().Get(ctx, driver, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &metav1.OwnerReference{APIVersion: "storage.k8s.io/v1", Kind: "CSIDriver", Name: d.Name, UID: d.UID}, nil
+}
+
 // Resolver finds the node whose driver id has a given key, and its
 // transfer address: the Node's internal IP and Port.
 type Resolver struct {

@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -52,8 +53,10 @@ type Signer struct {
 	// Authority holds the signing key and rolls it over.
 	Authority *transfer.StoreAuthority
 	// Bundle is the ConfigMap, in Namespace, where the authorities to
-	// trust are published (transfer.CertsKey).
-	Bundle string
+	// trust are published (transfer.CertsKey); BundleOwner, when set, owns
+	// it (the signer's Deployment).
+	Bundle      string
+	BundleOwner *metav1.OwnerReference
 	// MaxLifetime caps what is signed; zero means DefaultMaxCertLifetime.
 	MaxLifetime time.Duration
 	// OnDecision, when set, is told of every request granted or refused
@@ -184,12 +187,16 @@ func (s *Signer) Publish(ctx context.Context) error {
 	cms := s.Client.CoreV1().ConfigMaps(s.Namespace)
 	cm, err := cms.Get(ctx, s.Bundle, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		_, err = cms.Create(ctx, &corev1.ConfigMap{
+		cm := &corev1.ConfigMap{
 			ObjectMeta: metav1.ObjectMeta{Name: s.Bundle, Namespace: s.Namespace,
 				Labels:      map[string]string{"app.kubernetes.io/managed-by": "hostpath-csi"},
 				Annotations: map[string]string{"hostpath.csi/what": "the authorities the drivers' node-to-node transfer trusts, published by its signer (" + s.Name + "), which alone writes it"}},
 			Data: map[string]string{transfer.CertsKey: string(certs)},
-		}, metav1.CreateOptions{})
+		}
+		if s.BundleOwner != nil {
+			cm.OwnerReferences = []metav1.OwnerReference{*s.BundleOwner}
+		}
+		_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
 		return err
 	}
 	if err != nil {
@@ -209,8 +216,10 @@ func (s *Signer) Publish(ctx context.Context) error {
 
 // Run publishes the authorities (again every minute, rolling them over
 // when due) and decides every request for its signer name as it comes,
-// until ctx ends. onErr is told of failures, which are retried.
-func (s *Signer) Run(ctx context.Context, onErr func(error)) error {
+// until ctx ends. onErr is told of failures, which are retried; onReady
+// (when set) that the authorities are published and requests are being
+// decided.
+func (s *Signer) Run(ctx context.Context, onErr func(error), onReady func()) error {
 	if err := s.Publish(ctx); err != nil {
 		return fmt.Errorf("publishing the transfer's authorities: %w", err)
 	}
@@ -236,6 +245,9 @@ func (s *Signer) Run(ctx context.Context, onErr func(error)) error {
 	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
 		return ctx.Err()
 	}
+	if onReady != nil {
+		onReady()
+	}
 	go func() {
 		t := time.NewTicker(time.Minute)
 		defer t.Stop()
@@ -248,6 +260,7 @@ func (s *Signer) Run(ctx context.Context, onErr func(error)) error {
 				if err := s.Publish(ctx); err != nil && onErr != nil {
 					onErr(fmt.Errorf("publishing the transfer's authorities: %w", err))
 				}
+				s.sweep(ctx, inf.Lister().List, onErr)
 			}
 		}
 	}()
@@ -275,5 +288,29 @@ func (s *Signer) Run(ctx context.Context, onErr func(error)) error {
 			queue.Forget(name)
 		}
 		queue.Done(name)
+	}
+}
+
+// sweepAfter is how long a decided request is kept: its node reads its
+// certificate within moments (it polls every half second).
+const sweepAfter = 5 * time.Minute
+
+// sweep deletes the requests of its signer name decided more than
+// sweepAfter ago, so nodes need no delete permission on requests (which
+// cannot be narrowed to their own) and an uninstall leaves few.
+func (s *Signer) sweep(ctx context.Context, list func(labels.Selector) ([]*certv1.CertificateSigningRequest, error), onErr func(error)) {
+	csrs, err := list(labels.Everything())
+	if err != nil {
+		return
+	}
+	for _, csr := range csrs {
+		decided := len(csr.Status.Certificate) > 0 || condition(csr, certv1.CertificateDenied) || condition(csr, certv1.CertificateFailed)
+		if csr.Spec.SignerName != s.Name || !decided || time.Since(csr.CreationTimestamp.Time) < sweepAfter {
+			continue
+		}
+		err := s.Client.CertificatesV1().CertificateSigningRequests().Delete(ctx, csr.Name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) && onErr != nil {
+			onErr(fmt.Errorf("deleting the decided request %s: %w", csr.Name, err))
+		}
 	}
 }

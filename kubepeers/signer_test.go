@@ -76,7 +76,7 @@ func TestSignerGrantsOnlyTheTokensNode(t *testing.T) {
 		OnDecision: func(csr, node string, granted bool, reason string) { decisions.Store(csr, reason) }}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx, func(err error) { t.Log(err) }) }()
+	go func() { done <- s.Run(ctx, func(err error) { t.Log(err) }, nil) }()
 	t.Cleanup(func() { cancel(); <-done })
 	node := func(name string) *transfer.Credentials {
 		return &transfer.Credentials{Driver: "d", Node: name, LeafLifetime: 24 * time.Hour,

@@ -32,6 +32,9 @@ type Authority interface {
 const (
 	DefaultAuthorityLifetime = 365 * 24 * time.Hour
 	DefaultLeafLifetime      = 24 * time.Hour
+	// DefaultSignedLifetime is what a node asks a signer for: hours, so
+	// a certificate taken from a node is soon useless.
+	DefaultSignedLifetime = 6 * time.Hour
 )
 
 // Credentials are one node's: the certificates it trusts and its own.

@@ -58,6 +58,17 @@ type options struct {
 	// names the Secret of the driver's namespace that holds their
 	// authority.
 	transferEndpoint, transferSecret string
+	// transferAuthority is where a node's transfer certificate comes from:
+	// "signer" (the CSR API, signed by the transfer signer's Deployment)
+	// or "secret" (the shared Secret of the release before it).
+	// transferTrust is the ConfigMap in which the signer publishes the
+	// authorities to trust.
+	transferAuthority, transferTrust string
+	// mode is "driver" (the CSI driver of a node) or "transfer-signer"
+	// (the approver and signer of the nodes' transfer certificates).
+	mode string
+	// signer is the transfer-signer mode's settings.
+	signer signerOptions
 	// pluginRegistrationPath and kubeletRegistrationPath switch on
 	// in-process kubelet registration (the names the registrar sidecar
 	// uses): kubelet's plugins_registry directory as this process sees it,
@@ -173,6 +184,12 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.reportLostNodes, "report-lost-nodes", true, "in a cluster, put a Warning event naming the node on each Pending pod (and its claim) that waits for a volume of this driver whose node has left the cluster (one driver of the deployment reports)")
 	fs.StringVar(&o.transferEndpoint, "transfer-endpoint", ":9470", "in a cluster, the address that serves this node's snapshots and volumes to the other nodes' drivers (mutual TLS), so a restore or clone on any node can pull its source; the port must be reachable at each node's internal IP (a hostPort); off when empty")
 	fs.StringVar(&o.transferSecret, "transfer-secret", "hostpath-csi-transfer-authority", "the Secret, in the driver's namespace, where the drivers keep the authority they authenticate each other with (made and rotated by them)")
+	fs.StringVar(&o.transferAuthority, "transfer-authority", "signer", "where this node's transfer certificate comes from: signer (it asks the Kubernetes CSR API, and the transfer signer, --mode=transfer-signer, grants a node only its own name; its key never leaves it) or secret (every node signs its own with the key in --transfer-secret, as before the signer: any node can then speak for any other)")
+	fs.StringVar(&o.transferTrust, "transfer-trust", "hostpath-csi-transfer-trust", "the ConfigMap, in the driver's namespace, in which the transfer signer publishes the authorities the nodes trust")
+	fs.StringVar(&o.mode, "mode", "driver", "driver (the CSI driver of a node) or transfer-signer (the approver and signer of the nodes' transfer certificates: one small Deployment, the only holder of the signing key)")
+	fs.StringVar(&o.signer.requester, "transfer-requester", "hostpath-csi-node", "transfer-signer mode: the service account, in the signer's namespace, of the drivers whose requests are granted (each only for the node its token is bound to)")
+	fs.StringVar(&o.signer.keySecret, "transfer-signer-secret", "hostpath-csi-transfer-signer", "transfer-signer mode: the Secret, in its namespace, where the signer keeps its authority's key (only its own service account may read it)")
+	fs.DurationVar(&o.signer.maxLifetime, "transfer-max-cert-lifetime", 6*time.Hour, "transfer-signer mode: the longest a node's certificate is signed for (renewed at half of it)")
 	fs.IntVar(&o.cfg.MaxHeavyOps, "max-heavy-operations", 4, "clones, snapshots and restores that may run at once")
 	fs.DurationVar(&o.cfg.ProgressInterval, "progress-interval", 10*time.Second, "how often a snapshot, restore or clone in flight logs its bytes and files done, rate and time left")
 	fs.DurationVar(&o.cfg.ShutdownGrace, "shutdown-grace", 25*time.Second, "how long calls in flight may finish after SIGTERM")
@@ -211,6 +228,19 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.showVersion {
 		return o, nil
+	}
+	switch o.mode {
+	case "driver":
+	case "transfer-signer":
+		if o.signer.maxLifetime < 10*time.Minute {
+			return o, fmt.Errorf("--transfer-max-cert-lifetime=%s: the CSR API signs for 10 minutes at least", o.signer.maxLifetime)
+		}
+		return o, nil // the driver's flags are not used
+	default:
+		return o, fmt.Errorf("--mode=%q: want driver or transfer-signer", o.mode)
+	}
+	if o.transferAuthority != "signer" && o.transferAuthority != "secret" {
+		return o, fmt.Errorf("--transfer-authority=%q: want signer or secret", o.transferAuthority)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

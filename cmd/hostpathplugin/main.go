@@ -34,6 +34,9 @@ func main() {
 		fmt.Println(o.cfg.Version)
 		return
 	}
+	if o.mode == "transfer-signer" {
+		os.Exit(runSigner(o))
+	}
 	if o.markPool != "" {
 		msg, err := engine.MarkPool(o.cfg, o.markPool)
 		if err != nil {

@@ -21,6 +21,12 @@ import (
 // Kubernetes types do not have (a typo, a wrong indentation) fails.
 type manifests struct {
 	daemonSets    []appsv1.DaemonSet
+	deployments   []appsv1.Deployment
+	// roleRules are each Role's and ClusterRole's rules, by kind/name;
+	// roleBindings each binding's role (kind/name) by the service
+	// accounts it binds (namespace/name).
+	roleRules    map[string][]rbacv1.PolicyRule
+	roleBindings map[string][]string
 	accounts      map[string]bool
 	roles         map[string]bool
 	rules         []rbacv1.PolicyRule // of the Roles (namespaced)
@@ -37,7 +43,8 @@ type manifests struct {
 
 func load(t *testing.T) manifests {
 	t.Helper()
-	m := manifests{accounts: map[string]bool{}, roles: map[string]bool{}, kustomization: map[string][]string{}}
+	m := manifests{accounts: map[string]bool{}, roles: map[string]bool{}, kustomization: map[string][]string{},
+		roleRules: map[string][]rbacv1.PolicyRule{}, roleBindings: map[string][]string{}}
 	files, _ := filepath.Glob("../../deploy/*.yaml")
 	more, _ := filepath.Glob("../../deploy/example/*.yaml")
 	for _, f := range append(files, more...) {
@@ -79,6 +86,7 @@ func load(t *testing.T) manifests {
 				var r rbacv1.ClusterRole
 				strict(&r)
 				m.roles[head.Kind+"/"+r.Name] = true
+				m.roleRules[head.Kind+"/"+r.Name] = r.Rules
 				if head.Kind == "Role" {
 					m.rules = append(m.rules, r.Rules...)
 				}
@@ -87,6 +95,14 @@ func load(t *testing.T) manifests {
 				strict(&b)
 				m.bindings = append(m.bindings, b.RoleRef)
 				m.subjects = append(m.subjects, b.Subjects...)
+				for _, sub := range b.Subjects {
+					key := sub.Namespace + "/" + sub.Name
+					m.roleBindings[key] = append(m.roleBindings[key], b.RoleRef.Kind+"/"+b.RoleRef.Name)
+				}
+			case "Deployment":
+				var d appsv1.Deployment
+				strict(&d)
+				m.deployments = append(m.deployments, d)
 			case "DaemonSet":
 				var ds appsv1.DaemonSet
 				strict(&ds)
@@ -193,17 +209,7 @@ func TestManifests(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the driver refuses the DaemonSet's args: %v", err)
 	}
-	// The Secret the drivers keep the transfer's authority in is the one
-	// the Role lets them get and update.
-	secretOK := false
-	for _, r := range m.rules {
-		if contains(r.Resources, "secrets") && contains(r.Verbs, "update") && contains(r.ResourceNames, o.transferSecret) {
-			secretOK = true
-		}
-	}
-	if !secretOK {
-		t.Errorf("--transfer-secret=%s, but no Role lets the driver get and update a Secret of that name", o.transferSecret)
-	}
+	checkTransferRBAC(t, m, ds.Namespace+"/"+spec.ServiceAccountName, o)
 	for _, c := range m.classes {
 		if c.Provisioner != o.cfg.DriverName || c.VolumeBindingMode == nil || *c.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
 			t.Errorf("StorageClass %s: provisioner %q (want %q), binding mode must be WaitForFirstConsumer", c.Name, c.Provisioner, o.cfg.DriverName)
@@ -361,5 +367,86 @@ func checkE2EDriver(t *testing.T, file, class string) {
 				t.Errorf("inline volume attribute %q is not one the driver takes", k)
 			}
 		}
+	}
+}
+
+// may reports whether the service account may do verb on resource
+// (named name, or any when name is "") through the roles bound to it.
+func (m manifests) may(account, verb, group, resource, name string) bool {
+	for _, role := range m.roleBindings[account] {
+		for _, r := range m.roleRules[role] {
+			if !contains(r.Verbs, verb) || !contains(r.APIGroups, group) || !contains(r.Resources, resource) {
+				continue
+			}
+			if len(r.ResourceNames) == 0 || (name != "" && contains(r.ResourceNames, name)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// checkTransferRBAC: the nodes may ask for certificates and read the
+// authorities to trust, and read no Secret; the transfer signer's
+// Deployment takes its flags, and may do what it needs with the names
+// its flags and the driver's give, and the drivers' requests name the
+// service account it grants.
+func checkTransferRBAC(t *testing.T, m manifests, node string, o options) {
+	t.Helper()
+	if o.transferAuthority != "signer" {
+		t.Errorf("the DaemonSet's --transfer-authority is %q: deploy/ runs the signer", o.transferAuthority)
+	}
+	for _, c := range []struct{ verb, group, resource, name string }{
+		{"create", "certificates.k8s.io", "certificatesigningrequests", ""},
+		{"get", "certificates.k8s.io", "certificatesigningrequests", "x"},
+		{"get", "", "configmaps", o.transferTrust},
+	} {
+		if !m.may(node, c.verb, c.group, c.resource, c.name) {
+			t.Errorf("the drivers may not %s %s %q", c.verb, c.resource, c.name)
+		}
+	}
+	for _, verb := range []string{"get", "list", "update"} {
+		if m.may(node, verb, "", "secrets", "hostpath-csi-transfer-signer") || m.may(node, verb, "", "secrets", o.transferSecret) {
+			t.Errorf("the drivers may %s a transfer authority's Secret: a node would hold a key that speaks for every other", verb)
+		}
+	}
+	if len(m.deployments) != 1 {
+		t.Fatalf("want one Deployment (the transfer signer), got %d", len(m.deployments))
+	}
+	dep := m.deployments[0]
+	spec := dep.Spec.Template.Spec
+	signer := dep.Namespace + "/" + spec.ServiceAccountName
+	if !m.accounts[signer] || signer == node {
+		t.Fatalf("the signer runs as %s: a service account of its own that deploy/ creates", signer)
+	}
+	so, err := parseFlags(spec.Containers[0].Args)
+	if err != nil || so.mode != "transfer-signer" {
+		t.Fatalf("the signer's args: mode %q, %v", so.mode, err)
+	}
+	if so.cfg.DriverName != o.cfg.DriverName || so.transferTrust != o.transferTrust || dep.Namespace+"/"+so.signer.requester != node {
+		t.Errorf("the signer grants %s for driver %s and publishes %s; the drivers are %s of %s reading %s",
+			so.signer.requester, so.cfg.DriverName, so.transferTrust, node, o.cfg.DriverName, o.transferTrust)
+	}
+	for _, c := range []struct{ verb, group, resource, name string }{
+		{"watch", "certificates.k8s.io", "certificatesigningrequests", ""},
+		{"update", "certificates.k8s.io", "certificatesigningrequests/approval", "x"},
+		{"update", "certificates.k8s.io", "certificatesigningrequests/status", "x"},
+		{"delete", "certificates.k8s.io", "certificatesigningrequests", "x"},
+		{"approve", "certificates.k8s.io", "signers", signerName(so.cfg.DriverName)},
+		{"sign", "certificates.k8s.io", "signers", signerName(so.cfg.DriverName)},
+		{"get", "", "secrets", so.signer.keySecret},
+		{"update", "", "secrets", so.signer.keySecret},
+		{"create", "", "secrets", ""},
+		{"update", "", "secrets", so.transferSecret},
+		{"delete", "", "secrets", so.transferSecret},
+		{"update", "", "configmaps", so.transferTrust},
+		{"create", "", "configmaps", ""},
+	} {
+		if !m.may(signer, c.verb, c.group, c.resource, c.name) {
+			t.Errorf("the signer may not %s %s %q", c.verb, c.resource, c.name)
+		}
+	}
+	if m.may(signer, "approve", "certificates.k8s.io", "signers", "kubernetes.io/kube-apiserver-client") {
+		t.Error("the signer may approve for other signers")
 	}
 }

@@ -42,21 +42,31 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 		klog.ErrorS(err, "no node-to-node transfer: --transfer-endpoint is not host:port", "endpoint", o.transferEndpoint)
 		return
 	}
-	store := &kubepeers.SecretStore{Client: client, Namespace: namespace(), Name: o.transferSecret}
-	if pod := os.Getenv("POD_NAME"); pod != "" {
-		if store.Owner, err = kubepeers.ControllerOf(ctx, client, namespace(), pod); err != nil {
-			klog.ErrorS(err, "the transfer authority's Secret gets no owner, so deleting the deployment leaves it", "pod", pod)
+	creds := &transfer.Credentials{Driver: o.cfg.DriverName, Node: o.cfg.NodeID}
+	if o.transferAuthority == "signer" {
+		// This node's key stays here; the transfer signer grants its
+		// request only for the node the pod's token is bound to.
+		csrs := &kubepeers.CSRAuthority{Client: client, Signer: signerName(o.cfg.DriverName), Namespace: namespace(), Bundle: o.transferTrust}
+		if csrs.Owner, err = kubepeers.CSIDriverOwner(ctx, client, o.cfg.DriverName); err != nil {
+			klog.ErrorS(err, "this node's certificate requests get no owner: uninstalling the driver leaves those the signer has not swept yet")
 		}
-	}
-	creds := &transfer.Credentials{
-		Store:  store,
-		Driver: o.cfg.DriverName, Node: o.cfg.NodeID,
+		creds.Authority = csrs
+		creds.LeafLifetime = transfer.DefaultSignedLifetime
+	} else {
+		store := &kubepeers.SecretStore{Client: client, Namespace: namespace(), Name: o.transferSecret}
+		if pod := os.Getenv("POD_NAME"); pod != "" {
+			if store.Owner, err = kubepeers.ControllerOf(ctx, client, namespace(), pod); err != nil {
+				klog.ErrorS(err, "the transfer authority's Secret gets no owner, so deleting the deployment leaves it", "pod", pod)
+			}
+		}
+		creds.Store = store
+		klog.InfoS("node-to-node transfer certificates from the shared Secret (--transfer-authority=secret): every node holds the key, so a node taken can speak for any other; the transfer signer (--transfer-authority=signer) closes that", "secret", o.transferSecret)
 	}
 	for backoff := time.Second; ; backoff = min(2*backoff, time.Minute) {
 		if err = creds.Refresh(ctx); err == nil {
 			break
 		}
-		klog.ErrorS(err, "node-to-node transfer credentials; retrying", "secret", o.transferSecret, "in", backoff)
+		klog.ErrorS(err, "node-to-node transfer credentials; retrying", "authority", o.transferAuthority, "in", backoff)
 		select {
 		case <-ctx.Done():
 			return

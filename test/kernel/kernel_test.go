@@ -60,6 +60,8 @@ var templates = []testfs.Spec{
 	{FSType: "btrfs", Size: 2 << 30},
 	{FSType: "ext4", Size: 1 << 30}, // the image volume tests' pools
 	{FSType: "xfs", Size: 1 << 30},
+	{FSType: "btrfs", Size: 1 << 30},                                        // TestImageSnapshotMetadata's
+	{FSType: "xfs", Size: 300 << 20, MkfsArgs: []string{"-m", "reflink=1"}}, // TestSharedRanges'
 }
 
 func run(name string, args ...string) error {

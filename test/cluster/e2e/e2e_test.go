@@ -350,15 +350,19 @@ func helmUpgradeUninstall(t *testing.T, k *kube, ref string) {
 		helm(t, "uninstall", "hostpath-csi", "--namespace", driverNS, "--wait", "--timeout", "5m")
 		k.waitFor("nothing of the chart or the drivers left", 180*time.Second, func() (bool, string) {
 			var left []string
-			for _, what := range []string{"daemonsets,pods,secrets,roles,rolebindings,serviceaccounts,csistoragecapacities,leases.coordination.k8s.io"} {
+			for _, what := range []string{"daemonsets,deployments,pods,secrets,configmaps,roles,rolebindings,serviceaccounts,csistoragecapacities,leases.coordination.k8s.io"} {
 				out, _ := k.run("", "get", what, "-n", driverNS, "-o", "name")
 				for _, l := range strings.Fields(out) {
-					if !strings.HasPrefix(l, "serviceaccount/default") && !strings.HasPrefix(l, "secret/default-token") {
+					if !strings.HasPrefix(l, "serviceaccount/default") && !strings.HasPrefix(l, "secret/default-token") && l != "configmap/kube-root-ca.crt" {
 						left = append(left, l)
 					}
 				}
 			}
-			for _, obj := range []string{"csidriver/hostpath.csi.k8s.io", "storageclass/hostpath", "storageclass/hostpath-hdd", "volumesnapshotclass/hostpath", "clusterrole/hostpath-csi-node", "clusterrolebinding/hostpath-csi-node"} {
+			// The nodes' certificate requests, owned by the CSIDriver.
+			if out, _ := k.run("", "get", "csr", "-o", `jsonpath={range .items[?(@.spec.signerName=="hostpath.csi.k8s.io/transfer")]}{.metadata.name} {end}`); strings.TrimSpace(out) != "" {
+				left = append(left, "certificate requests "+strings.TrimSpace(out))
+			}
+			for _, obj := range []string{"csidriver/hostpath.csi.k8s.io", "storageclass/hostpath", "storageclass/hostpath-hdd", "volumesnapshotclass/hostpath", "clusterrole/hostpath-csi-node", "clusterrolebinding/hostpath-csi-node", "clusterrole/hostpath-csi-transfer-signer", "clusterrolebinding/hostpath-csi-transfer-signer"} {
 				if _, err := k.run("", "get", obj); err == nil {
 					left = append(left, obj)
 				}

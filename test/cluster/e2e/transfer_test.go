@@ -15,6 +15,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,31 +25,77 @@ import (
 const (
 	driverName      = "hostpath.csi.k8s.io"
 	transferSecret  = "hostpath-csi-transfer-authority"
+	signerSecret    = "hostpath-csi-transfer-signer"
+	trustConfigMap  = "hostpath-csi-transfer-trust"
 	transferPort    = "9470"
 	transferURIPath = "/node/"
 )
 
-// authority is the transfer authority as the Secret holds it, which any
-// driver pod may read today (issue 28 takes the key away from the nodes).
+// authority is a transfer authority's certificate and key: one the test
+// makes (an attacker's), or the signer's own read from its Secret.
 type authority struct {
-	roots *x509.CertPool
-	ca    *x509.Certificate
-	key   any
+	ca  *x509.Certificate
+	key any
 }
 
-func readAuthority(t *testing.T, k *kube) authority {
+// newAuthority makes an authority of the test's own, as an attacker who
+// can write a Secret would.
+func newAuthority(t *testing.T) (authority, []byte, []byte) {
 	t.Helper()
-	field := func(name string) []byte {
-		b64 := k.jsonpath(driverNS, "secret/"+transferSecret, "{.data."+strings.ReplaceAll(name, ".", `\.`)+"}")
-		b, err := base64.StdEncoding.DecodeString(b64)
-		if err != nil {
-			t.Fatalf("the Secret's %s: %v", name, err)
-		}
-		return b
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
 	}
-	var a authority
-	a.roots = x509.NewCertPool()
-	rest := field("ca.crt")
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "an attacker's transfer authority"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(der)
+	kd, _ := x509.MarshalPKCS8PrivateKey(key)
+	return authority{ca: ca, key: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kd})
+}
+
+// signerAuthority reads the signer's authority from its Secret (as only
+// the cluster's admin, or the signer, can).
+func signerAuthority(t *testing.T, k *kube) authority {
+	t.Helper()
+	certs := secretField(t, k, signerSecret, "ca.crt")
+	b, _ := pem.Decode(certs)
+	kb, _ := pem.Decode(secretField(t, k, signerSecret, "ca.key"))
+	if b == nil || kb == nil {
+		t.Fatal("the signer's Secret has no certificate or no key")
+	}
+	ca, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := x509.ParsePKCS8PrivateKey(kb.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return authority{ca: ca, key: key}
+}
+
+func secretField(t *testing.T, k *kube, secret, name string) []byte {
+	t.Helper()
+	b64 := k.jsonpath(driverNS, "secret/"+secret, "{.data."+strings.ReplaceAll(name, ".", `\.`)+"}")
+	b, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil {
+		t.Fatalf("Secret %s's %s: %v", secret, name, err)
+	}
+	return b
+}
+
+// trusted is the pool of the authorities the signer publishes.
+func trusted(t *testing.T, k *kube) (*x509.CertPool, []*x509.Certificate) {
+	t.Helper()
+	data := k.jsonpath(driverNS, "configmap/"+trustConfigMap, `{.data.ca\.crt}`)
+	pool := x509.NewCertPool()
+	var cas []*x509.Certificate
+	rest := []byte(data)
 	for {
 		var b *pem.Block
 		if b, rest = pem.Decode(rest); b == nil {
@@ -57,33 +105,19 @@ func readAuthority(t *testing.T, k *kube) authority {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if a.ca == nil {
-			a.ca = c // newest first
-		}
-		a.roots.AddCert(c)
+		pool.AddCert(c)
+		cas = append(cas, c)
 	}
-	b, _ := pem.Decode(field("ca.key"))
-	if a.ca == nil || b == nil {
-		t.Fatal("the transfer authority's Secret has no certificate or no key")
+	if len(cas) == 0 {
+		t.Fatalf("the signer publishes no authority in %s", trustConfigMap)
 	}
-	key, err := x509.ParsePKCS8PrivateKey(b.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.key = key
-	return a
+	return pool, cas
 }
 
-// mint makes a certificate naming node, as a node makes its own, valid
-// for life.
-func (a authority) mint(t *testing.T, node string, life time.Duration) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
+// leafTemplate is a node's certificate as the driver's are.
+func leafTemplate(node string, life time.Duration) *x509.Certificate {
 	sn, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{
+	return &x509.Certificate{
 		SerialNumber: sn,
 		Subject:      pkix.Name{CommonName: node},
 		URIs:         []*url.URL{{Scheme: "csi-transfer", Host: driverName, Path: transferURIPath + node}},
@@ -93,36 +127,118 @@ func (a authority) mint(t *testing.T, node string, life time.Duration) tls.Certi
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.ca, key.Public(), a.key)
+}
+
+// mint makes a certificate naming node, as a node's, valid for life.
+func (a authority) mint(t *testing.T, node string, life time.Duration) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, leafTemplate(node, life), a.ca, key.Public(), a.key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
+// asDriverOn is a kubeconfig that authenticates with a token of the
+// drivers' service account bound to the driver pod on node: what a pod
+// on that node holding such a token (the driver's own, say) can do.
+func asDriverOn(t *testing.T, k *kube, node string) string {
+	t.Helper()
+	pod := k.must("get", "pods", "-n", driverNS, "-l", "app=hostpath-csi-node", "--field-selector", "spec.nodeName="+node, "-o", "jsonpath={.items[0].metadata.name}")
+	token := strings.TrimSpace(k.must("create", "token", "hostpath-csi-node", "-n", driverNS, "--bound-object-kind=Pod", "--bound-object-name="+pod, "--duration=10m"))
+	server := k.must("config", "view", "--raw", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}")
+	ca := k.must("config", "view", "--raw", "--minify", "-o", "jsonpath={.clusters[0].cluster.certificate-authority-data}")
+	cfg := filepath.Join(t.TempDir(), "driver-on-"+node+".kubeconfig")
+	kc := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: %q, certificate-authority-data: %q}}]\nusers: [{name: u, user: {token: %q}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n", server, ca, token)
+	if err := os.WriteFile(cfg, []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// requestCertificate asks the signer, with the kubeconfig cfg, for a
+// certificate naming node, as a driver does; it returns the certificate
+// (nil if refused) and the decision's message.
+func requestCertificate(t *testing.T, k *kube, cfg, node string) (*tls.Certificate, string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := leafTemplate(node, time.Hour)
+	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: l.Subject, URIs: l.URIs, DNSNames: l.DNSNames}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("e2e-transfer-%s-%d", node, time.Now().UnixNano())
+	manifest := fmt.Sprintf(`apiVersion: certificates.k8s.io/v1
+kind: CertificateSigningRequest
+metadata: {name: %s}
+spec:
+  signerName: %s/transfer
+  expirationSeconds: 3600
+  usages: [digital signature, client auth, server auth]
+  request: %s
+`, name, driverName, base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr})))
+	as := &kube{t: t, bin: k.bin, cfg: cfg}
+	as.apply(manifest)
+	t.Cleanup(func() { k.run("", "delete", "csr", name, "--ignore-not-found") })
+	var cert *tls.Certificate
+	var msg string
+	k.waitFor("certificate request "+name+" decided", 60*time.Second, func() (bool, string) {
+		// Read with the requester's own rights (get), as a driver does.
+		types := as.jsonpath("", "csr/"+name, "{.status.conditions[*].type}")
+		msg = as.jsonpath("", "csr/"+name, "{.status.conditions[*].message}")
+		if strings.Contains(types, "Denied") {
+			return true, ""
+		}
+		b64 := as.jsonpath("", "csr/"+name, "{.status.certificate}")
+		if b64 == "" {
+			return false, types
+		}
+		der, err := base64.StdEncoding.DecodeString(b64)
+		b, _ := pem.Decode(der)
+		if err != nil || b == nil {
+			t.Fatalf("the signed certificate: %v", err)
+		}
+		cert = &tls.Certificate{Certificate: [][]byte{b.Bytes}, PrivateKey: key}
+		return true, ""
+	})
+	return cert, msg
+}
+
 // askPeer asks node's transfer port for a source with cert and returns
 // the answer's status and body.
-func askPeer(t *testing.T, k *kube, a authority, node string, cert tls.Certificate, kind, id string) (int, string) {
+func askPeer(t *testing.T, k *kube, roots *x509.CertPool, node string, cert tls.Certificate, kind, id string) (int, string, error) {
 	t.Helper()
 	ip := k.jsonpath("", "node/"+node, `{.status.addresses[?(@.type=="InternalIP")].address}`)
-	tr := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: a.roots, ServerName: node, Certificates: []tls.Certificate{cert}}}
+	// The certificate is sent whatever authorities the server names.
+	send := func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }
+	tr := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: node, GetClientCertificate: send}}
 	defer tr.CloseIdleConnections()
 	u := "https://" + net.JoinHostPort(ip, transferPort) + "/v1/" + driverName + "/" + kind + "/" + id
-	resp, err := (&http.Client{Transport: tr, Timeout: 20 * time.Second}).Head(u)
+	resp, err := (&http.Client{Transport: tr, Timeout: 20 * time.Second}).Get(u)
 	if err != nil {
-		t.Fatalf("asking %s for %s %s: %v", node, kind, id, err)
+		return 0, "", err
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-	return resp.StatusCode, strings.TrimSpace(string(body)) + " " + resp.Header.Get("X-Transfer-Meta")
+	return resp.StatusCode, strings.TrimSpace(string(body)), nil
 }
 
-// peerAttempts plays a node that holds the transfer authority's key (a
-// taken node, today): with a certificate it minted for itself it asks
-// node for a snapshot and a live volume that no claim on it is being
-// filled from, and is refused; with one made to last a year it is refused
-// whatever it asks. A real restore of the same sources follows (the
-// caller's), and works.
+// peerAttempts plays an attacker on another node than node, with what a
+// pod there can get: the drivers' service-account token bound to the
+// driver pod on its node. It asks the signer for a certificate naming
+// node (refused) and for one naming its own node (granted, as a driver's),
+// then with that one asks node for a snapshot and a live volume that no
+// claim on its node is being filled from (refused); an authority written
+// into the old shared Secret by hand, and a certificate made to last a
+// year, are refused too. Real restores and clones of the same sources
+// follow (the caller's), and work.
 func peerAttempts(t *testing.T, k *kube, node, snapshot, volume string) {
 	var as string
 	for _, n := range strings.Fields(k.must("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}")) {
@@ -131,19 +247,53 @@ func peerAttempts(t *testing.T, k *kube, node, snapshot, volume string) {
 			break
 		}
 	}
-	step(t, "a node with a valid certificate but no pending restore is refused "+node+"'s snapshot and live volume", func() {
-		a := readAuthority(t, k)
-		cert := a.mint(t, as, time.Hour)
+	roots, cas := trusted(t, k)
+	var cert *tls.Certificate
+	step(t, "the transfer signer: a driver token bound to "+as+" gets a certificate for "+as+", not for "+node, func() {
+		cfg := asDriverOn(t, k, as)
+		if c, msg := requestCertificate(t, k, cfg, node); c != nil || !strings.Contains(msg, "not node") {
+			t.Fatalf("a token bound to %s asking for %s: certificate %v, decision %q", as, node, c != nil, msg)
+		}
+		var msg string
+		if cert, msg = requestCertificate(t, k, cfg, as); cert == nil {
+			t.Fatalf("a token bound to %s asking for its own node was refused: %q", as, msg)
+		}
+		leaf, _ := x509.ParseCertificate(cert.Certificate[0])
+		if life := leaf.NotAfter.Sub(leaf.NotBefore); life > 6*time.Hour+10*time.Minute {
+			t.Fatalf("the signer signed for %v", life)
+		}
+		if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+			t.Fatalf("the signed certificate does not chain to the published authorities: %v", err)
+		}
+		fmt.Printf("e2e      the signer refused %s a certificate for %s and signed its own (%d authorities published)\n", as, node, len(cas))
+	})
+	step(t, "a node with a valid certificate but no pending restore is refused "+node+"'s snapshot and live volume (403)", func() {
 		for _, src := range []struct{ kind, id string }{{"snapshot", snapshot}, {"volume", volume}} {
-			code, body := askPeer(t, k, a, node, cert, src.kind, src.id)
-			if code != http.StatusForbidden {
-				t.Fatalf("%s (as %s, nothing pending) asked %s for %s %s: HTTP %d %s, want 403", as, as, node, src.kind, src.id, code, body)
+			code, body, err := askPeer(t, k, roots, node, *cert, src.kind, src.id)
+			if err != nil || code != http.StatusForbidden {
+				t.Fatalf("%s asked %s for %s %s: HTTP %d %s %v, want 403", as, node, src.kind, src.id, code, body, err)
 			}
 		}
-		year := a.mint(t, as, 365*24*time.Hour)
-		if code, body := askPeer(t, k, a, node, year, "snapshot", snapshot); code != http.StatusForbidden {
-			t.Fatalf("a certificate valid for a year: HTTP %d %s, want 403", code, body)
+	})
+	step(t, "an authority written into the old Secret by hand is not trusted, nor a year-long certificate", func() {
+		planted, crt, key := newAuthority(t)
+		k.apply(fmt.Sprintf("apiVersion: v1\nkind: Secret\nmetadata: {name: %s, namespace: %s}\ndata: {ca.crt: %s, ca.key: %s}\n",
+			transferSecret, driverNS, base64.StdEncoding.EncodeToString(crt), base64.StdEncoding.EncodeToString(key)))
+		defer k.run("", "delete", "secret", transferSecret, "-n", driverNS, "--ignore-not-found")
+		if _, err := k.run("", "rollout", "restart", "-n", driverNS, "deployment/hostpath-csi-transfer-signer"); err != nil {
+			t.Fatal(err)
 		}
-		fmt.Printf("e2e      %s refused its snapshot %s and volume %s to %s (nothing pending there), and a year-long certificate\n", node, snapshot, volume, as)
+		k.must("rollout", "status", "-n", driverNS, "deployment/hostpath-csi-transfer-signer", "--timeout=120s")
+		if _, now := trusted(t, k); len(now) != len(cas) || !now[0].Equal(cas[0]) {
+			t.Fatalf("after a restart of the signer with an authority in the old Secret it publishes %d authorities", len(now))
+		}
+		if _, _, err := askPeer(t, k, roots, node, planted.mint(t, as, time.Hour), "snapshot", snapshot); err == nil || !strings.Contains(err.Error(), "certificate") {
+			t.Fatalf("a certificate of the planted authority: %v, want a TLS refusal", err)
+		}
+		year := signerAuthority(t, k).mint(t, as, 365*24*time.Hour)
+		if code, body, err := askPeer(t, k, roots, node, year, "snapshot", snapshot); err != nil || code != http.StatusForbidden || !strings.Contains(body, "longer than") {
+			t.Fatalf("a certificate valid for a year: HTTP %d %q %v, want 403 naming the cap", code, body, err)
+		}
+		fmt.Printf("e2e      %s refused a planted authority's certificate and a year-long one\n", node)
 	})
 }
