@@ -20,13 +20,13 @@ import (
 // manifests holds every object of deploy/, decoded strictly: a field the
 // Kubernetes types do not have (a typo, a wrong indentation) fails.
 type manifests struct {
-	daemonSets    []appsv1.DaemonSet
-	deployments   []appsv1.Deployment
+	daemonSets  []appsv1.DaemonSet
+	deployments []appsv1.Deployment
 	// roleRules are each Role's and ClusterRole's rules, by kind/name;
 	// roleBindings each binding's role (kind/name) by the service
 	// accounts it binds (namespace/name).
-	roleRules    map[string][]rbacv1.PolicyRule
-	roleBindings map[string][]string
+	roleRules     map[string][]rbacv1.PolicyRule
+	roleBindings  map[string][]string
 	accounts      map[string]bool
 	roles         map[string]bool
 	rules         []rbacv1.PolicyRule // of the Roles (namespaced)
