@@ -95,8 +95,10 @@ func (a *CSRAuthority) Issue(ctx context.Context, node string, csr []byte, life 
 	}
 	t := time.NewTicker(poll)
 	defer t.Stop()
+	var lastErr error
 	for {
 		got, err := csrs.Get(ctx, made.Name, metav1.GetOptions{})
+		lastErr = err
 		if err == nil {
 			if condition(got, certv1.CertificateDenied) || condition(got, certv1.CertificateFailed) {
 				return nil, fmt.Errorf("%w: %s: %s", ErrDenied, made.Name, conditionMessage(got))
@@ -107,6 +109,9 @@ func (a *CSRAuthority) Issue(ctx context.Context, node string, csr []byte, life 
 		}
 		select {
 		case <-ctx.Done():
+			if lastErr != nil {
+				return nil, fmt.Errorf("certificate request %s: reading it: %v: %w", made.Name, lastErr, ctx.Err())
+			}
 			return nil, fmt.Errorf("certificate request %s not signed in %s (is the signer %s running?): %w", made.Name, timeout, a.Signer, ctx.Err())
 		case <-t.C:
 		}
