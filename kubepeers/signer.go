@@ -3,10 +3,12 @@ package kubepeers
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	certv1 "k8s.io/api/certificates/v1"
@@ -177,6 +179,9 @@ func (s *Signer) Publish(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if cas, err = s.rollOverIfAsked(ctx, cas); err != nil {
+		return err
+	}
 	if cas, err = s.endAdoption(ctx, cas); err != nil {
 		return err
 	}
@@ -289,6 +294,39 @@ func (s *Signer) Run(ctx context.Context, onErr func(error), onReady func()) err
 		}
 		queue.Done(name)
 	}
+}
+
+// RollOverKey, in the signer's Store, asks for a rollover: an RFC 3339
+// time, after which the newest authority must have been made (kubectl
+// patch secret ... -p '{"stringData":{"rollover-requested":"<now>"}}').
+// The authority replaced stays trusted until it ends, as in a rollover
+// that came due; to stop trusting it at once (its key was taken), delete
+// the Secret instead.
+const RollOverKey = "rollover-requested"
+
+// rollOverIfAsked rolls the authority over when RollOverKey asks for a
+// newer one than the newest.
+func (s *Signer) rollOverIfAsked(ctx context.Context, cas []*x509.Certificate) ([]*x509.Certificate, error) {
+	data, _, err := s.Authority.Store.Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	v := strings.TrimSpace(string(data[RollOverKey]))
+	if v == "" {
+		return cas, nil
+	}
+	asked, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return nil, fmt.Errorf("%s in the signer's Secret is %q, not an RFC 3339 time", RollOverKey, v)
+	}
+	if now := time.Now(); asked.After(now) {
+		asked = now // a time to come would roll over every minute until then
+	}
+	// An authority is backdated by 5 minutes: one made after the request
+	// is valid from no earlier than 5 minutes before it.
+	return s.Authority.RollOver(ctx, func(newest *x509.Certificate) bool {
+		return newest.NotBefore.Add(5 * time.Minute).Before(asked)
+	})
 }
 
 // sweepAfter is how long a decided request is kept: its node reads its

@@ -172,3 +172,59 @@ func TestSignerGrantsOnlyTheTokensNode(t *testing.T) {
 		}
 	})
 }
+
+// TestSignerRollsOverWhenAsked: a rollover asked for in the signer's
+// Store happens once; both authorities are published, so certificates of
+// the one before keep working until nodes have moved.
+func TestSignerRollsOverWhenAsked(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset()
+	own := &transfer.MemoryStore{}
+	s := &Signer{Client: client, Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa",
+		Authority: &transfer.StoreAuthority{Store: own, Driver: "d"}, Bundle: "trust"}
+	published := func() int {
+		t.Helper()
+		if err := s.Publish(ctx); err != nil {
+			t.Fatal(err)
+		}
+		cm, err := client.CoreV1().ConfigMaps("csi").Get(ctx, "trust", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cas, err := transfer.ParseCertificates([]byte(cm.Data[transfer.CertsKey]), time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(cas)
+	}
+	if n := published(); n != 1 {
+		t.Fatalf("%d authorities at first", n)
+	}
+	ask := func(v string) {
+		data, version, err := own.Load(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next := map[string][]byte{}
+		for k, b := range data {
+			next[k] = b
+		}
+		next[RollOverKey] = []byte(v)
+		if err := own.Save(ctx, next, version); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The request's time is in whole seconds: it is made in the second
+	// after the authority.
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(1100 * time.Millisecond)))
+	ask(time.Now().UTC().Format(time.RFC3339))
+	for i := range 3 { // once, however often it publishes
+		if n := published(); n != 2 {
+			t.Fatalf("publication %d after the request: %d authorities, want 2", i, n)
+		}
+	}
+	ask("next tuesday")
+	if err := s.Publish(ctx); err == nil || !strings.Contains(err.Error(), RollOverKey) {
+		t.Fatalf("a request that is not a time: %v", err)
+	}
+}

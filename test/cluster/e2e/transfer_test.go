@@ -297,3 +297,18 @@ func peerAttempts(t *testing.T, k *kube, node, snapshot, volume string) {
 		fmt.Printf("e2e      %s refused a planted authority's certificate and a year-long one\n", node)
 	})
 }
+
+// rollOver asks the signer for a new authority, as an operator does, and
+// waits until it publishes both: the restores and clones that follow run
+// across the rollover (nodes keep their certificates of the one before
+// until the new one has reached every node).
+func rollOver(t *testing.T, k *kube) {
+	step(t, "the signer's authority rolled over (asked for in its Secret): both published, the restores below run across it", func() {
+		_, before := trusted(t, k)
+		k.must("patch", "secret", signerSecret, "-n", driverNS, "-p", `{"stringData":{"rollover-requested":"`+time.Now().UTC().Format(time.RFC3339)+`"}}`)
+		k.waitFor("a new authority published beside the one before", 90*time.Second, func() (bool, string) {
+			_, cas := trusted(t, k)
+			return len(cas) == len(before)+1 && cas[1].Equal(before[0]), fmt.Sprintf("%d authorities", len(cas))
+		})
+	})
+}
