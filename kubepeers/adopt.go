@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -49,15 +50,11 @@ func (s *Signer) now() time.Time {
 	return time.Now()
 }
 
-// adopt takes the Legacy Secret's authority as the signer's own if the
-// signer has none yet (see above).
+// adopt takes the Legacy Secret's authority as the signer's own; Publish
+// calls it when the signer has none yet (see above).
 func (s *Signer) adopt(ctx context.Context) error {
 	if s.Legacy == nil {
 		return nil
-	}
-	_, _, err := s.Authority.Store.Load(ctx)
-	if !errors.Is(err, transfer.ErrNoAuthority) {
-		return err // nil: the signer has its own already
 	}
 	data, _, err := s.Legacy.Load(ctx)
 	if errors.Is(err, transfer.ErrNoAuthority) {
@@ -103,57 +100,84 @@ func (s *Signer) adopt(ctx context.Context) error {
 	return nil
 }
 
-// endAdoption rolls over from an adopted authority once its adoption has
-// ended, and leaves it out of what is trusted once what it signed has
-// ended too (deleting the old Secret then).
-func (s *Signer) endAdoption(ctx context.Context, cas []*x509.Certificate) ([]*x509.Certificate, error) {
-	data, _, err := s.Authority.Store.Load(ctx)
-	if err != nil {
-		return nil, err
+// record is what the signer keeps beside its authority in its Store.
+type record struct {
+	adopted []*x509.Certificate // the authorities adopted, if any
+	until   time.Time           // when signing with them ends
+	asked   time.Time           // a rollover asked for (RollOverKey), or zero
+}
+
+func parseRecord(data map[string][]byte) (record, error) {
+	var r record
+	if v := strings.TrimSpace(string(data[RollOverKey])); v != "" {
+		asked, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			return r, fmt.Errorf("%s in the signer's Secret is %q, not an RFC 3339 time", RollOverKey, v)
+		}
+		r.asked = asked
 	}
 	if len(data[adoptedKey]) == 0 {
-		return cas, nil
+		return r, nil
 	}
 	until, err := time.Parse(time.RFC3339, string(data[adoptedUntilKey]))
 	if err != nil {
-		return nil, fmt.Errorf("the signer's record of its adoption is damaged: %w", err)
+		return r, fmt.Errorf("the signer's record of its adoption is damaged: %w", err)
 	}
-	adopted, err := transfer.ParseCertificates(data[adoptedKey], time.Time{})
-	if err != nil {
-		return nil, err
+	if r.adopted, err = transfer.ParseCertificates(data[adoptedKey], time.Time{}); err != nil {
+		return r, err
 	}
-	isAdopted := func(c *x509.Certificate) bool {
-		for _, a := range adopted {
-			if a.Equal(c) {
-				return true
-			}
+	r.until = until
+	return r, nil
+}
+
+func (r record) isAdopted(c *x509.Certificate) bool {
+	for _, a := range r.adopted {
+		if a.Equal(c) {
+			return true
 		}
-		return false
 	}
-	now := s.now()
-	if now.Before(until) {
-		return cas, nil
+	return false
+}
+
+// due says, of the newest authority, whether it must be replaced at now:
+// a rollover was asked for after it was made, or it is an adopted one
+// whose adoption has ended.
+func (r record) due(now time.Time) func(newest *x509.Certificate) bool {
+	asked := r.asked
+	if asked.After(now) {
+		asked = now // a time to come would roll over every minute until then
 	}
-	if cas, err = s.Authority.RollOver(ctx, isAdopted); err != nil {
-		return nil, err
+	return func(newest *x509.Certificate) bool {
+		// An authority is backdated: one made after the request is valid
+		// from no earlier than Backdate before it.
+		if !asked.IsZero() && newest.NotBefore.Add(transfer.Backdate).Before(asked) {
+			return true
+		}
+		return r.isAdopted(newest) && !now.Before(r.until)
 	}
+}
+
+// retireAdopted leaves the adopted authorities out of what is trusted once
+// what they signed has ended, and deletes the old Secret then.
+func (s *Signer) retireAdopted(ctx context.Context, r record, cas []*x509.Certificate, now time.Time) ([]*x509.Certificate, error) {
 	// A node moves to the new authority within Propagation and a few
 	// minutes of refreshing; its certificate from the adopted one lasts
 	// at most the signer's cap.
-	if now.Before(until.Add(transfer.Propagation + 10*time.Minute + s.maxLifetime())) {
+	if len(r.adopted) == 0 || now.Before(r.until.Add(transfer.Propagation+10*time.Minute+s.maxLifetime())) {
 		return cas, nil
 	}
 	var own []*x509.Certificate
 	for _, c := range cas {
-		if !isAdopted(c) {
+		if !r.isAdopted(c) {
 			own = append(own, c)
 		}
 	}
-	if s.Legacy != nil {
+	if s.Legacy != nil && !s.legacyGone.Load() {
 		err := s.Legacy.Client.CoreV1().Secrets(s.Legacy.Namespace).Delete(ctx, s.Legacy.Name, metav1.DeleteOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return nil, err
 		}
+		s.legacyGone.Store(true)
 	}
 	return own, nil
 }

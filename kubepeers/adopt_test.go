@@ -138,19 +138,8 @@ func TestSignerAdoptsTheAuthorityBefore(t *testing.T) {
 	}
 	bundle := func() []string {
 		t.Helper()
-		if err := s.Publish(ctx); err != nil {
-			t.Fatal(err)
-		}
-		cm, err := client.CoreV1().ConfigMaps("csi").Get(ctx, "trust", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cas, err := transfer.ParseCertificates([]byte(cm.Data[transfer.CertsKey]), now())
-		if err != nil {
-			t.Fatal(err)
-		}
 		var names []string
-		for _, c := range cas {
+		for _, c := range publish(t, s, now()) {
 			if c.Equal(planted[0]) {
 				t.Fatal("the authority planted in the old Secret is trusted")
 			}

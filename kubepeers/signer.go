@@ -3,12 +3,11 @@ package kubepeers
 import (
 	"bytes"
 	"context"
-	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
+	"sync/atomic"
 	"time"
 
 	certv1 "k8s.io/api/certificates/v1"
@@ -72,6 +71,8 @@ type Signer struct {
 	AdoptFor time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+
+	legacyGone atomic.Bool // the Legacy Secret was deleted: no call for it every minute
 }
 
 func (s *Signer) requester() string {
@@ -112,11 +113,15 @@ func condition(csr *certv1.CertificateSigningRequest, t certv1.RequestConditionT
 	return false
 }
 
+// decided reports whether a request was signed, denied or failed.
+func decided(csr *certv1.CertificateSigningRequest) bool {
+	return len(csr.Status.Certificate) > 0 || condition(csr, certv1.CertificateDenied) || condition(csr, certv1.CertificateFailed)
+}
+
 // Handle decides one request: it is denied, or approved and signed. A
 // request of another signer, or decided already, is left as it is.
 func (s *Signer) Handle(ctx context.Context, csr *certv1.CertificateSigningRequest) error {
-	if csr.Spec.SignerName != s.Name || len(csr.Status.Certificate) > 0 ||
-		condition(csr, certv1.CertificateDenied) || condition(csr, certv1.CertificateFailed) {
+	if csr.Spec.SignerName != s.Name || decided(csr) {
 		return nil
 	}
 	csr = csr.DeepCopy()
@@ -172,17 +177,26 @@ func (s *Signer) tell(csr, node string, granted bool, reason string) {
 // of the release before, the first time) and writes the authorities to
 // trust, newest first, into the Bundle ConfigMap when they changed.
 func (s *Signer) Publish(ctx context.Context) error {
-	if err := s.adopt(ctx); err != nil {
-		return fmt.Errorf("adopting the authority of the release before the signer: %w", err)
+	// The signer's own record, read once: whether it has an authority
+	// yet, and what it keeps beside it (an adoption, a rollover asked).
+	data, _, err := s.Authority.Store.Load(ctx)
+	if errors.Is(err, transfer.ErrNoAuthority) {
+		if err := s.adopt(ctx); err != nil {
+			return fmt.Errorf("adopting the authority of the release before the signer: %w", err)
+		}
+	} else if err != nil {
+		return err
 	}
-	cas, err := s.Authority.Trust(ctx)
+	rec, err := parseRecord(data)
 	if err != nil {
 		return err
 	}
-	if cas, err = s.rollOverIfAsked(ctx, cas); err != nil {
+	now := s.now()
+	cas, err := s.Authority.RollOver(ctx, rec.due(now))
+	if err != nil {
 		return err
 	}
-	if cas, err = s.endAdoption(ctx, cas); err != nil {
+	if cas, err = s.retireAdopted(ctx, rec, cas, now); err != nil {
 		return err
 	}
 	var certs []byte
@@ -304,31 +318,6 @@ func (s *Signer) Run(ctx context.Context, onErr func(error), onReady func()) err
 // the Secret instead.
 const RollOverKey = "rollover-requested"
 
-// rollOverIfAsked rolls the authority over when RollOverKey asks for a
-// newer one than the newest.
-func (s *Signer) rollOverIfAsked(ctx context.Context, cas []*x509.Certificate) ([]*x509.Certificate, error) {
-	data, _, err := s.Authority.Store.Load(ctx)
-	if err != nil {
-		return nil, err
-	}
-	v := strings.TrimSpace(string(data[RollOverKey]))
-	if v == "" {
-		return cas, nil
-	}
-	asked, err := time.Parse(time.RFC3339, v)
-	if err != nil {
-		return nil, fmt.Errorf("%s in the signer's Secret is %q, not an RFC 3339 time", RollOverKey, v)
-	}
-	if now := time.Now(); asked.After(now) {
-		asked = now // a time to come would roll over every minute until then
-	}
-	// An authority is backdated by 5 minutes: one made after the request
-	// is valid from no earlier than 5 minutes before it.
-	return s.Authority.RollOver(ctx, func(newest *x509.Certificate) bool {
-		return newest.NotBefore.Add(5 * time.Minute).Before(asked)
-	})
-}
-
 // sweepAfter is how long a decided request is kept: its node reads its
 // certificate within moments (it polls every half second).
 const sweepAfter = 5 * time.Minute
@@ -342,8 +331,7 @@ func (s *Signer) sweep(ctx context.Context, list func(labels.Selector) ([]*certv
 		return
 	}
 	for _, csr := range csrs {
-		decided := len(csr.Status.Certificate) > 0 || condition(csr, certv1.CertificateDenied) || condition(csr, certv1.CertificateFailed)
-		if csr.Spec.SignerName != s.Name || !decided || time.Since(csr.CreationTimestamp.Time) < sweepAfter {
+		if csr.Spec.SignerName != s.Name || !decided(csr) || time.Since(csr.CreationTimestamp.Time) < sweepAfter {
 			continue
 		}
 		err := s.Client.CertificatesV1().CertificateSigningRequests().Delete(ctx, csr.Name, metav1.DeleteOptions{})

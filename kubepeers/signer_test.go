@@ -2,6 +2,7 @@ package kubepeers
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -59,6 +60,25 @@ func (r *requesters) react(a k8stesting.Action) (bool, runtime.Object, error) {
 		csr.Name = fmt.Sprintf("%s%05d", csr.GenerateName, r.names)
 	}
 	return false, nil, nil
+}
+
+// publish has the signer publish and returns the authorities its bundle
+// then holds that are valid at now.
+func publish(t *testing.T, s *Signer, now time.Time) []*x509.Certificate {
+	t.Helper()
+	ctx := context.Background()
+	if err := s.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cm, err := s.Client.CoreV1().ConfigMaps(s.Namespace).Get(ctx, s.Bundle, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cas, err := transfer.ParseCertificates([]byte(cm.Data[transfer.CertsKey]), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cas
 }
 
 // TestSignerGrantsOnlyTheTokensNode: through the CSR API, a node's driver
@@ -157,13 +177,9 @@ func TestSignerGrantsOnlyTheTokensNode(t *testing.T) {
 		if _, err := client.CoreV1().ConfigMaps("csi").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Publish(ctx); err != nil {
-			t.Fatal(err)
-		}
-		cm, _ = client.CoreV1().ConfigMaps("csi").Get(ctx, "trust", metav1.GetOptions{})
-		cas, err := transfer.ParseCertificates([]byte(cm.Data[transfer.CertsKey]), time.Now())
-		if err != nil || len(cas) != 1 || cas[0].Equal(theirs[0]) {
-			t.Fatalf("after the signer's publication the bundle holds %d authorities (%v)", len(cas), err)
+		cas := publish(t, s, time.Now())
+		if len(cas) != 1 || cas[0].Equal(theirs[0]) {
+			t.Fatalf("after the signer's publication the bundle holds %d authorities", len(cas))
 		}
 		key, _, _ := (&SecretStore{Client: client, Namespace: "csi", Name: "signer-key"}).Load(ctx)
 		own, _, _ := transfer.ParseAuthority(key, time.Now())
@@ -182,21 +198,7 @@ func TestSignerRollsOverWhenAsked(t *testing.T) {
 	own := &transfer.MemoryStore{}
 	s := &Signer{Client: client, Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa",
 		Authority: &transfer.StoreAuthority{Store: own, Driver: "d"}, Bundle: "trust"}
-	published := func() int {
-		t.Helper()
-		if err := s.Publish(ctx); err != nil {
-			t.Fatal(err)
-		}
-		cm, err := client.CoreV1().ConfigMaps("csi").Get(ctx, "trust", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cas, err := transfer.ParseCertificates([]byte(cm.Data[transfer.CertsKey]), time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return len(cas)
-	}
+	published := func() int { t.Helper(); return len(publish(t, s, time.Now())) }
 	if n := published(); n != 1 {
 		t.Fatalf("%d authorities at first", n)
 	}

@@ -154,7 +154,7 @@ func (a *StoreAuthority) Issue(ctx context.Context, node string, csr []byte, lif
 		a.mu.Unlock()
 	}
 	now := a.now()
-	return SignRequest(cas[0], key, req.PublicKey, a.Driver, node, now.Add(-backdate), now.Add(life))
+	return SignRequest(cas[0], key, req.PublicKey, a.Driver, node, now.Add(-Backdate), now.Add(life))
 }
 
 func newAuthority(driver string, now time.Time, life time.Duration) (*x509.Certificate, crypto.Signer, error) {
@@ -169,7 +169,7 @@ func newAuthority(driver string, now time.Time, life time.Duration) (*x509.Certi
 	tmpl := &x509.Certificate{
 		SerialNumber:          sn,
 		Subject:               pkix.Name{CommonName: driver + " transfer authority " + now.UTC().Format("2006-01-02T15:04:05Z")},
-		NotBefore:             now.Add(-backdate),
+		NotBefore:             now.Add(-Backdate),
 		NotAfter:              now.Add(life),
 		KeyUsage:              x509.KeyUsageCertSign,
 		BasicConstraintsValid: true,

@@ -38,7 +38,7 @@ var AllowAll Authorizer = AuthorizerFunc(func(context.Context, string, string, s
 // few minutes), with room for a clock a little off. A certificate made for
 // longer (by someone holding the authority's key) is refused however it
 // chains.
-const DefaultMaxPeerLifetime = DefaultLeafLifetime + backdate + 5*time.Minute
+const DefaultMaxPeerLifetime = DefaultLeafLifetime + Backdate + 5*time.Minute
 
 // checkLifetime refuses a peer certificate valid for longer than max.
 func checkLifetime(cert *x509.Certificate, max time.Duration) error {

@@ -66,7 +66,7 @@ func TestTransferAuthorizes(t *testing.T) {
 		t.Fatal(err)
 	}
 	// As a node makes its own: the longest a server accepts.
-	own, err := IssueLeaf(cas[0], caKey, driver, "node-b", time.Now().Add(-backdate), time.Now().Add(DefaultLeafLifetime))
+	own, err := IssueLeaf(cas[0], caKey, driver, "node-b", time.Now().Add(-Backdate), time.Now().Add(DefaultLeafLifetime))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -159,9 +159,9 @@ func (c *Credentials) checkIssued(leaf *x509.Certificate, pub crypto.PublicKey, 
 	return errors.New("the transfer authority issued a certificate that chains to none of the authorities it trusts")
 }
 
-// backdate is how far before its making a certificate is valid from, so
+// Backdate is how far before its making a certificate is valid from, so
 // clocks a little behind still accept it.
-const backdate = 5 * time.Minute
+const Backdate = 5 * time.Minute
 
 // Propagation is how long a new authority is given to reach every node
 // (each re-reads the authorities every minute) before certificates it
@@ -176,7 +176,7 @@ func (c *Credentials) keepIssuer(leaf *x509.Certificate, cas []*x509.Certificate
 	if leaf.CheckSignatureFrom(cas[0]) == nil {
 		return true
 	}
-	if now.Sub(cas[0].NotBefore) > Propagation+backdate {
+	if now.Sub(cas[0].NotBefore) > Propagation+Backdate {
 		return false
 	}
 	for _, ca := range cas[1:] {

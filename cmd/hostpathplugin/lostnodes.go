@@ -15,7 +15,7 @@ import (
 // scheduler's event names only the PV's node affinity. Outside a cluster
 // it does nothing.
 func reportLostNodes(ctx context.Context, o options) {
-	client, ok := inClusterClient("pods waiting for a lost node are not told which")
+	_, client, ok := inClusterClient("pods waiting for a lost node are not told which")
 	if !ok {
 		return
 	}

@@ -20,20 +20,20 @@ import (
 )
 
 // servePeers joins this node to the deployment's node-to-node transfer
-// when the driver runs in a cluster: credentials from the authority in the
-// namespace's Secret (made by whichever node comes first), a server for
+// when the driver runs in a cluster: credentials from the transfer signer
+// (or, with --transfer-authority=secret, the shared Secret), a server for
 // this node's sources (each served only to the node a claim for it waits
-// on), and peers for restores and clones whose source is on another node. Outside a cluster (by hand, csi-sanity) it does
-// nothing, and such a source stays ResourceExhausted.
+// on), and peers for restores and clones whose source is on another node.
+// Outside a cluster (by hand, csi-sanity) it does nothing, and such a
+// source stays ResourceExhausted.
 func servePeers(ctx context.Context, d *csi.Driver, o options) {
-	const without = "no node-to-node transfer; sources on other nodes cannot be restored here"
-	client, ok := inClusterClient(without)
+	restConfig, client, ok := inClusterClient("no node-to-node transfer; sources on other nodes cannot be restored here")
 	if !ok {
 		return
 	}
-	restConfig, err := rest.InClusterConfig()
+	snapshots, err := versioned.NewForConfig(restConfig)
 	if err != nil {
-		klog.ErrorS(err, without)
+		klog.ErrorS(err, "no node-to-node transfer: no client for VolumeSnapshots, by which a peer's restores are checked")
 		return
 	}
 	_, portStr, err := net.SplitHostPort(o.transferEndpoint)
@@ -84,11 +84,6 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 	res := &kubepeers.Resolver{Client: client, Driver: o.cfg.DriverName, Port: port, KeyOf: engine.NodeTag}
 	d.SetPeers(&transfer.Peers{Client: &transfer.Client{Creds: creds}, Resolve: res.Resolve})
 	klog.InfoS("serving this node's sources to the other nodes", "endpoint", o.transferEndpoint, "certificateUntil", creds.Expiry())
-	snapshots, err := versioned.NewForConfig(restConfig)
-	if err != nil {
-		klog.ErrorS(err, "no node-to-node transfer: no client for VolumeSnapshots, by which a peer's restores are checked")
-		return
-	}
 	pending := &kubepeers.Pending{Client: client, Snapshots: snapshots, Driver: o.cfg.DriverName,
 		SnapshotKind: engine.SourceSnapshot, VolumeKind: engine.SourceVolume}
 	// A peer gets a source only while a claim to be filled from it waits
@@ -120,18 +115,19 @@ func namespace() string {
 }
 
 // inClusterClient is a client for the API server through the pod's
-// service account. Outside a cluster (by hand, csi-sanity) there is none;
-// without says, in the log, what the caller then leaves undone.
-func inClusterClient(without string) (kubernetes.Interface, bool) {
+// service account, and its config (for the clients of other APIs).
+// Outside a cluster (by hand, csi-sanity) there is none; without says, in
+// the log, what the caller then leaves undone.
+func inClusterClient(without string) (*rest.Config, kubernetes.Interface, bool) {
 	cfg, err := rest.InClusterConfig()
 	if err != nil {
 		klog.V(2).InfoS("not in a cluster: "+without, "reason", err)
-		return nil, false
+		return nil, nil, false
 	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		klog.ErrorS(err, without)
-		return nil, false
+		return nil, nil, false
 	}
-	return client, true
+	return cfg, client, true
 }

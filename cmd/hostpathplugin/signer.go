@@ -29,7 +29,7 @@ func signerName(driver string) string { return driver + "/transfer" }
 // runSigner approves and signs the nodes' transfer certificates until
 // SIGTERM (exit 0) or a failure (exit 1). It runs in a cluster only.
 func runSigner(o options) int {
-	client, ok := inClusterClient("the transfer signer runs only in a cluster")
+	_, client, ok := inClusterClient("the transfer signer runs only in a cluster")
 	if !ok {
 		fmt.Fprintln(os.Stderr, "hostpathplugin: --mode=transfer-signer runs only in a cluster (no in-cluster service account here)")
 		return 1
