@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"os"
 	"time"
-	"unsafe"
 
-	"golang.org/x/sys/unix"
+	"github.com/hostpath-csi/hostpath/format/internal/blank"
 )
 
 // Options are what a caller may choose of a new file system.
@@ -64,7 +63,7 @@ const (
 // ^64bit -m 0 would make: e2fsck -fn finds it clean and the kernel mounts
 // it read-write.
 func Format(f *os.File, opt Options) (Info, error) {
-	size, regular, err := sizeOf(f)
+	size, regular, err := blank.Size(f)
 	if err != nil {
 		return Info{}, err
 	}
@@ -91,7 +90,7 @@ func Format(f *os.File, opt Options) (Info, error) {
 	if opt.Now.IsZero() {
 		opt.Now = time.Now()
 	}
-	if err := zero(f, size, regular); err != nil {
+	if err := blank.Zero(f, size, regular); err != nil {
 		return Info{}, err
 	}
 	w := &writer{f: f, geo: geo, opt: opt}
@@ -103,41 +102,6 @@ func Format(f *os.File, opt Options) (Info, error) {
 	}
 	return Info{UUID: opt.UUID, Blocks: geo.blocks, Groups: geo.groups, Inodes: geo.inodesPer * geo.groups,
 		JournalBlocks: geo.journalBlocks, FreeBlocks: w.freeBlocks}, nil
-}
-
-// sizeOf is a file's length or a block device's size, and whether f is
-// a regular file.
-func sizeOf(f *os.File) (int64, bool, error) {
-	fi, err := f.Stat()
-	if err != nil {
-		return 0, false, err
-	}
-	if fi.Mode().IsRegular() {
-		return fi.Size(), true, nil
-	}
-	if fi.Mode()&os.ModeDevice != 0 {
-		n, err := unix.IoctlGetUint64(int(f.Fd()), unix.BLKGETSIZE64)
-		if err != nil {
-			return 0, false, fmt.Errorf("reading the size of %s: %w", f.Name(), err)
-		}
-		return int64(n), false, nil
-	}
-	return 0, false, fmt.Errorf("%s is neither a regular file nor a block device", f.Name())
-}
-
-// zero makes the whole of f read as zeros without writing them.
-func zero(f *os.File, size int64, regular bool) error {
-	if regular {
-		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, size); err != nil {
-			return fmt.Errorf("punching %s to a hole: %w", f.Name(), err)
-		}
-		return nil
-	}
-	r := [2]uint64{0, uint64(size)}
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKZEROOUT, uintptr(unsafe.Pointer(&r))); errno != 0 {
-		return fmt.Errorf("zeroing %s: %w", f.Name(), errno)
-	}
-	return nil
 }
 
 // writer writes one file system's metadata.
