@@ -27,7 +27,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err != nil {
 		return nil, err
 	}
-	layout, err := checkLayout(req.GetParameters(), access, req.GetVolumeCapabilities())
+	layout, fs, err := checkLayout(req.GetParameters(), access, req.GetVolumeCapabilities())
 	if err != nil {
 		return nil, err
 	}
@@ -46,7 +46,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if req.GetVolumeContentSource() != nil && srcSnap == nil && srcVol == nil {
 		return nil, invalid("volume_content_source names neither a snapshot nor a volume")
 	}
-	spec := engine.VolumeSpec{Name: name, Access: access, Layout: layout, Kind: kind, Params: req.GetParameters(), Pool: pl,
+	spec := engine.VolumeSpec{Name: name, Access: access, Layout: layout, FSType: fs, Kind: kind, Params: req.GetParameters(), Pool: pl,
 		Capacity: rangeOf(req.GetCapacityRange()), Mutable: req.GetMutableParameters()}
 	// A source on another node is pulled from there when peers can be
 	// reached: decided here, once; otherwise it must be on this node.
@@ -135,7 +135,7 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: fmt.Sprintf("volume %s is a %s volume, not %s", v.ID, v.AccessType, access)}, nil
 	}
 	if v.Layout == engine.LayoutImage {
-		if err := checkImageFS(req.GetVolumeCapabilities()...); err != nil {
+		if err := d.checkHoldsFS(v, req.GetVolumeCapabilities()...); err != nil {
 			return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
 		}
 	}

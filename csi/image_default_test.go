@@ -14,8 +14,8 @@ import (
 // TestDefaultLayout: a class that names no layout gets --default-layout
 // for a new mount volume, and its source's layout for a restore or clone,
 // so a clone of a directory volume made before the default changed is
-// still a directory volume; a capability naming another file system than
-// an image's stays a directory volume; a repeated request matches the
+// still a directory volume; a capability naming a file system image
+// volumes do not hold (not ext4 or xfs) stays a directory volume; a repeated request matches the
 // volume it made whatever the default is now.
 func TestDefaultLayout(t *testing.T) {
 	testutil.RequireRoot(t) // image volumes: loop devices
@@ -23,8 +23,7 @@ func TestDefaultLayout(t *testing.T) {
 	cfg.DefaultLayout = engine.LayoutImage
 	d := newDriver(t, cfg)
 	dirParams := map[string]string{engine.ParamLayout: engine.LayoutDirectory}
-	xfs := mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
-	xfs.GetMount().FsType = "xfs"
+	xfs, btrfs := fsCap("xfs"), fsCap("btrfs")
 	ext4 := mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
 	ext4.GetMount().FsType = "ext4"
 
@@ -75,7 +74,8 @@ func TestDefaultLayout(t *testing.T) {
 	}{
 		{"no layout named: the default", nil, rwo, nil, engine.LayoutImage},
 		{"fs_type ext4, no layout named", nil, ext4, nil, engine.LayoutImage},
-		{"fs_type xfs, no layout named: a directory", nil, xfs, nil, engine.LayoutDirectory},
+		{"fs_type xfs, no layout named: an XFS image", nil, xfs, nil, engine.LayoutImage},
+		{"fs_type btrfs, no layout named: a directory", nil, btrfs, nil, engine.LayoutDirectory},
 		{"layout named directory", dirParams, rwo, nil, engine.LayoutDirectory},
 		{"block", nil, blockCap(), nil, ""},
 		{"clone of a directory volume", nil, rwo, func() *csi.VolumeContentSource { return clone(dir) }, engine.LayoutDirectory},
@@ -97,6 +97,9 @@ func TestDefaultLayout(t *testing.T) {
 			}
 			if got := rec.Layout; (got == engine.LayoutImage) != (tc.want == engine.LayoutImage) {
 				t.Fatalf("layout %q, want %q", got, tc.want)
+			}
+			if tc.cap == xfs && rec.FSType != engine.FSXFS {
+				t.Fatalf("file system %q recorded, want xfs", rec.FSType)
 			}
 			if tc.want == "" && rec.AccessType != engine.AccessBlock {
 				t.Fatalf("a %s volume, want block", rec.AccessType)

@@ -238,8 +238,8 @@ func TestImageFormatFollowsVolumes(t *testing.T) {
 // image is for mount volumes holding ext4.
 func TestImageParameters(t *testing.T) {
 	d := newDriver(t, testConfig(t))
-	xfs := mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
-	xfs.GetMount().FsType = "xfs"
+	btrfs := mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	btrfs.GetMount().FsType = "btrfs"
 	for _, tc := range []struct {
 		name   string
 		params map[string]string
@@ -247,7 +247,7 @@ func TestImageParameters(t *testing.T) {
 	}{
 		{"unknown layout", map[string]string{engine.ParamLayout: "lvm"}, rwo},
 		{"block image", imageParams, blockCap()},
-		{"xfs image", imageParams, xfs},
+		{"btrfs image", imageParams, btrfs},
 	} {
 		_, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "v", Parameters: tc.params, VolumeCapabilities: []*csi.VolumeCapability{tc.cap}})
 		if status.Code(err) != codes.InvalidArgument {

@@ -59,15 +59,15 @@ func (d *Driver) lockForMount(ctx context.Context, id, pathField, path string, c
 		unlock()
 		return engine.VolumeRecord{}, "", nil, invalid("volume %s is a %s volume; the capability asks for %s", v.ID, v.AccessType, access)
 	}
-	if v.Layout == engine.LayoutImage {
-		if err := checkImageFS(c); err != nil {
-			unlock()
-			return engine.VolumeRecord{}, "", nil, err
-		}
-	}
 	if err := d.DataPresent(v); err != nil {
 		unlock()
 		return engine.VolumeRecord{}, "", nil, err
+	}
+	if v.Layout == engine.LayoutImage {
+		if err := d.checkHoldsFS(v, c); err != nil {
+			unlock()
+			return engine.VolumeRecord{}, "", nil, err
+		}
 	}
 	return v, path, unlock, nil
 }

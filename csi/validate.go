@@ -2,6 +2,7 @@ package csi
 
 import (
 	"path/filepath"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -198,36 +199,66 @@ func (d *Driver) checkCOPath(field, p string) (string, error) {
 	return clean, nil
 }
 
-// checkLayout is the layout a CreateVolume asks for: image volumes are
-// mount volumes holding ext4 (a capability may name it or no fs_type).
-// A class that names no layout leaves it to the engine (""), except for a
-// capability naming another file system: that is a directory volume, as
-// it has always been (a directory has no file system of its own to
-// choose).
-func checkLayout(params map[string]string, access string, caps []*csi.VolumeCapability) (string, error) {
+// checkLayout is the layout a CreateVolume asks for, and the file system
+// an image volume is to hold: image volumes are mount volumes holding
+// ext4 or XFS (a capability names one, or no fs_type). A class that names
+// no layout leaves it to the engine (""), except for a capability naming
+// another file system: that is a directory volume, as it has always been
+// (a directory has no file system of its own to choose).
+func checkLayout(params map[string]string, access string, caps []*csi.VolumeCapability) (layout, fs string, err error) {
 	layout, named := params[engine.ParamLayout]
-	if !named && access == engine.AccessMount && checkImageFS(caps...) != nil {
-		return engine.LayoutDirectory, nil
+	fs, fsErr := checkImageFS(caps...)
+	if !named && access == engine.AccessMount && fsErr != nil {
+		return engine.LayoutDirectory, "", nil
 	}
 	if layout != engine.LayoutImage {
-		return layout, nil
+		if layout == "" && access == engine.AccessMount {
+			return layout, fs, nil // the image layout if the engine's default
+		}
+		return layout, "", nil
 	}
 	if access != engine.AccessMount {
-		return "", invalid("parameter %s=%s is for mount volumes; a block volume is an image already", engine.ParamLayout, layout)
+		return "", "", invalid("parameter %s=%s is for mount volumes; a block volume is an image already", engine.ParamLayout, layout)
 	}
-	if err := checkImageFS(caps...); err != nil {
-		return "", err
+	if fsErr != nil {
+		return "", "", fsErr
 	}
-	return layout, nil
+	return layout, fs, nil
 }
 
-// checkImageFS refuses a capability naming a file system other than the
-// one image volumes hold.
-func checkImageFS(caps ...*csi.VolumeCapability) error {
+// checkImageFS is the file system the capabilities name for an image
+// volume ("" for none), refusing one image volumes cannot hold and two
+// that differ.
+func checkImageFS(caps ...*csi.VolumeCapability) (string, error) {
+	fs := ""
 	for _, c := range caps {
-		if fs := c.GetMount().GetFsType(); fs != "" && fs != engine.ImageFSType {
-			return invalid("fs_type %q: image volumes hold %s (set csi.storage.k8s.io/fstype: %s, or nothing)", fs, engine.ImageFSType, engine.ImageFSType)
+		f := c.GetMount().GetFsType()
+		switch {
+		case f == "":
+		case !slices.Contains(engine.ImageFSTypes, f):
+			return "", invalid("fs_type %q: image volumes hold %s (set csi.storage.k8s.io/fstype to one of them, or nothing for %s)", f, strings.Join(engine.ImageFSTypes, " or "), engine.ImageFSType)
+		case fs != "" && f != fs:
+			return "", invalid("the capabilities name two file systems, %s and %s", fs, f)
+		default:
+			fs = f
 		}
+	}
+	return fs, nil
+}
+
+// checkHoldsFS refuses a capability naming another file system than the
+// one image volume v holds.
+func (d *Driver) checkHoldsFS(v engine.VolumeRecord, caps ...*csi.VolumeCapability) error {
+	want, err := checkImageFS(caps...)
+	if err != nil || want == "" {
+		return err
+	}
+	has, err := d.ImageFS(v)
+	if err != nil {
+		return err
+	}
+	if has != want {
+		return invalid("volume %s holds %s; the capability's fs_type asks for %s", v.ID, has, want)
 	}
 	return nil
 }

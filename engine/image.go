@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/format/ext4"
+	"github.com/hostpath-csi/hostpath/format/xfs"
 	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/loop"
 )
@@ -34,8 +35,81 @@ const (
 	LayoutImage     = "image"     // an image file with an ext4 of its own
 )
 
-// ImageFSType is the file system an image volume holds.
-const ImageFSType = "ext4"
+// The file systems an image volume may hold (csi.storage.k8s.io/fstype).
+const (
+	FSExt4 = "ext4"
+	FSXFS  = "xfs"
+)
+
+// ImageFSType is the file system an image volume holds when its class
+// names none.
+const ImageFSType = FSExt4
+
+// ImageFSTypes are the file systems image volumes can hold.
+var ImageFSTypes = []string{FSExt4, FSXFS}
+
+// makesFS is the file system image volume v is made to hold when empty.
+func makesFS(v VolumeRecord) string {
+	if v.FSType == "" {
+		return FSExt4
+	}
+	return v.FSType
+}
+
+// imageLimits are the sizes an image volume of file system fs may have.
+func imageLimits(fs string) (minSize, maxSize int64) {
+	if fs == FSXFS {
+		return xfs.MinSize, xfs.MaxSize
+	}
+	return ext4.MinSize, ext4.MaxSize
+}
+
+// probeFS says which file system the image or device at path holds, from
+// its superblock: what it is mounted as, whatever the record says (a
+// restore or a clone holds its source's).
+func probeFS(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	if _, err := xfs.ReadSize(f); err == nil {
+		return FSXFS, nil
+	} else if !errors.Is(err, xfs.ErrNotXFS) {
+		return "", err
+	}
+	if _, err := ext4.ReadSize(f); err != nil {
+		if errors.Is(err, ext4.ErrNotExt4) {
+			return "", fmt.Errorf("%s holds neither ext4 nor XFS", path)
+		}
+		return "", err
+	}
+	return FSExt4, nil
+}
+
+// ImageFS is the file system image volume v holds, as its image says.
+func (d *Engine) ImageFS(v VolumeRecord) (string, error) {
+	fs, err := probeFS(d.VolumeDataPath(v))
+	if err != nil {
+		return "", fmt.Errorf("reading the file system of volume %s: %w", v.ID, err)
+	}
+	return fs, nil
+}
+
+// mountImage mounts the file system on an image volume's device at
+// target. XFS is mounted nouuid: a clone or restore keeps its source's
+// UUID, and XFS refuses a second mount of one UUID otherwise.
+func mountImage(dev loop.Device, target string, flags uintptr) error {
+	fs, err := probeFS(dev.Path())
+	if err != nil {
+		return err
+	}
+	data := ""
+	if fs == FSXFS {
+		data = "nouuid"
+	}
+	return fsops.MountDevice(dev.Path(), target, fs, flags, data)
+}
 
 // imageBlockSize is an image volume's device's logical block size: the
 // file system's own (format/ext4 makes 4 KiB blocks), and no smaller
@@ -164,7 +238,7 @@ func (d *Engine) stageImage(v VolumeRecord, staging string) error {
 	if err != nil {
 		return fmt.Errorf("attaching the image of volume %s: %w", v.ID, err)
 	}
-	if err := fsops.MountDevice(dev.Path(), staging, ImageFSType, 0, ""); err != nil {
+	if err := mountImage(dev, staging, 0); err != nil {
 		return fmt.Errorf("mounting the file system of volume %s (%s) at %s: %w", v.ID, dev.Path(), staging, err)
 	}
 	if err := growImageFS(dev, staging); err != nil {
@@ -176,21 +250,38 @@ func (d *Engine) stageImage(v VolumeRecord, staging string) error {
 	return nil
 }
 
-// growImageFS grows the ext4 mounted at path to the size of its device,
-// online, if it is smaller: to the blocks a file system made at that size
-// spans (ext4.Blocks), so a tail too short for a group of its own (an
-// odd-sized volume's last few blocks) is no reason to resize.
+// growImageFS grows the file system mounted at path to the size of its
+// device, online, if it is smaller. An ext4 grows to the blocks a file
+// system made at that size spans (ext4.Blocks), so a tail too short for
+// a group of its own (an odd-sized volume's last few blocks) is no reason
+// to resize; an XFS to what the kernel's growfs makes of the device
+// (xfs.GrowTarget), from the geometry the mounted file system reports
+// (its superblock on the device may lag behind the kernel's).
 func growImageFS(dev loop.Device, path string) error {
+	fs, err := probeFS(dev.Path())
+	if err != nil {
+		return err
+	}
+	devBytes, err := loop.Size(dev.Path())
+	if err != nil {
+		return err
+	}
+	if fs == FSXFS {
+		blocks, agBlocks, err := fsops.XFSGeometry(path)
+		if err != nil {
+			return err
+		}
+		if want := xfs.GrowTarget(agBlocks, uint64(devBytes)/xfs.BlockSize); want > blocks {
+			return fsops.GrowXFS(path, want)
+		}
+		return nil
+	}
 	f, err := os.Open(dev.Path())
 	if err != nil {
 		return err
 	}
 	size, err := ext4.ReadSize(f)
 	f.Close()
-	if err != nil {
-		return err
-	}
-	devBytes, err := loop.Size(dev.Path())
 	if err != nil {
 		return err
 	}
@@ -259,19 +350,9 @@ func restorable(snap, srcAccess, srcLayout, access, layout string) error {
 	return nil
 }
 
-// holdsExt4 checks that an image holds the file system image volumes do.
-func holdsExt4(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	_, err = ext4.ReadSize(f)
-	return err
-}
-
 // makeEmptyImage makes image volume v's file: a sparse file of its size
-// holding an empty ext4, complete and durable when it appears.
+// holding an empty file system of the type it was asked to hold,
+// complete and durable when it appears.
 func (d *Engine) makeEmptyImage(v VolumeRecord) error {
 	path := d.VolumeDataPath(v)
 	tmp := filepath.Join(tmpBeside(path), filepath.Base(path)+".partial")
@@ -281,7 +362,12 @@ func (d *Engine) makeEmptyImage(v VolumeRecord) error {
 		}
 		// Any pod's uid may write, as in a directory volume;
 		// fsGroupPolicy File lets kubelet narrow that.
-		_, err := ext4.Format(f, ext4.Options{RootMode: 0o777})
+		var err error
+		if makesFS(v) == FSXFS {
+			_, err = xfs.Format(f, xfs.Options{RootMode: 0o777})
+		} else {
+			_, err = ext4.Format(f, ext4.Options{RootMode: 0o777})
+		}
 		return err
 	})
 }
@@ -300,7 +386,7 @@ func (d *Engine) fillImage(v VolumeRecord, fill func(dir string) error) (err err
 		return err
 	}
 	defer os.Remove(mnt)
-	if err := fsops.MountDevice(dev.Path(), mnt, ImageFSType, unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+	if err := mountImage(dev, mnt, unix.MS_NOSUID|unix.MS_NODEV); err != nil {
 		return fmt.Errorf("mounting the new file system of volume %s: %w", v.ID, err)
 	}
 	mounted := true

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/hostpath-csi/hostpath/format/ext4"
 )
 
 // VolumeSpec is a new volume as CreateVolume asks for it, its fields
@@ -16,7 +14,11 @@ type VolumeSpec struct {
 	// LayoutDirectory or LayoutImage, or "" when the class names none
 	// (then a restore or clone takes its source's layout, and a new
 	// volume Config.DefaultLayout); "" for a block volume.
-	Layout   string
+	Layout string
+	// FSType is the file system an image volume is asked to hold
+	// (FSExt4, FSXFS), "" when the class names none: then a copy holds
+	// its source's and a new volume ext4.
+	FSType   string
 	Params   map[string]string
 	Pool     *Pool
 	Source   sourceRef
@@ -69,6 +71,9 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 		layout = d.sourceLayout(src)
 	}
 	layout = setLayout(&rec, layout)
+	if layout == LayoutImage && spec.FSType != ImageFSType {
+		rec.FSType = spec.FSType
+	}
 	switch src.kind {
 	case SourceSnapshot:
 		rec.SourceSnapshot = src.ID
@@ -104,10 +109,16 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 		if err := d.snapshotPresent(s); err != nil {
 			return VolumeRecord{}, err
 		}
-		if s.AccessType == AccessBlock && layout == LayoutImage {
-			if err := holdsExt4(d.SnapshotDataPath(s)); err != nil {
-				return VolumeRecord{}, StorageErr(ErrInvalid, "source snapshot %s of a block volume cannot restore an image volume: %v", s.ID, err)
+		if layout == LayoutImage && (s.AccessType == AccessBlock || s.Format == FormatImage) {
+			// The copy holds what the snapshot's image holds.
+			fs, err := probeFS(d.SnapshotDataPath(s))
+			if err != nil {
+				return VolumeRecord{}, StorageErr(ErrInvalid, "source snapshot %s cannot restore an image volume: %v", s.ID, err)
 			}
+			if err := sameFS("source snapshot "+s.ID, fs, spec.FSType); err != nil {
+				return VolumeRecord{}, err
+			}
+			rec.FSType = fsField(fs)
 		}
 		// A restore needs room for what the snapshot holds.
 		floor = s.SizeBytes
@@ -123,22 +134,34 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 		if got := layoutOf(v); got != layout {
 			return VolumeRecord{}, StorageErr(ErrInvalid, "source volume %s has the %s layout; it cannot be cloned into a %s-layout volume (the StorageClass parameter %s)", v.ID, got, layout, ParamLayout)
 		}
+		if isImage(v) {
+			fs, err := probeFS(d.VolumeDataPath(v))
+			if err != nil {
+				return VolumeRecord{}, StorageErr(ErrInvalid, "source volume %s cannot be cloned: %v", v.ID, err)
+			}
+			if err := sameFS("source volume "+v.ID, fs, spec.FSType); err != nil {
+				return VolumeRecord{}, err
+			}
+			rec.FSType = fsField(fs)
+		}
 		floor = v.CapacityBytes
 	}
 	if req := spec.Capacity.Required; req > 0 && req < floor {
 		return VolumeRecord{}, StorageErr(ErrOutOfRange, "requested %d bytes is smaller than the source's %d bytes", req, floor)
 	}
+	minSize, maxSize := imageLimits(makesFS(rec))
 	if isImage(rec) {
 		// An image volume holds a file system, which has a smallest size
-		// (ext4.MinSize): a smaller request gets that, as CSI lets a
-		// volume be larger than required_bytes within limit_bytes.
-		floor = max(floor, ext4.MinSize)
+		// (16 MiB for ext4, 300 MiB for XFS): a smaller request gets
+		// that, as CSI lets a volume be larger than required_bytes within
+		// limit_bytes.
+		floor = max(floor, minSize)
 	}
 	if rec.CapacityBytes, err = d.resolveSize(spec.Capacity, spec.Access, floor); err != nil {
 		return VolumeRecord{}, err
 	}
-	if isImage(rec) && rec.CapacityBytes > ext4.MaxSize {
-		return VolumeRecord{}, StorageErr(ErrOutOfRange, "an image volume holds at most %d bytes (its ext4 has 32-bit block numbers); %d asked", int64(ext4.MaxSize), rec.CapacityBytes)
+	if isImage(rec) && rec.CapacityBytes > maxSize {
+		return VolumeRecord{}, StorageErr(ErrOutOfRange, "an image volume holds at most %d bytes (16 TiB: its loop device and ext4's 32-bit block numbers); %d asked", maxSize, rec.CapacityBytes)
 	}
 	applyMutable(&rec, spec.Mutable)
 	if old, ok := d.Records.Volumes.ByName(spec.Name); ok {
@@ -150,6 +173,23 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 		return d.provisionPulled(ctx, rec, src.Tag, handed)
 	}
 	return d.provisionVolume(ctx, rec, "")
+}
+
+// sameFS refuses a copy of src, which holds file system fs, into a volume
+// whose class asks for another one (want; "" takes what it holds).
+func sameFS(src, fs, want string) error {
+	if want != "" && want != fs {
+		return StorageErr(ErrInvalid, "%s holds %s; it cannot make a volume of csi.storage.k8s.io/fstype %s (a copy holds what its source holds)", src, fs, want)
+	}
+	return nil
+}
+
+// fsField is what a record keeps of file system fs: nothing for ext4.
+func fsField(fs string) string {
+	if fs == FSExt4 {
+		return ""
+	}
+	return fs
 }
 
 // setLayout records layout for a new volume (only an image mount volume's
@@ -195,6 +235,8 @@ func (d *Engine) existingVolume(old, want VolumeRecord, cr SizeRange, layoutName
 		diff = fmt.Sprintf("it is a %s volume, the request asks for %s", old.AccessType, want.AccessType)
 	case layoutNamed && layoutOf(old) != layoutOf(want):
 		diff = fmt.Sprintf("it has the %s layout, the request asks for %s", layoutOf(old), layoutOf(want))
+	case isImage(old) && want.FSType != "" && old.FSType != want.FSType:
+		diff = fmt.Sprintf("it holds %s, the request asks for %s", makesFS(old), want.FSType)
 	case old.CapacityBytes < cr.Required:
 		diff = fmt.Sprintf("it has %d bytes, the request requires %d", old.CapacityBytes, cr.Required)
 	case cr.Limit > 0 && old.CapacityBytes > cr.Limit:

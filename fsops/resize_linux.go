@@ -64,3 +64,21 @@ func GrowXFS(path string, blocks uint64) error {
 	}
 	return nil
 }
+
+// XFSGeometry is what the XFS mounted at path says of its size
+// (XFS_IOC_FSGEOMETRY_V1): its data blocks and its groups' length, as the
+// kernel has them (the superblock on the device may lag behind a growth).
+func XFSGeometry(path string) (blocks uint64, agBlocks uint32, err error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	var geo [112]byte
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), xfsGeometryV1, uintptr(unsafe.Pointer(&geo[0]))); errno != 0 {
+		return 0, 0, &os.PathError{Op: "ioctl(XFS_IOC_FSGEOMETRY_V1)", Path: path, Err: errno}
+	}
+	// agblocks at 8, datablocks at 32 (struct xfs_fsop_geom_v1), in the
+	// CPU's order.
+	return *(*uint64)(unsafe.Pointer(&geo[32])), *(*uint32)(unsafe.Pointer(&geo[8])), nil
+}

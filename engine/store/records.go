@@ -58,6 +58,10 @@ type Volume struct {
 	// in its pool (every record from before layouts), "image" for an
 	// image file holding a file system of its own on a loop device.
 	Layout string `json:"layout,omitempty"`
+	// FSType is the file system an image volume was made to hold when it
+	// was made empty (or filled from a tree): empty for ext4 (every record
+	// from before XFS), "xfs". A copy holds what its source's image holds.
+	FSType string `json:"fsType,omitempty"`
 }
 
 // Snapshot is what the driver keeps about one snapshot.

@@ -62,6 +62,8 @@ var templates = []testfs.Spec{
 	{FSType: "xfs", Size: 1 << 30},
 	{FSType: "btrfs", Size: 1 << 30},                                        // TestImageSnapshotMetadata's
 	{FSType: "xfs", Size: 300 << 20, MkfsArgs: []string{"-m", "reflink=1"}}, // TestSharedRanges'
+	{FSType: "ext4", Size: 2 << 30},                                         // TestImageXFS's: three XFS volumes of 300 MiB and a growth
+	{FSType: "xfs", Size: 2 << 30},
 }
 
 func run(name string, args ...string) error {

@@ -220,6 +220,40 @@ func TestKubernetes(t *testing.T) {
 		})
 		fmt.Println("e2e      this host's root lacks CAP_SYS_RESOURCE: the image volume's online expansion is refused with its reason (it grows in make test-kernel's guests)")
 	})
+	step(t, "an XFS image volume (hostpath-image-xfs): XFS in its pod, grown online while the pod writes", func() {
+		k.apply(inClass(pvc("xfsdata", "300Mi", "Filesystem", ""), "hostpath-image-xfs"))
+		k.apply(pod("xfswriter", "xfsdata", "", `while :; do date >> /data/log; sleep 0.1; done`))
+		k.waitPod(ns, "xfswriter", "Running", 180*time.Second)
+		if mnt := mountType(k, "xfswriter"); mnt != "xfs" {
+			t.Fatalf("a volume of hostpath-image-xfs is mounted as %q in the pod, want xfs", mnt)
+		}
+		lines := func() int {
+			out, _ := k.run("", "exec", "-n", ns, "xfswriter", "--", "wc", "-l", "/data/log")
+			n, _ := strconv.Atoi(append(strings.Fields(out), "0")[0])
+			return n
+		}
+		// XFS grows through XFS_IOC_FSGROWFSDATA, which needs only the
+		// CAP_SYS_ADMIN the driver mounts with: online, here too.
+		k.must("patch", "pvc", "xfsdata", "-n", ns, "-p", `{"spec":{"resources":{"requests":{"storage":"600Mi"}}}}`)
+		k.waitFor("the XFS volume grown in the pod", 180*time.Second, func() (bool, string) {
+			c := k.jsonpath(ns, "pvc/xfsdata", "{.status.capacity.storage}")
+			out, _ := k.run("", "exec", "-n", ns, "xfswriter", "--", "df", "-k", "/data")
+			f := strings.Fields(out)
+			total := 0
+			if len(f) >= 9 {
+				total, _ = strconv.Atoi(f[8])
+			}
+			// 600 MiB less the 64 MiB internal log, which df does not count.
+			return c == "600Mi" && total > 500<<10, c + "\n" + out
+		})
+		before := lines()
+		k.waitFor("the pod still writing after the growth", 60*time.Second, func() (bool, string) {
+			n := lines()
+			return n > before+5, fmt.Sprint(n, " lines, ", before, " before")
+		})
+		fmt.Printf("e2e      the XFS image volume grew to 600Mi online; its pod wrote on (%d lines)\n", lines())
+		k.must("delete", "pod", "-n", ns, "xfswriter", "--wait=false")
+	})
 	step(t, "CSI inline ephemeral volume", func() {
 		k.apply(fmt.Sprintf(`apiVersion: v1
 kind: Pod
