@@ -20,7 +20,8 @@ import (
 // The image layout: a mount volume whose StorageClass says layout=image
 // is a sparse image file in its pool (volumes/<id>.img, as a block
 // volume's file), bound to a loop device with direct I/O, holding an ext4
-// of its own made in-process (format/ext4). NodeStage mounts that file
+// (or, where the class asks, an XFS) of its own made in-process
+// (format/ext4, format/xfs). NodeStage mounts that file
 // system at the staging path; each publication is a bind mount of it. A
 // file system of its own is what lets a snapshot be one instant: it is
 // frozen (FIFREEZE), its image copied (a reflink where the pool can share
@@ -32,7 +33,7 @@ const ParamLayout = "layout"
 // Layouts of a mount volume.
 const (
 	LayoutDirectory = "directory" // a directory in the pool: the default
-	LayoutImage     = "image"     // an image file with an ext4 of its own
+	LayoutImage     = "image"     // an image file with an ext4 or XFS of its own
 )
 
 // The file systems an image volume may hold (csi.storage.k8s.io/fstype).

@@ -12,8 +12,8 @@ import (
 )
 
 // imageLayout is an image volume: a sparse image file in its pool
-// (volumes/<id>.img) on a loop device with direct I/O, holding an ext4 of
-// its own, mounted at the staging path; publications bind that mount.
+// (volumes/<id>.img) on a loop device with direct I/O, holding an ext4 or
+// an XFS of its own, mounted at the staging path; publications bind that mount.
 // Its snapshots, clones and sends are copies of the image cut frozen
 // (image.go, image_snapshot.go).
 type imageLayout struct{ *Engine }

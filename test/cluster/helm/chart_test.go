@@ -151,7 +151,7 @@ func TestChartValues(t *testing.T) {
 		{"metrics port", []string{"--set", "metrics.port=9999"}, []string{`"--http-endpoint=:9999"`, `"containerPort":9999`}, ""},
 		{"transfer secret", []string{"--set", "transfer.secretName=my-authority"}, []string{`"--transfer-secret=my-authority"`, `"resourceNames":["my-authority"]`}, ""},
 		{"snapshot class", []string{"--set", "snapshotClass.parameters.compression=zstd"}, []string{`"compression":"zstd"`}, ""},
-		{"no classes", []string{"--set", "storageClass.create=false", "--set", "imageStorageClass.create=false", "--set", "directoryStorageClass.create=false", "--set", "snapshotClass.create=false", "--set", "pools=null"}, nil, ""},
+		{"no classes", []string{"--set", "storageClass.create=false", "--set", "imageStorageClass.create=false", "--set", "xfsImageStorageClass.create=false", "--set", "directoryStorageClass.create=false", "--set", "snapshotClass.create=false", "--set", "pools=null"}, nil, ""},
 		{"image class", []string{"--set", "imageStorageClass.name=db"}, []string{`"name":"db"`, `"layout":"image"`}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
