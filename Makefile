@@ -64,7 +64,7 @@ test-sanity:
 # The tests as a user who is not root, with HOSTPATH_SKIP_PRIVILEGED=1:
 # every test that needs root must skip, none may fail. Test binaries are
 # built as root and run as nobody in their package directory.
-UNPRIV_PKGS := ./loop ./fsops ./archive ./format/ext4 ./csi ./engine ./engine/store ./cmd/hostpathplugin ./registrar ./snapimport ./test/e2e ./test/crash ./test/stress ./test/sanity
+UNPRIV_PKGS := ./loop ./fsops ./archive ./format/ext4 ./format/xfs ./csi ./engine ./engine/store ./cmd/hostpathplugin ./registrar ./snapimport ./test/e2e ./test/crash ./test/stress ./test/sanity
 test-unprivileged:
 	rm -rf /tmp/hostpath-unpriv && mkdir -p /tmp/hostpath-unpriv && chmod 777 /tmp/hostpath-unpriv
 	set -e; for p in $(UNPRIV_PKGS); do \
@@ -273,7 +273,7 @@ lint:
 KERNEL_SUITES ?= bookworm bullseye
 KERNEL_CACHE  ?= $(CACHE)/kernel
 KERNEL_BIN    := $(KERNEL_CACHE)/bin
-KERNEL_TESTS  ?= loop fsops archive format/ext4 csi engine engine/store test/sanity
+KERNEL_TESTS  ?= loop fsops archive format/ext4 format/xfs csi engine engine/store test/sanity
 kernel-deps: deps
 	command -v qemu-system-x86_64 >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null)
