@@ -28,8 +28,9 @@ func createBlock(t *testing.T, d *Driver, name string, size int64) *csi.Volume {
 
 // TestBlockVolumeOnFileSystems: on ext4 and XFS state dirs a block volume
 // is a fully allocated file of the exact size behind a loop device of that
-// size, restored after a "reboot" (devices detached behind the driver's
-// back), and gone without a trace after delete.
+// size with direct I/O and 512-byte blocks, bound so again after a
+// "reboot" (devices detached behind the driver's back), and gone without a
+// trace after delete.
 func TestBlockVolumeOnFileSystems(t *testing.T) {
 	for _, fstype := range []string{"ext4", "xfs"} {
 		t.Run(fstype, func(t *testing.T) {
@@ -54,6 +55,7 @@ func TestBlockVolumeOnFileSystems(t *testing.T) {
 			if got, _ := loop.Size(dev.Path()); got != size {
 				t.Fatalf("device size %d, want %d", got, size)
 			}
+			directIO(t, dev)
 			// Write through the device, "reboot", read back.
 			data := bytes.Repeat([]byte("block!"), 1000)
 			f, err := os.OpenFile(dev.Path(), os.O_WRONLY, 0)
@@ -71,6 +73,7 @@ func TestBlockVolumeOnFileSystems(t *testing.T) {
 			if err != nil || !ok {
 				t.Fatalf("restart did not re-attach the block volume: %v", err)
 			}
+			directIO(t, dev2)
 			got := make([]byte, len(data))
 			f, _ = os.Open(dev2.Path())
 			f.ReadAt(got, 1<<20)
@@ -92,6 +95,20 @@ func TestBlockVolumeOnFileSystems(t *testing.T) {
 				t.Fatal("backing file left")
 			}
 		})
+	}
+}
+
+// directIO fails the test unless dev is bound with direct I/O and
+// 512-byte logical blocks, a block volume's.
+func directIO(t *testing.T, dev loop.Device) {
+	t.Helper()
+	info, err := loop.Status(dev)
+	if err != nil || info.Flags&unix.LO_FLAGS_DIRECT_IO == 0 {
+		t.Fatalf("%s: loop flags %#x (%v), want direct I/O", dev.Path(), info.Flags, err)
+	}
+	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev.Path()), "queue/logical_block_size"))
+	if err != nil || string(bytes.TrimSpace(b)) != "512" {
+		t.Fatalf("%s: logical block size %q (%v), want 512", dev.Path(), b, err)
 	}
 }
 
