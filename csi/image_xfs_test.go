@@ -5,8 +5,10 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
 	"github.com/hostpath-csi/hostpath/engine"
@@ -28,7 +30,8 @@ func fsCap(fs string) *csi.VolumeCapability {
 // xfs.MinSize; staged, it is mounted as XFS; a snapshot taken while it is
 // published, a restore and a clone are XFS again and mount beside their
 // source (same UUID: nouuid) with what the pod wrote; a capability naming
-// ext4 for it, or an ext4 volume from its snapshot, is refused; it grows
+// ext4 for it, or an ext4 volume from its snapshot, is refused; on an XFS
+// pool the pod's writes leave the image file's mtime alone; it grows
 // online while a file is open (XFS's growfs needs CAP_SYS_ADMIN only).
 func TestImageXFS(t *testing.T) {
 	for _, pool := range []string{"ext4", "xfs"} {
@@ -83,9 +86,29 @@ func TestImageXFS(t *testing.T) {
 			if st, err := os.Stat(target); err != nil || st.Mode().Perm() != 0o777 {
 				t.Fatalf("the volume's root: %v (%v), want 0777", st.Mode(), err)
 			}
+			img := filepath.Join(volumesDir(d), id+engine.BlockSuffix)
+			var was unix.Stat_t
+			if err := unix.Stat(img, &was); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(20 * time.Millisecond) // past a clock tick
 			data := bytes.Repeat([]byte("xfs image volume "), 4096)
 			if err := os.WriteFile(filepath.Join(target, "f"), data, 0o644); err != nil {
 				t.Fatal(err)
+			}
+			if f, err := os.OpenFile(filepath.Join(target, "f"), os.O_RDWR, 0); err != nil || f.Sync() != nil {
+				t.Fatalf("syncing what the pod wrote: %v", err)
+			} else {
+				f.Close()
+			}
+			// On an XFS pool the loop device writes the image through a
+			// descriptor that leaves its times alone (fsops.OpenUntimed).
+			var is unix.Stat_t
+			if err := unix.Stat(img, &is); err != nil {
+				t.Fatal(err)
+			}
+			if moved := is.Mtim != was.Mtim; moved == (pool == "xfs") {
+				t.Fatalf("on a %s pool the image's mtime went %v -> %v", pool, was.Mtim, is.Mtim)
 			}
 			// A capability naming another file system than it holds.
 			_, err = d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: filepath.Join(t.TempDir(), "t"), VolumeCapability: fsCap("ext4")})

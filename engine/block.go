@@ -32,8 +32,19 @@ func (d *Engine) createBlockData(ctx context.Context, v VolumeRecord) error {
 	} else if err := d.copyBacking(ctx, src, path, v.CapacityBytes, true); err != nil {
 		return err
 	}
-	_, err = loop.Attach(path, blockLoop)
+	_, err = attachBlockFile(path)
 	return err
+}
+
+// attachBlockFile binds a block volume's file to a writable loop device
+// (blockLoop), opened as openBacking opens a volume's file.
+func attachBlockFile(path string) (loop.Device, error) {
+	f, err := openBacking(path)
+	if err != nil {
+		return loop.Device{}, err
+	}
+	defer f.Close()
+	return loop.AttachFile(f, blockLoop)
 }
 
 // blockLoop binds a block volume's loop device with direct I/O: a pod's
@@ -81,7 +92,7 @@ func createFreshBlock(path string, size int64) error {
 	defer f.Close()
 	allocated := make(chan error, 1)
 	go func() { allocated <- fsops.AllocateFile(int(f.Fd()), size) }()
-	_, err = loop.Attach(path, blockLoop)
+	_, err = attachBlockFile(path)
 	if aerr := <-allocated; err == nil {
 		err = aerr
 	}
@@ -218,7 +229,7 @@ func (d *Engine) attachBlock(v VolumeRecord) (loop.Device, error) {
 	if err != nil || ok {
 		return dev, err
 	}
-	return loop.Attach(path, blockLoop)
+	return attachBlockFile(path)
 }
 
 // BlockDevices lists the loop devices bound to a volume's file: its

@@ -67,6 +67,20 @@ func Attach(backing string, opts Options) (Device, error) {
 		return Device{}, err
 	}
 	defer file.Close()
+	return AttachFile(file, opts)
+}
+
+// AttachFile binds file, open as opts.ReadOnly says, to a free loop
+// device: for a backing file opened in a way of the caller's (one whose
+// writes leave its times alone, fsops.OpenUntimed). The device keeps its
+// own reference; the caller closes file. Its name is the device's
+// recorded backing file.
+func AttachFile(file *os.File, opts Options) (Device, error) {
+	backing := file.Name()
+	flags := os.O_RDWR
+	if opts.ReadOnly {
+		flags = os.O_RDONLY
+	}
 	ctl, err := os.OpenFile(losetup.LoopControlPath, os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return Device{}, err
