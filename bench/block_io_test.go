@@ -68,15 +68,7 @@ func BenchmarkBlockIO(b *testing.B) {
 					dio        bool
 				}{{"ours", dev.Path(), true}, {"buffered", dev.Path(), false}, {"pool-file", beside, true}} {
 					setDIO(c.dio)
-					b.Run(fmt.Sprintf("%s/%s/%s", fs.name, j.name, c.name), func(b *testing.B) {
-						var ns, mbs float64
-						for i := 0; i < b.N; i++ {
-							n, m := fio(b, c.file, j.rw, j.bs, j.depth, j.io)
-							ns, mbs = ns+n, mbs+m
-						}
-						b.ReportMetric(ns/float64(b.N), "ns/op")
-						b.ReportMetric(mbs/float64(b.N), "MB/s")
-					})
+					fioRun(b, fmt.Sprintf("%s/%s/%s", fs.name, j.name, c.name), c.file, j)
 				}
 			}
 		}

@@ -14,15 +14,32 @@ import (
 // fioJobs are the I/O patterns the image layout must not slow (issue 27:
 // at least 0.9x): 4 KiB random and 1 MiB sequential, reads and writes,
 // all O_DIRECT.
-var fioJobs = []struct {
-	name, rw, bs string
-	depth        int
-	io           string // bytes moved per run
-}{
+var fioJobs = []fioJob{
 	{"randread-4k", "randread", "4k", 16, "64m"},
 	{"randwrite-4k", "randwrite", "4k", 16, "64m"},
 	{"read-1m", "read", "1m", 4, "256m"},
 	{"write-1m", "write", "1m", 4, "256m"},
+}
+
+// fioJob is one of fioJobs.
+type fioJob struct {
+	name, rw, bs string
+	depth        int
+	io           string // bytes moved per run
+}
+
+// fioRun is a sub-benchmark running job j on file: fio's runtime as
+// ns/op, its bandwidth as MB/s.
+func fioRun(b *testing.B, name, file string, j fioJob) {
+	b.Run(name, func(b *testing.B) {
+		var ns, mbs float64
+		for i := 0; i < b.N; i++ {
+			n, m := fio(b, file, j.rw, j.bs, j.depth, j.io)
+			ns, mbs = ns+n, mbs+m
+		}
+		b.ReportMetric(ns/float64(b.N), "ns/op")
+		b.ReportMetric(mbs/float64(b.N), "MB/s")
+	})
 }
 
 // fio runs one job on file (laid out beforehand, outside the timing) and
@@ -70,15 +87,7 @@ func BenchmarkImageIO(b *testing.B) {
 		for _, j := range fioJobs {
 			for r := 0; r < *rounds; r++ {
 				for _, v := range []struct{ name, file string }{{"ours", in}, {"pool-file", beside}} {
-					b.Run(fmt.Sprintf("%s/%s/%s", fs.name, j.name, v.name), func(b *testing.B) {
-						var ns, mbs float64
-						for i := 0; i < b.N; i++ {
-							n, m := fio(b, v.file, j.rw, j.bs, j.depth, j.io)
-							ns, mbs = ns+n, mbs+m
-						}
-						b.ReportMetric(ns/float64(b.N), "ns/op")
-						b.ReportMetric(mbs/float64(b.N), "MB/s")
-					})
+					fioRun(b, fmt.Sprintf("%s/%s/%s", fs.name, j.name, v.name), v.file, j)
 				}
 			}
 		}

@@ -32,19 +32,8 @@ func (d *Engine) createBlockData(ctx context.Context, v VolumeRecord) error {
 	} else if err := d.copyBacking(ctx, src, path, v.CapacityBytes, true); err != nil {
 		return err
 	}
-	_, err = attachBlockFile(path)
+	_, err = attachBacking(path, blockLoop)
 	return err
-}
-
-// attachBlockFile binds a block volume's file to a writable loop device
-// (blockLoop), opened as openBacking opens a volume's file.
-func attachBlockFile(path string) (loop.Device, error) {
-	f, err := openBacking(path)
-	if err != nil {
-		return loop.Device{}, err
-	}
-	defer f.Close()
-	return loop.AttachFile(f, blockLoop)
 }
 
 // blockLoop binds a block volume's loop device with direct I/O: a pod's
@@ -92,7 +81,7 @@ func createFreshBlock(path string, size int64) error {
 	defer f.Close()
 	allocated := make(chan error, 1)
 	go func() { allocated <- fsops.AllocateFile(int(f.Fd()), size) }()
-	_, err = attachBlockFile(path)
+	_, err = attachBacking(path, blockLoop)
 	if aerr := <-allocated; err == nil {
 		err = aerr
 	}
@@ -229,7 +218,7 @@ func (d *Engine) attachBlock(v VolumeRecord) (loop.Device, error) {
 	if err != nil || ok {
 		return dev, err
 	}
-	return attachBlockFile(path)
+	return attachBacking(path, blockLoop)
 }
 
 // BlockDevices lists the loop devices bound to a volume's file: its
@@ -242,7 +231,9 @@ func (d *Engine) BlockDevices(v VolumeRecord) ([]loop.Device, error) {
 // publication. A read-only bind mount of a device node would not stop
 // writes to the device, so read-only must come from the device itself.
 func (d *Engine) readOnlyBlockDevice(v VolumeRecord) (loop.Device, error) {
-	return loop.Attach(d.VolumeDataPath(v), loop.Options{ReadOnly: true, DirectIO: true})
+	opts := blockLoop
+	opts.ReadOnly = true
+	return loop.Attach(d.VolumeDataPath(v), opts)
 }
 
 // releaseBlockDevice detaches a read-only device that no mount uses any

@@ -98,18 +98,19 @@ func (d *Engine) ImageFS(v VolumeRecord) (string, error) {
 }
 
 // mountImage mounts the file system on an image volume's device at
-// target. XFS is mounted nouuid: a clone or restore keeps its source's
-// UUID, and XFS refuses a second mount of one UUID otherwise.
-func mountImage(dev loop.Device, target string, flags uintptr) error {
+// target and says which it is. XFS is mounted nouuid: a clone or restore
+// keeps its source's UUID, and XFS refuses a second mount of one UUID
+// otherwise.
+func mountImage(dev loop.Device, target string, flags uintptr) (string, error) {
 	fs, err := probeFS(dev.Path())
 	if err != nil {
-		return err
+		return "", err
 	}
 	data := ""
 	if fs == FSXFS {
 		data = "nouuid"
 	}
-	return fsops.MountDevice(dev.Path(), target, fs, flags, data)
+	return fs, fsops.MountDevice(dev.Path(), target, fs, flags, data)
 }
 
 // imageBlockSize is an image volume's device's logical block size: the
@@ -200,12 +201,7 @@ func (d *Engine) attachImage(v VolumeRecord) (loop.Device, error) {
 	if err != nil || ok {
 		return dev, err
 	}
-	f, err := openBacking(path)
-	if err != nil {
-		return dev, err
-	}
-	defer f.Close()
-	if dev, err = loop.AttachFile(f, loop.Options{BlockSize: imageBlockSize, DirectIO: true}); err != nil {
+	if dev, err = attachBacking(path, loop.Options{BlockSize: imageBlockSize, DirectIO: true}); err != nil {
 		return dev, err
 	}
 	if !dev.DirectIO {
@@ -214,15 +210,20 @@ func (d *Engine) attachImage(v VolumeRecord) (loop.Device, error) {
 	return dev, nil
 }
 
-// openBacking opens a volume's file for its loop device: on XFS pools so
-// that the device's writes leave the file's times alone
-// (fsops.OpenUntimed), sparing the pool a log commit of the inode at each
-// flush of the device; elsewhere, or where XFS refuses, as usual.
-func openBacking(path string) (*os.File, error) {
-	if f, err := fsops.OpenUntimed(path); err == nil {
-		return f, nil
+// attachBacking binds a volume's file to a writable loop device with
+// opts. On XFS pools the file is opened so that the device's writes leave
+// its times alone (fsops.OpenUntimed), sparing the pool a log commit of
+// the inode at each flush of the device; elsewhere, or where XFS refuses,
+// it is opened as usual.
+func attachBacking(path string, opts loop.Options) (loop.Device, error) {
+	f, err := fsops.OpenUntimed(path)
+	if err != nil {
+		if f, err = os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0); err != nil {
+			return loop.Device{}, err
+		}
 	}
-	return os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
+	defer f.Close()
+	return loop.AttachFile(f, opts)
 }
 
 // attachFile returns the loop device of a file-backed volume.
@@ -255,10 +256,11 @@ func (d *Engine) stageImage(v VolumeRecord, staging string) error {
 	if err != nil {
 		return fmt.Errorf("attaching the image of volume %s: %w", v.ID, err)
 	}
-	if err := mountImage(dev, staging, 0); err != nil {
+	fs, err := mountImage(dev, staging, 0)
+	if err != nil {
 		return fmt.Errorf("mounting the file system of volume %s (%s) at %s: %w", v.ID, dev.Path(), staging, err)
 	}
-	if err := growImageFS(dev, staging); err != nil {
+	if err := growImageFS(dev, staging, fs); err != nil {
 		if uerr := fsops.Unmount(staging); uerr != nil {
 			klog.ErrorS(uerr, "unmounting a staging path whose file system could not grow", "volume_id", v.ID, "path", staging)
 		}
@@ -267,18 +269,14 @@ func (d *Engine) stageImage(v VolumeRecord, staging string) error {
 	return nil
 }
 
-// growImageFS grows the file system mounted at path to the size of its
+// growImageFS grows the file system fs mounted at path to the size of its
 // device, online, if it is smaller. An ext4 grows to the blocks a file
 // system made at that size spans (ext4.Blocks), so a tail too short for
 // a group of its own (an odd-sized volume's last few blocks) is no reason
 // to resize; an XFS to what the kernel's growfs makes of the device
 // (xfs.GrowTarget), from the geometry the mounted file system reports
 // (its superblock on the device may lag behind the kernel's).
-func growImageFS(dev loop.Device, path string) error {
-	fs, err := probeFS(dev.Path())
-	if err != nil {
-		return err
-	}
+func growImageFS(dev loop.Device, path, fs string) error {
 	devBytes, err := loop.Size(dev.Path())
 	if err != nil {
 		return err
@@ -403,7 +401,7 @@ func (d *Engine) fillImage(v VolumeRecord, fill func(dir string) error) (err err
 		return err
 	}
 	defer os.Remove(mnt)
-	if err := mountImage(dev, mnt, unix.MS_NOSUID|unix.MS_NODEV); err != nil {
+	if _, err := mountImage(dev, mnt, unix.MS_NOSUID|unix.MS_NODEV); err != nil {
 		return fmt.Errorf("mounting the new file system of volume %s: %w", v.ID, err)
 	}
 	mounted := true

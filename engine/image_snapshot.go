@@ -212,7 +212,7 @@ func (d *Engine) imageTree(ctx context.Context, v VolumeRecord, fn func(tree str
 		return err
 	}
 	defer os.Remove(mnt)
-	if err := mountImage(dev, mnt, unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC); err != nil {
+	if _, err := mountImage(dev, mnt, unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC); err != nil {
 		return fmt.Errorf("mounting the copy of volume %s's file system: %w", v.ID, err)
 	}
 	defer func() {

@@ -68,7 +68,11 @@ func (d imageLayout) resizeOnNode(v VolumeRecord, path string) error {
 	if err != nil {
 		return fmt.Errorf("resizing the device of volume %s: %w", v.ID, err)
 	}
-	if err := growImageFS(dev, path); err != nil {
+	fs, err := d.ImageFS(v)
+	if err != nil {
+		return err
+	}
+	if err := growImageFS(dev, path, fs); err != nil {
 		return fmt.Errorf("growing the file system of volume %s: %w", v.ID, err)
 	}
 	return nil

@@ -71,8 +71,8 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 		layout = d.sourceLayout(src)
 	}
 	layout = setLayout(&rec, layout)
-	if layout == LayoutImage && spec.FSType != ImageFSType {
-		rec.FSType = spec.FSType
+	if layout == LayoutImage {
+		rec.FSType = fsField(spec.FSType)
 	}
 	switch src.kind {
 	case SourceSnapshot:
@@ -110,15 +110,9 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 			return VolumeRecord{}, err
 		}
 		if layout == LayoutImage && (s.AccessType == AccessBlock || s.Format == FormatImage) {
-			// The copy holds what the snapshot's image holds.
-			fs, err := probeFS(d.SnapshotDataPath(s))
-			if err != nil {
-				return VolumeRecord{}, StorageErr(ErrInvalid, "source snapshot %s cannot restore an image volume: %v", s.ID, err)
-			}
-			if err := sameFS("source snapshot "+s.ID, fs, spec.FSType); err != nil {
+			if rec.FSType, err = copyFS("source snapshot "+s.ID, "cannot restore an image volume", d.SnapshotDataPath(s), spec.FSType); err != nil {
 				return VolumeRecord{}, err
 			}
-			rec.FSType = fsField(fs)
 		}
 		// A restore needs room for what the snapshot holds.
 		floor = s.SizeBytes
@@ -135,14 +129,9 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 			return VolumeRecord{}, StorageErr(ErrInvalid, "source volume %s has the %s layout; it cannot be cloned into a %s-layout volume (the StorageClass parameter %s)", v.ID, got, layout, ParamLayout)
 		}
 		if isImage(v) {
-			fs, err := probeFS(d.VolumeDataPath(v))
-			if err != nil {
-				return VolumeRecord{}, StorageErr(ErrInvalid, "source volume %s cannot be cloned: %v", v.ID, err)
-			}
-			if err := sameFS("source volume "+v.ID, fs, spec.FSType); err != nil {
+			if rec.FSType, err = copyFS("source volume "+v.ID, "cannot be cloned", d.VolumeDataPath(v), spec.FSType); err != nil {
 				return VolumeRecord{}, err
 			}
-			rec.FSType = fsField(fs)
 		}
 		floor = v.CapacityBytes
 	}
@@ -175,13 +164,19 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 	return d.provisionVolume(ctx, rec, "")
 }
 
-// sameFS refuses a copy of src, which holds file system fs, into a volume
-// whose class asks for another one (want; "" takes what it holds).
-func sameFS(src, fs, want string) error {
-	if want != "" && want != fs {
-		return StorageErr(ErrInvalid, "%s holds %s; it cannot make a volume of csi.storage.k8s.io/fstype %s (a copy holds what its source holds)", src, fs, want)
+// copyFS is the record's file system of a copy of src, whose image is at
+// path: what that image holds. A class asking for another one (want; ""
+// takes what it holds) is refused, as is an image holding neither ext4
+// nor XFS (refusal says what src then cannot do).
+func copyFS(src, refusal, path, want string) (string, error) {
+	fs, err := probeFS(path)
+	if err != nil {
+		return "", StorageErr(ErrInvalid, "%s %s: %v", src, refusal, err)
 	}
-	return nil
+	if want != "" && want != fs {
+		return "", StorageErr(ErrInvalid, "%s holds %s; it cannot make a volume of csi.storage.k8s.io/fstype %s (a copy holds what its source holds)", src, fs, want)
+	}
+	return fsField(fs), nil
 }
 
 // fsField is what a record keeps of file system fs: nothing for ext4.

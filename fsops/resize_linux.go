@@ -41,6 +41,19 @@ type xfsGrowData struct {
 	_         uint32
 }
 
+// xfsGeometry is what XFS_IOC_FSGEOMETRY_V1 says of the XFS open as f (a
+// directory of it): data blocks, the groups' length and imaxpct, as the
+// kernel has them (the superblock on the device may lag behind a growth).
+// The struct's fields are in the CPU's order: agblocks at 8, imaxpct at
+// 28, datablocks at 32.
+func xfsGeometry(f *os.File) (blocks uint64, agBlocks, imaxPct uint32, err error) {
+	var geo [112]byte
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), xfsGeometryV1, uintptr(unsafe.Pointer(&geo[0]))); errno != 0 {
+		return 0, 0, 0, &os.PathError{Op: "ioctl(XFS_IOC_FSGEOMETRY_V1)", Path: f.Name(), Err: errno}
+	}
+	return *(*uint64)(unsafe.Pointer(&geo[32])), *(*uint32)(unsafe.Pointer(&geo[8])), *(*uint32)(unsafe.Pointer(&geo[28])), nil
+}
+
 // GrowXFS grows the XFS mounted at path to blocks of its block size
 // (XFS_IOC_FSGROWFSDATA), once its device has grown; the kernel adds the
 // groups (and leaves out a tail too short for one) while the file system
@@ -54,31 +67,25 @@ func GrowXFS(path string, blocks uint64) error {
 	defer f.Close()
 	// The call also sets the share of space inodes may take: pass the one
 	// the file system has (0 would lift the limit).
-	var geo [112]byte
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), xfsGeometryV1, uintptr(unsafe.Pointer(&geo[0]))); errno != 0 {
-		return &os.PathError{Op: "ioctl(XFS_IOC_FSGEOMETRY_V1)", Path: path, Err: errno}
+	_, _, pct, err := xfsGeometry(f)
+	if err != nil {
+		return err
 	}
-	in := xfsGrowData{NewBlocks: blocks, ImaxPct: *(*uint32)(unsafe.Pointer(&geo[28]))}
+	in := xfsGrowData{NewBlocks: blocks, ImaxPct: pct}
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), xfsGrowFSData, uintptr(unsafe.Pointer(&in))); errno != 0 {
 		return &os.PathError{Op: "ioctl(XFS_IOC_FSGROWFSDATA)", Path: path, Err: errno}
 	}
 	return nil
 }
 
-// XFSGeometry is what the XFS mounted at path says of its size
-// (XFS_IOC_FSGEOMETRY_V1): its data blocks and its groups' length, as the
-// kernel has them (the superblock on the device may lag behind a growth).
+// XFSGeometry is what the XFS mounted at path says of its size: its data
+// blocks and its groups' length, as the kernel has them.
 func XFSGeometry(path string) (blocks uint64, agBlocks uint32, err error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer f.Close()
-	var geo [112]byte
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), xfsGeometryV1, uintptr(unsafe.Pointer(&geo[0]))); errno != 0 {
-		return 0, 0, &os.PathError{Op: "ioctl(XFS_IOC_FSGEOMETRY_V1)", Path: path, Err: errno}
-	}
-	// agblocks at 8, datablocks at 32 (struct xfs_fsop_geom_v1), in the
-	// CPU's order.
-	return *(*uint64)(unsafe.Pointer(&geo[32])), *(*uint32)(unsafe.Pointer(&geo[8])), nil
+	blocks, agBlocks, _, err = xfsGeometry(f)
+	return blocks, agBlocks, err
 }

@@ -1,7 +1,6 @@
 package ext4
 
 import (
-	"crypto/rand"
 	"fmt"
 	"os"
 	"time"
@@ -74,21 +73,8 @@ func Format(f *os.File, opt Options) (Info, error) {
 	if len(opt.Label) > 16 {
 		return Info{}, fmt.Errorf("label %q is longer than 16 bytes", opt.Label)
 	}
-	if opt.UUID == ([16]byte{}) {
-		if _, err := rand.Read(opt.UUID[:]); err != nil {
-			return Info{}, err
-		}
-		opt.UUID[6] = opt.UUID[6]&0x0f | 0x40 // version 4
-		opt.UUID[8] = opt.UUID[8]&0x3f | 0x80 // RFC 4122 variant
-	}
-	if opt.RootMode&^os.ModePerm != 0 {
-		return Info{}, fmt.Errorf("root mode %v: only permission bits", opt.RootMode)
-	}
-	if opt.RootMode == 0 {
-		opt.RootMode = 0o755
-	}
-	if opt.Now.IsZero() {
-		opt.Now = time.Now()
+	if err := blank.Defaults(&opt.UUID, &opt.RootMode, &opt.Now); err != nil {
+		return Info{}, err
 	}
 	if err := blank.Zero(f, size, regular); err != nil {
 		return Info{}, err

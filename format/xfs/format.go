@@ -1,11 +1,12 @@
 package xfs
 
 import (
-	"crypto/rand"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/hostpath-csi/hostpath/format/internal/blank"
@@ -86,21 +87,8 @@ func Format(f *os.File, opt Options) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	if opt.UUID == ([16]byte{}) {
-		if _, err := rand.Read(opt.UUID[:]); err != nil {
-			return Info{}, err
-		}
-		opt.UUID[6] = opt.UUID[6]&0x0f | 0x40 // version 4
-		opt.UUID[8] = opt.UUID[8]&0x3f | 0x80 // RFC 4122 variant
-	}
-	if opt.RootMode&^os.ModePerm != 0 {
-		return Info{}, fmt.Errorf("root mode %v: only permission bits", opt.RootMode)
-	}
-	if opt.RootMode == 0 {
-		opt.RootMode = 0o755
-	}
-	if opt.Now.IsZero() {
-		opt.Now = time.Now()
+	if err := blank.Defaults(&opt.UUID, &opt.RootMode, &opt.Now); err != nil {
+		return Info{}, err
 	}
 	if err := blank.Zero(f, size, regular); err != nil {
 		return Info{}, err
@@ -146,7 +134,7 @@ func (w *writer) write() error {
 			b uint32
 			p []byte
 		}{
-			{1, w.agf(a, l, freeBlks, longest)},
+			{1, w.agf(a, freeBlks, longest)},
 			{2, w.agi(a, l)},
 			{3, w.agfl(a, l)},
 			{bnoRoot, w.freeBtree(a, bnoRoot, bnoMagic, l.free)},
@@ -168,8 +156,9 @@ func (w *writer) write() error {
 		return err
 	}
 	// The superblock copies last, the primary's at the very end.
+	sb := w.superblock()
 	for a := geo.agCount; a > 0; a-- {
-		if err := w.at(a-1, 0, w.superblock()); err != nil {
+		if err := w.at(a-1, 0, sb); err != nil {
 			return err
 		}
 	}
@@ -179,13 +168,9 @@ func (w *writer) write() error {
 // byCount sorts free extents as the by-count btree keys them: by length,
 // then start.
 func byCount(free []extent) []extent {
-	s := append([]extent(nil), free...)
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && (s[j].len < s[j-1].len || s[j].len == s[j-1].len && s[j].start < s[j-1].start); j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
-	return s
+	return slices.SortedFunc(slices.Values(free), func(a, b extent) int {
+		return cmp.Or(cmp.Compare(a.len, b.len), cmp.Compare(a.start, b.start))
+	})
 }
 
 // sealed stores the CRC32c of p, with its own four bytes at off taken as

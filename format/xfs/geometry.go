@@ -165,13 +165,3 @@ func GrowTarget(agBlocks uint32, devBlocks uint64) uint64 {
 	}
 	return devBlocks
 }
-
-// Blocks is the size in blocks of the file system Format makes on size
-// bytes.
-func Blocks(size int64) (uint64, error) {
-	g, err := newGeometry(size)
-	if err != nil {
-		return 0, err
-	}
-	return g.blocks, nil
-}

@@ -57,7 +57,7 @@ func (w *writer) superblock() []byte {
 }
 
 // agf is group a's free-space header.
-func (w *writer) agf(a uint32, l agLayout, freeBlks, longest uint32) []byte {
+func (w *writer) agf(a uint32, freeBlks, longest uint32) []byte {
 	p := sector()
 	be.PutUint32(p[0:], agfMagic)
 	be.PutUint32(p[4:], 1) // XFS_AGF_VERSION

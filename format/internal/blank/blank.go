@@ -1,11 +1,14 @@
 // Package blank is what the in-process formatters share: a target's size,
-// and making all of it read as zeros without writing them, so a formatter
-// writes only its metadata.
+// making all of it read as zeros without writing them, so a formatter
+// writes only its metadata, and the defaults of a new file system's
+// identity.
 package blank
 
 import (
+	"crypto/rand"
 	"fmt"
 	"os"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -45,6 +48,30 @@ func Zero(f *os.File, size int64, regular bool) error {
 	r := [2]uint64{0, uint64(size)}
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKZEROOUT, uintptr(unsafe.Pointer(&r))); errno != 0 {
 		return fmt.Errorf("zeroing %s: %w", f.Name(), errno)
+	}
+	return nil
+}
+
+// Defaults fills what a caller left zero of a new file system: a random
+// (version 4) UUID, so two never look alike to blkid or the kernel; a root
+// directory of 0755, as mkfs makes it; the creation time, now. A root mode
+// of more than permission bits is refused.
+func Defaults(uuid *[16]byte, rootMode *os.FileMode, now *time.Time) error {
+	if *uuid == ([16]byte{}) {
+		if _, err := rand.Read(uuid[:]); err != nil {
+			return err
+		}
+		uuid[6] = uuid[6]&0x0f | 0x40 // version 4
+		uuid[8] = uuid[8]&0x3f | 0x80 // RFC 4122 variant
+	}
+	if *rootMode&^os.ModePerm != 0 {
+		return fmt.Errorf("root mode %v: only permission bits", *rootMode)
+	}
+	if *rootMode == 0 {
+		*rootMode = 0o755
+	}
+	if now.IsZero() {
+		*now = time.Now()
 	}
 	return nil
 }
