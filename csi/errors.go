@@ -46,7 +46,7 @@ func toStatus(err error, format string, args ...any) error {
 	switch {
 	case errors.As(err, &down):
 		return status.Error(codes.FailedPrecondition, msg)
-	case errors.Is(err, engine.ErrBusy):
+	case errors.Is(err, engine.ErrBusy), errors.Is(err, engine.ErrOverran):
 		return status.Error(codes.Aborted, msg)
 	case errors.Is(err, engine.ErrNotFound):
 		return status.Error(codes.NotFound, msg)

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -256,67 +255,6 @@ func TestImageParameters(t *testing.T) {
 	}
 	if _, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "dir", Parameters: map[string]string{engine.ParamLayout: engine.LayoutDirectory}, VolumeCapabilities: []*csi.VolumeCapability{rwo}}); err != nil {
 		t.Fatalf("layout=directory: %v", err)
-	}
-}
-
-// TestImageThawAtStart: a file system a killed driver left frozen (the
-// freeze is the kernel's, it outlives the process) is thawed by the next
-// start, and the pod's write that waited goes through.
-func TestImageThawAtStart(t *testing.T) {
-	testutil.RequireRoot(t)
-	cfg := testConfig(t)
-	d := newDriver(t, cfg)
-	r := createReq("img", 32<<20)
-	r.Parameters = imageParams
-	cv, err := d.CreateVolume(ctx, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := cv.GetVolume().GetVolumeId()
-	file := filepath.Join(volumesDir(d), id+engine.BlockSuffix)
-	base := t.TempDir()
-	staging, target := filepath.Join(base, "staging"), filepath.Join(base, "target")
-	t.Cleanup(func() { engine.DetachAll(file) })
-	unmountAll(t, staging, target)
-	t.Cleanup(func() { fsops.ThawIfFrozen(staging) })
-	if _, err := d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwo}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rwo}); err != nil {
-		t.Fatal(err)
-	}
-	// What a driver killed between FIFREEZE and FITHAW leaves.
-	if err := fsops.Freeze(staging); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- os.WriteFile(filepath.Join(target, "during"), []byte("x"), 0o644) }()
-	select {
-	case err := <-done:
-		t.Fatalf("a write went through a frozen file system (%v)", err)
-	case <-time.After(200 * time.Millisecond):
-	}
-	if err := d.Close(); err != nil {
-		t.Fatal(err)
-	}
-	d = newDriver(t, cfg)
-	defer d.Close()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the write still waits: start did not thaw the file system")
-	}
-	if _, err := d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -53,6 +53,9 @@ type Engine struct {
 	// replace it to make inspection fail.
 	MountPoint func(path string) (*fsops.MountPoint, error)
 
+	// freezes are the image volumes' file systems frozen now (freeze.go).
+	freezes freezes
+
 	// bg is the work that outlives requests (pulls from other nodes),
 	// stopped by Close before the state is.
 	bg *background

@@ -34,7 +34,16 @@ func (d imageLayout) grow(_ context.Context, v VolumeRecord, size int64) error {
 	return growBacking(d.VolumeDataPath(v), size, fsops.GrowSparse, func() (loop.Device, error) { return d.attachImage(v) })
 }
 
-func (d imageLayout) stage(v VolumeRecord, staging string) error { return d.stageImage(v, staging) }
+// stage: under the volume's freeze lock, so a snapshot that found the
+// volume unmounted copies it unmounted to the end.
+func (d imageLayout) stage(v VolumeRecord, staging string) error {
+	unlock, err := d.lockFreeze(v.ID)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return d.stageImage(v, staging)
+}
 
 // mountSource: the staged file system.
 func (d imageLayout) mountSource(v VolumeRecord, _ bool) (string, *loop.Device, error) {
@@ -61,6 +70,12 @@ func (imageLayout) stats(v VolumeRecord, path string) (volumeStats, error) {
 // resizeOnNode: the loop device re-reads its file's size, then the file
 // system mounted at path grows into it, online, while pods write.
 func (d imageLayout) resizeOnNode(v VolumeRecord, path string) error {
+	// A frozen file system would hold the resize until its thaw.
+	unlock, err := d.lockFreeze(v.ID)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	dev, err := d.attachImage(v)
 	if err == nil {
 		err = loop.Resize(dev)

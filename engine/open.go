@@ -116,6 +116,9 @@ func (l layout) snapshotFile(id string) string {
 // Calls after it fail to write state.
 func (d *Engine) Close() error {
 	d.closeOnce.Do(func() {
+		// A freeze a request still holds (one cut short by the stop)
+		// is thawed before anything else stops.
+		d.thawHeld()
 		if d.stopPools != nil {
 			close(d.stopPools)
 		}
@@ -212,12 +215,17 @@ func Open(cfg Config, moved func(op string, n int64)) (*Engine, error) {
 		return nil, fmt.Errorf("state dir %s: %w", cfg.StateDir, err)
 	}
 	cfg.StateDir = root
+	// First, before anything that can fail: a driver killed mid-snapshot
+	// may have left pods' file systems frozen, and a node drain waits on
+	// them.
+	thawRecorded(root)
 	cfg.Pools = resolvePools(cfg.Pools)
 	if err := checkPools(cfg.Pools, root); err != nil {
 		return nil, err
 	}
 	d := &Engine{Config: cfg, Paths: layout{Root: root}, Locks: newKeyLocks(), Tag: NodeTag(cfg.NodeID), MountPoint: fsops.GetMountPoint, Ops: inflight{ops: map[*operation]struct{}{}}, moved: moved}
 	d.Heavy = make(heavySlots, cfg.MaxHeavyOps)
+	d.freezes = freezes{held: map[string]*heldFreeze{}, stuck: map[string]error{}}
 	d.bg = newBackground()
 	if err := d.prepareStateDir(); err != nil {
 		return nil, err
@@ -256,7 +264,6 @@ func Open(cfg Config, moved func(op string, n int64)) (*Engine, error) {
 		d.Records.Close()
 		return nil, fmt.Errorf("re-attaching block volumes: %w", err)
 	}
-	d.thawImages()
 	if err := d.recordStateFormat(); err != nil {
 		d.Records.Close()
 		return nil, fmt.Errorf("state dir %s: recording its format: %w", root, err)

@@ -43,6 +43,10 @@ var (
 	// image volume's publication binds its staged file system)
 	// (FailedPrecondition).
 	ErrNotStaged = errors.New("not staged")
+	// ErrOverran: a cut took longer than its file systems may stay
+	// frozen; they were thawed and the cut refused: the same request may
+	// succeed later, or with a larger bound (Aborted).
+	ErrOverran = errors.New("freeze overran")
 )
 
 // storageError is a sentence of one kind.

@@ -54,24 +54,74 @@ func freezeIoctl(op, path string, req uint) error {
 
 // FreezeHeld freezes the file system mounted at path, as Freeze does, and
 // returns the thaw, made through the same open descriptor of the mount's
-// root. The descriptor keeps the mount busy until the thaw: an unmount
-// meanwhile fails with EBUSY instead of waiting on the frozen file system,
-// and the thaw reaches the file system whatever was mounted or unmounted
-// at path since.
-func FreezeHeld(path string) (thaw func() error, err error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+// root. The descriptor is checked first: path must be on device dev (the
+// caller's loop device), else nothing is frozen and the error unwraps to
+// ESTALE: a path checked, then unmounted before it was opened, shows
+// whatever holds the bare directory (usually the node's root), which must
+// never be frozen. The file system is synced (syncfs) before the freeze,
+// while its writers still run, so the freeze itself has little left to
+// write back with every writer blocked. The descriptor keeps the mount
+// busy until the thaw: an unmount meanwhile fails with EBUSY instead of
+// waiting on the frozen file system, and the thaw reaches the file system
+// whatever was mounted or unmounted at path since. A file system frozen
+// already (by someone else) answers EBUSY.
+func FreezeHeld(path string, dev uint64) (thaw func() error, err error) {
+	f, err := openOn(path, dev)
 	if err != nil {
 		return nil, err
+	}
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		f.Close()
+		return nil, &os.PathError{Op: "syncfs", Path: path, Err: err}
 	}
 	if err := unix.IoctlSetInt(int(f.Fd()), fiFreeze, 0); err != nil {
 		f.Close()
 		return nil, &os.PathError{Op: "ioctl(FIFREEZE)", Path: path, Err: err}
 	}
 	return func() error {
-		defer f.Close()
-		if err := unix.IoctlSetInt(int(f.Fd()), fiThaw, 0); err != nil {
+		if err := unix.IoctlSetInt(int(f.Fd()), fiThaw, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+			// The descriptor stays open for a retry of the thaw.
 			return &os.PathError{Op: "ioctl(FITHAW)", Path: path, Err: err}
 		}
-		return nil
+		return f.Close()
 	}, nil
+}
+
+// ThawOn thaws the file system mounted at path if it is on device dev and
+// frozen, and reports whether it was frozen. A path on another device is
+// left alone (ESTALE), as FreezeHeld does.
+func ThawOn(path string, dev uint64) (bool, error) {
+	f, err := openOn(path, dev)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	err = unix.IoctlSetInt(int(f.Fd()), fiThaw, 0)
+	if errors.Is(err, unix.EINVAL) {
+		return false, nil
+	}
+	if err != nil {
+		return false, &os.PathError{Op: "ioctl(FITHAW)", Path: path, Err: err}
+	}
+	return true, nil
+}
+
+// openOn opens the directory at path read-only and checks, on the open
+// descriptor, that it is on device dev.
+func openOn(path string, dev uint64) (*os.File, error) {
+	// O_RDONLY: FIFREEZE needs CAP_SYS_ADMIN, not a writable descriptor.
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	if st.Dev != dev {
+		f.Close()
+		return nil, &os.PathError{Op: "freeze", Path: path, Err: unix.ESTALE}
+	}
+	return f, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/internal/testfs"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
+	"github.com/hostpath-csi/hostpath/loop"
 )
 
 // TestFreezeThaw on an ext4 made in-process (so the kernel guests run it
@@ -68,7 +69,7 @@ func TestFreezeThaw(t *testing.T) {
 func TestFreezeHeld(t *testing.T) {
 	testutil.RequireRoot(t)
 	mnt := mountedExt4(t, 64<<20)
-	thaw, err := fsops.FreezeHeld(mnt)
+	thaw, err := fsops.FreezeHeld(mnt, devOf(t, mnt))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,6 +105,72 @@ func TestFreezeHeld(t *testing.T) {
 	if was, err := fsops.ThawIfFrozen(mnt); err != nil || was {
 		t.Fatalf("after the held thaw: frozen=%v, %v", was, err)
 	}
+}
+
+// TestFreezeHeldChecksTheDevice: a staging path unmounted between the
+// driver's check and its freeze is a bare directory on whatever file
+// system holds it; FreezeHeld and ThawOn, told the device they expect,
+// refuse it (ESTALE) and leave that file system alone. Here the outer file
+// system is the test's own, so a regression freezes nothing of the host's.
+func TestFreezeHeldChecksTheDevice(t *testing.T) {
+	testutil.RequireRoot(t)
+	outer := mountedExt4(t, 64<<20)
+	inner := filepath.Join(outer, "staging")
+	if err := os.Mkdir(inner, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	img := ext4Image(t, 64<<20)
+	dev, err := loop.Attach(img, loop.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { loop.Detach(dev) })
+	if err := unix.Mount(dev.Path(), inner, "ext4", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	innerDev := devOf(t, inner)
+	if innerDev == devOf(t, outer) {
+		t.Fatal("the inner mount is on the outer device")
+	}
+	if err := unix.Unmount(inner, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fsops.ThawIfFrozen(outer) })
+	if _, err := fsops.FreezeHeld(inner, innerDev); !errors.Is(err, unix.ESTALE) {
+		t.Fatalf("FreezeHeld of a path no longer on its device: %v, want ESTALE", err)
+	}
+	if was, err := fsops.ThawOn(inner, innerDev); !errors.Is(err, unix.ESTALE) || was {
+		t.Fatalf("ThawOn of a path no longer on its device: %v %v, want ESTALE", was, err)
+	}
+	// The outer file system was never frozen: a write goes through.
+	if was, err := fsops.ThawIfFrozen(outer); err != nil || was {
+		t.Fatalf("the outer file system was frozen (%v, %v)", was, err)
+	}
+	// On the right device both work, and ThawOn says it thawed.
+	thaw, err := fsops.FreezeHeld(outer, devOf(t, outer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fsops.FreezeHeld(outer, devOf(t, outer)); !errors.Is(err, unix.EBUSY) {
+		t.Fatalf("a second freeze: %v, want EBUSY", err)
+	}
+	if was, err := fsops.ThawOn(outer, devOf(t, outer)); err != nil || !was {
+		t.Fatalf("ThawOn of a frozen file system: %v %v", was, err)
+	}
+	// The held thaw of a file system someone else thawed is done, not an error.
+	if err := thaw(); err != nil {
+		t.Fatalf("the held thaw after another thaw: %v", err)
+	}
+}
+
+// devOf is the device of the file system holding path.
+func devOf(t *testing.T, path string) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Dev
 }
 
 // mountedExt4 is an ext4 made in-process (so the kernel guests run the

@@ -269,3 +269,22 @@ func FileID(path string) (dev, ino uint64, err error) {
 	}
 	return st.Dev, st.Ino, nil
 }
+
+// MountsOn lists the mount points of the file system on device dev (the
+// major and minor numbers of st_dev), from /proc/self/mountinfo alone:
+// what a start finds of a file system it may have left frozen, whatever
+// paths its records name.
+func MountsOn(dev uint64) ([]string, error) {
+	major, minor := int(unix.Major(dev)), int(unix.Minor(dev))
+	infos, err := mountinfo.GetMounts(func(i *mountinfo.Info) (skip, stop bool) {
+		return i.Major != major || i.Minor != minor, false
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(infos))
+	for _, i := range infos {
+		out = append(out, i.Mountpoint)
+	}
+	return out, nil
+}
