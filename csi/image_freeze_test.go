@@ -1,6 +1,7 @@
 package csi
 
 import (
+	"crypto/rand"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -216,5 +217,54 @@ func TestImageStageWaitsForTheCut(t *testing.T) {
 	}
 	if _, err := d.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestImageGroupFreezeHoldsOnlyTheCopies: a group snapshot of image
+// volumes archived as tar.gz, on a pool that shares blocks, keeps their
+// file systems frozen only for the reflinked copies: the records before,
+// the archives of the copies after the thaw. With --max-freeze far
+// shorter than compressing their data takes, the group is made, and each
+// member's archive restores the data the volume held.
+func TestImageGroupFreezeHoldsOnlyTheCopies(t *testing.T) {
+	mnt := testfs.FileSystem(t, run, "xfs", 2<<30, nil, "")
+	cfg := testConfig(t)
+	cfg.StateDir = filepath.Join(mnt, "state")
+	cfg.MaxFreeze = 200 * time.Millisecond
+	d := newDriver(t, cfg)
+	t.Cleanup(func() { d.Close() })
+	var ids []string
+	sums := map[string][]byte{}
+	for _, name := range []string{"a", "b"} {
+		v := createImage(t, d, name, 128<<20, nil)
+		_, target := stageAndPublish(t, d, v.GetVolumeId())
+		data := make([]byte, 96<<20)
+		rand.Read(data) // incompressible: gzip takes well over 200 ms
+		if err := os.WriteFile(filepath.Join(target, "data"), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, v.GetVolumeId())
+		sums[v.GetVolumeId()] = data[:4096]
+	}
+	start := time.Now()
+	g, err := d.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: ids, Parameters: map[string]string{"format": "tar.gz"}})
+	if err != nil {
+		t.Fatalf("a group archived after its thaw: %v", err)
+	}
+	took := time.Since(start)
+	if took < 2*cfg.MaxFreeze {
+		t.Fatalf("the group took %v, less than --max-freeze: the test shows nothing", took)
+	}
+	t.Logf("group of 2 archived in %v with --max-freeze=%v", took, cfg.MaxFreeze)
+	for _, s := range g.GetGroupSnapshot().GetSnapshots() {
+		r := createImage(t, d, "r-"+s.GetSourceVolumeId(), 128<<20, &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: s.GetSnapshotId()}}})
+		_, tr := stageAndPublish(t, d, r.GetVolumeId())
+		got, err := os.ReadFile(filepath.Join(tr, "data"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 96<<20 || string(got[:4096]) != string(sums[s.GetSourceVolumeId()]) {
+			t.Fatalf("restored member of %s holds other data (%d bytes)", s.GetSourceVolumeId(), len(got))
+		}
 	}
 }

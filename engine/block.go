@@ -296,17 +296,24 @@ func (d *Engine) reattachBlockVolumes() error {
 // about 200 MiB, or only metadata where blocks can be shared. It returns
 // the bytes the snapshot occupies.
 func (d *Engine) writeBlockSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord) (int64, string, error) {
-	src, err := os.Open(d.VolumeDataPath(v))
+	// The device's page cache may hold writes the file has not seen.
+	if err := flushAll(d.VolumeDataPath(v)); err != nil {
+		return 0, "", err
+	}
+	return d.writeFileSnapshot(ctx, d.VolumeDataPath(v), s)
+}
+
+// writeFileSnapshot copies the file at path (an image or a copy of one)
+// into snapshot s, durable before it is renamed into place, and returns
+// the bytes the snapshot occupies.
+func (d *Engine) writeFileSnapshot(ctx context.Context, path string, s SnapshotRecord) (int64, string, error) {
+	src, err := os.Open(path)
 	if err != nil {
 		return 0, "", err
 	}
 	defer src.Close()
 	size, _, err := fsops.FileSize(src)
 	if err != nil {
-		return 0, "", err
-	}
-	// The device's page cache may hold writes the file has not seen.
-	if err := flushAll(d.VolumeDataPath(v)); err != nil {
 		return 0, "", err
 	}
 	var allocated int64

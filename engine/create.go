@@ -33,19 +33,37 @@ type creation[T store.Record[T]] struct {
 // and its data must be there.
 func (c creation[T]) create(rec T, check func(*T, map[string]T) error, make func(T) (T, error)) (T, error) {
 	var zero T
-	if err := c.table.Reserve(&rec, check); err != nil {
-		return zero, fmt.Errorf("reserving %s %q: %w", c.kind, rec.RecordName(), err)
-	}
-	if err := c.table.Put(rec); err != nil {
-		// Nothing was written (or, uncertain, a creating record the next
-		// start clears): only the reservation is undone.
-		c.table.Unreserve(rec.RecordID())
-		return zero, fmt.Errorf("recording %s %s: %w", c.kind, rec.RecordID(), err)
+	if err := c.begin(&rec, check); err != nil {
+		return zero, err
 	}
 	if make == nil {
 		return rec, nil
 	}
 	ready, err := make(rec)
+	return c.end(rec, ready, err)
+}
+
+// begin is create's first half: rec reserved and recorded creating.
+// Work that must be short (a group's cut, made while its file systems are
+// frozen) runs between begin and end, the rest of the record's making
+// before and after.
+func (c creation[T]) begin(rec *T, check func(*T, map[string]T) error) error {
+	if err := c.table.Reserve(rec, check); err != nil {
+		return fmt.Errorf("reserving %s %q: %w", c.kind, (*rec).RecordName(), err)
+	}
+	if err := c.table.Put(*rec); err != nil {
+		// Nothing was written (or, uncertain, a creating record the next
+		// start clears): only the reservation is undone.
+		c.table.Unreserve((*rec).RecordID())
+		return fmt.Errorf("recording %s %s: %w", c.kind, (*rec).RecordID(), err)
+	}
+	return nil
+}
+
+// end is create's second half: the record made ready, or, if making it
+// failed (err), taken back.
+func (c creation[T]) end(rec, ready T, err error) (T, error) {
+	var zero T
 	if err != nil {
 		c.takeBack(rec)
 		return zero, err

@@ -216,6 +216,11 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 		if path == "" {
 			continue // not mounted, and stays so: nothing writes to it
 		}
+		// Written back while its pods still write, so the pause is short:
+		// the freeze's own writeback has little left.
+		if err := fsops.SyncFS(path); err != nil {
+			return fmt.Errorf("syncing the file system of volume %s at %s: %w", v.ID, path, err)
+		}
 		if start.IsZero() {
 			start = time.Now()
 			bound = time.AfterFunc(d.Config.MaxFreeze, func() {

@@ -48,19 +48,47 @@ func (d *Engine) CreateGroup(ctx context.Context, name string, srcs []string, pa
 		}
 	}
 	return groups.create(g, nil, func(g GroupRecord) (GroupRecord, error) {
+		// One slot: the members are cut one after another.
+		release, err := d.Heavy.Wait(ctx)
+		if err != nil {
+			return GroupRecord{}, err
+		}
+		defer release()
+		// Every member recorded before the freeze, so the freeze holds
+		// only the copies.
+		var pending []*pendingSnapshot
+		for _, id := range srcs {
+			p, err := d.prepareSnapshot(ctx, fmt.Sprintf("%s/%s", g.ID, id), id, params, g.ID)
+			if err != nil {
+				for _, p := range pending {
+					p.complete(err)
+				}
+				return GroupRecord{}, err
+			}
+			pending = append(pending, p)
+		}
 		// One cut across the group: every member's file system frozen
-		// before the first is copied, all thawed after the last.
-		err := d.frozen(ctx, members, func(ctx context.Context) error {
-			for _, id := range srcs {
-				s, err := d.takeSnapshot(ctx, fmt.Sprintf("%s/%s", g.ID, id), id, params, g.ID)
-				if err != nil {
+		// before the first is copied, all thawed after the last; what
+		// is left to make of each (an archive of its copy) after.
+		err = d.frozen(ctx, members, func(context.Context) error {
+			for _, p := range pending {
+				if err := p.cut(); err != nil {
 					return err
 				}
-				made = append(made, s)
-				g.Snapshots = append(g.Snapshots, s.ID)
 			}
 			return nil
 		})
+		for _, p := range pending {
+			s, serr := p.complete(err)
+			if serr != nil {
+				if err == nil {
+					err = serr
+				}
+				continue
+			}
+			made = append(made, s)
+			g.Snapshots = append(g.Snapshots, s.ID)
+		}
 		if err != nil {
 			return GroupRecord{}, err
 		}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -13,17 +14,6 @@ import (
 	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/loop"
 )
-
-// writeImageSnapshot copies an image volume's file, frozen if it is
-// mounted: a reflink where the pool shares blocks (the pause is
-// milliseconds), else its allocated extents (the pause is the copy).
-func (d *Engine) writeImageSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord) (size int64, sum string, err error) {
-	err = d.frozen(ctx, []VolumeRecord{v}, func(ctx context.Context) error {
-		size, sum, err = d.writeBlockSnapshot(ctx, v, s)
-		return err
-	})
-	return size, sum, err
-}
 
 // sendImage is what a clone of image volume v on another node reads: a
 // copy of its image cut frozen into the pool's tmp/ (a reflink where the
@@ -66,18 +56,24 @@ func copyImage(ctx context.Context, src, dst string) error {
 	return err
 }
 
-// imageTree runs fn on the tree of image volume v as of one instant: a
-// copy of its image cut frozen (a reflink where the pool shares blocks)
-// into the pool's tmp/, mounted read-only on a read-only loop device of
-// its own. Everything is undone when fn returns; start clears tmp/ of
-// what a crash leaves.
-func (d *Engine) imageTree(ctx context.Context, v VolumeRecord, fn func(tree string) error) (err error) {
-	base := filepath.Join(d.PoolOf(v.Pool).Paths.Tmp(), fmt.Sprintf("%s.tree-%d", v.ID, time.Now().UnixNano()))
-	img, mnt := base+".img", base+".mnt"
-	defer os.Remove(img)
-	if err := d.frozen(ctx, []VolumeRecord{v}, func(ctx context.Context) error { return copyImage(ctx, d.VolumeDataPath(v), img) }); err != nil {
-		return fmt.Errorf("copying the image of volume %s: %w", v.ID, err)
+// cutImage copies image volume v's image into the pool's tmp/ (a
+// reflink where the pool shares blocks) and returns the copy's path: what
+// a snapshot that is not a copy in place cuts while v is frozen. Start
+// clears tmp/ of what a crash leaves.
+func (d *Engine) cutImage(ctx context.Context, v VolumeRecord) (string, error) {
+	img := filepath.Join(d.PoolOf(v.Pool).Paths.Tmp(), fmt.Sprintf("%s.cut-%d.img", v.ID, time.Now().UnixNano()))
+	if err := copyImage(ctx, d.VolumeDataPath(v), img); err != nil {
+		os.Remove(img)
+		return "", fmt.Errorf("copying the image of volume %s: %w", v.ID, err)
 	}
+	return img, nil
+}
+
+// imageTree runs fn on the tree of img, a copy of image volume v's image,
+// mounted read-only on a read-only loop device of its own beside it in
+// the pool's tmp/. Everything is undone when fn returns.
+func (d *Engine) imageTree(v VolumeRecord, img string, fn func(tree string) error) (err error) {
+	mnt := strings.TrimSuffix(img, ".img") + ".mnt"
 	dev, err := loop.Attach(img, loop.Options{ReadOnly: true, BlockSize: imageBlockSize})
 	if err != nil {
 		return err

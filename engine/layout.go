@@ -44,9 +44,11 @@ type volumeLayout interface {
 	// expectedBytes is what copying v will move, where it is known
 	// without walking a tree; 0 means not known.
 	expectedBytes(v VolumeRecord) int64
-	// writeSnapshot writes snapshot s of v in s.Format, returning the
-	// bytes it holds and, for an archive, its sha256.
-	writeSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord, compact bool) (int64, string, error)
+	// cutSnapshot makes what snapshot s of v (in s.Format) needs of v
+	// while v's file system is frozen (the copy, and nothing else), and
+	// returns the rest, for after the thaw, which returns the bytes the
+	// snapshot holds and, for an archive, its sha256.
+	cutSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord, compact bool) (snapshotRest, error)
 	// serve is what the transfer sends of v to another node: the wire
 	// format and how to open the stream.
 	serve(v VolumeRecord) (format string, open func(context.Context) (io.ReadCloser, error))

@@ -92,9 +92,11 @@ func (d blockLayout) resizeOnNode(v VolumeRecord, _ string) error {
 
 func (d blockLayout) expectedBytes(v VolumeRecord) int64 { return allocatedBytes(d.VolumeDataPath(v)) }
 
-// writeSnapshot: a copy of the file (FormatImage), its devices flushed.
-func (d blockLayout) writeSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord, _ bool) (int64, string, error) {
-	return d.writeBlockSnapshot(ctx, v, s)
+// cutSnapshot: a copy of the file (FormatImage), its devices flushed;
+// nothing is frozen, but a group's copies are made together.
+func (d blockLayout) cutSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord, _ bool) (snapshotRest, error) {
+	size, sum, err := d.writeBlockSnapshot(ctx, v, s)
+	return restDone(size, sum), err
 }
 
 // serve: the file's extents, after its devices' caches are flushed.

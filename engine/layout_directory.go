@@ -130,11 +130,20 @@ func (d directoryLayout) expectedBytes(v VolumeRecord) int64 {
 	return 0
 }
 
-func (d directoryLayout) writeSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord, compact bool) (int64, string, error) {
+// cutSnapshot: a reflinked copy is made with a group's other copies; an
+// archive after them (a directory volume is never frozen: its snapshot is
+// a file-by-file read).
+func (d directoryLayout) cutSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord, compact bool) (snapshotRest, error) {
 	if s.Format == FormatReflink {
-		return d.writeReflinkSnapshot(ctx, v, s)
+		size, sum, err := d.writeReflinkSnapshot(ctx, v, s)
+		return restDone(size, sum), err
 	}
-	return d.writeArchive(ctx, d.VolumeDataPath(v), s, compact)
+	return func(ctx context.Context, abort bool) (int64, string, error) {
+		if abort {
+			return 0, "", nil
+		}
+		return d.writeArchive(ctx, d.VolumeDataPath(v), s, compact)
+	}, nil
 }
 
 // serve: the tree, archived as it is read.

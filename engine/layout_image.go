@@ -95,17 +95,34 @@ func (d imageLayout) resizeOnNode(v VolumeRecord, path string) error {
 
 func (d imageLayout) expectedBytes(v VolumeRecord) int64 { return allocatedBytes(d.VolumeDataPath(v)) }
 
-// writeSnapshot: the image cut frozen (FormatImage), or an archive of the
-// tree of such a copy (an export, as of one instant too).
-func (d imageLayout) writeSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord, compact bool) (size int64, sum string, err error) {
-	if s.Format == FormatImage {
-		return d.writeImageSnapshot(ctx, v, s)
+// cutSnapshot: while frozen, the image is copied (a reflink where the
+// pool shares blocks): into the snapshot itself when it goes to the
+// volume's pool, else into the pool's tmp/, and from there to the other
+// pool after the thaw. An archive (an export of the tree) is made after
+// the thaw too, from such a copy.
+func (d imageLayout) cutSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord, compact bool) (snapshotRest, error) {
+	if s.Format == FormatImage && d.PoolOf(s.Pool) == d.PoolOf(v.Pool) {
+		size, sum, err := d.writeBlockSnapshot(ctx, v, s)
+		return restDone(size, sum), err
 	}
-	err = d.imageTree(ctx, v, func(tree string) error {
-		size, sum, err = d.writeArchive(ctx, tree, s, compact)
-		return err
-	})
-	return size, sum, err
+	img, err := d.cutImage(ctx, v)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, abort bool) (size int64, sum string, err error) {
+		defer os.Remove(img)
+		switch {
+		case abort:
+			return 0, "", nil
+		case s.Format == FormatImage:
+			return d.writeFileSnapshot(ctx, img, s)
+		}
+		err = d.imageTree(v, img, func(tree string) error {
+			size, sum, err = d.writeArchive(ctx, tree, s, compact)
+			return err
+		})
+		return size, sum, err
+	}, nil
 }
 
 // serve: read while its pods write, the image would be torn; what is sent

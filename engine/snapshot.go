@@ -139,15 +139,60 @@ func (d *Engine) MakeSnapshot(ctx context.Context, name, srcID string, params ma
 		return SnapshotRecord{}, err
 	}
 	defer unpin()
-	return d.takeSnapshot(ctx, name, srcID, params, "")
+	return d.takeSnapshot(ctx, name, srcID, params)
 }
 
 // takeSnapshot snapshots a volume; the caller holds the lock of the name
 // and has pinned the volume. A failure leaves no data and no record.
-func (d *Engine) takeSnapshot(ctx context.Context, name, srcID string, reqParams map[string]string, group string) (SnapshotRecord, error) {
+func (d *Engine) takeSnapshot(ctx context.Context, name, srcID string, reqParams map[string]string) (SnapshotRecord, error) {
+	p, err := d.prepareSnapshot(ctx, name, srcID, reqParams, "")
+	if err != nil {
+		return SnapshotRecord{}, err
+	}
+	release, err := d.Heavy.Wait(ctx)
+	if err != nil {
+		return p.complete(err)
+	}
+	defer release()
+	err = d.frozen(ctx, []VolumeRecord{p.v}, func(context.Context) error { return p.cut() })
+	return p.complete(err)
+}
+
+// pendingSnapshot is a snapshot between its creating record and its
+// ready one, made in steps so that what runs while its volume's file
+// system is frozen is the copy alone (cut): its slot and its record come
+// before the freeze (prepareSnapshot), an archive of the copy after the
+// thaw (complete). A group's members are each prepared, all cut in one
+// freeze, then each completed.
+type pendingSnapshot struct {
+	d       *Engine
+	v       VolumeRecord
+	s       SnapshotRecord
+	compact bool
+	// ctx is the caller's, tracked: the snapshot's progress is reported
+	// while it runs, until done.
+	ctx  context.Context
+	done func()
+	// rest is what cut leaves for after the thaw (nil until cut).
+	rest snapshotRest
+}
+
+// snapshotRest is what a snapshot's cut leaves to do after the thaw:
+// finish it, or, if the snapshot is abandoned, let go of what the cut made
+// (abort).
+type snapshotRest func(ctx context.Context, abort bool) (size int64, sum string, err error)
+
+// restDone is the rest of a cut that made the whole snapshot.
+func restDone(size int64, sum string) snapshotRest {
+	return func(context.Context, bool) (int64, string, error) { return size, sum, nil }
+}
+
+// prepareSnapshot checks a snapshot of volume srcID and records it
+// creating.
+func (d *Engine) prepareSnapshot(ctx context.Context, name, srcID string, reqParams map[string]string, group string) (*pendingSnapshot, error) {
 	v, ok := d.Records.Volumes.Get(srcID)
 	if !ValidVolumeID(srcID) || !ok || v.Phase != PhaseReady {
-		return SnapshotRecord{}, StorageErr(ErrNotFound, "source volume %q does not exist", srcID)
+		return nil, StorageErr(ErrNotFound, "source volume %q does not exist", srcID)
 	}
 	// The volume's mutable parameters fill in what the class leaves out.
 	params := maps.Clone(reqParams)
@@ -162,52 +207,63 @@ func (d *Engine) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 	}
 	format, compact, dst, err := d.SnapshotOptions(params, layoutOf(v), d.PoolOf(v.Pool))
 	if err != nil {
-		return SnapshotRecord{}, err
+		return nil, err
 	}
 	if v.AccessType == AccessMount && !isImage(v) && len(v.Published) > 0 {
 		klog.InfoS("snapshot of a directory volume in use: a file-by-file copy while its pods write, not one instant (layout=image volumes are frozen for theirs)", "volume_id", v.ID, "published", len(v.Published))
 	}
 	if _, err := d.usable(dst); err != nil {
-		return SnapshotRecord{}, err
+		return nil, err
 	}
 	s := SnapshotRecord{
 		ID: d.newSnapshotID(), Name: name, SourceVolume: srcID, AccessType: v.AccessType,
 		Phase: PhaseCreating, CreatedAt: time.Now().UTC(), VolumeBytes: v.CapacityBytes, Format: format, Group: group,
 		Pool: recordPool(dst),
 	}
-	return d.snapshots().create(s, nil, func(s SnapshotRecord) (SnapshotRecord, error) {
-		release, err := d.Heavy.Wait(ctx)
-		if err != nil {
-			return SnapshotRecord{}, err
+	if err := d.snapshots().begin(&s, nil); err != nil {
+		return nil, err
+	}
+	p := &pendingSnapshot{d: d, v: v, s: s, compact: compact}
+	p.ctx, p.done = d.track(ctx, "snapshot", s.ID, d.layoutFor(v).expectedBytes(v))
+	return p, nil
+}
+
+// cut makes what must be made while the volume is frozen: the copy.
+func (p *pendingSnapshot) cut() error {
+	rest, err := p.d.layoutFor(p.v).cutSnapshot(p.ctx, p.v, p.s, p.compact)
+	if err != nil {
+		return fmt.Errorf("snapshotting volume %s: %w", p.v.ID, err)
+	}
+	p.rest = rest
+	return nil
+}
+
+// complete finishes the snapshot after the thaw and records it ready or,
+// if err (the snapshot failed before), takes it back.
+func (p *pendingSnapshot) complete(err error) (SnapshotRecord, error) {
+	defer p.done()
+	var size int64
+	var sum string
+	if p.rest != nil {
+		var rerr error
+		size, sum, rerr = p.rest(p.ctx, err != nil)
+		if err == nil && rerr != nil {
+			err = fmt.Errorf("snapshotting volume %s: %w", p.v.ID, rerr)
 		}
-		size, sum, err := d.writeSnapshot(ctx, v, s, compact)
-		release()
-		if err != nil {
-			return SnapshotRecord{}, fmt.Errorf("snapshotting volume %s: %w", srcID, err)
-		}
-		s.Phase, s.SizeBytes, s.SHA256 = PhaseReady, size, sum
-		if s.Format == FormatImage {
-			// A block or image restore needs the whole device,
-			// whatever is allocated.
-			s.SizeBytes = s.VolumeBytes
-		}
-		return s, nil
-	})
+	}
+	s := p.s
+	s.Phase, s.SizeBytes, s.SHA256 = PhaseReady, size, sum
+	if s.Format == FormatImage {
+		// A block or image restore needs the whole device, whatever is
+		// allocated.
+		s.SizeBytes = s.VolumeBytes
+	}
+	return p.d.snapshots().end(p.s, s, err)
 }
 
 // snapshots is the create protocol of snapshots (creation.create).
 func (d *Engine) snapshots() creation[SnapshotRecord] {
 	return creation[SnapshotRecord]{table: d.Records.Snapshots, kind: "snapshot", undo: d.removeSnapshotData}
-}
-
-// writeSnapshot writes the snapshot under a temporary name and renames it
-// into place once it is on disk. It returns the bytes of data the
-// snapshot holds (what a restore needs room for) and, for archives, the
-// archive's sha256.
-func (d *Engine) writeSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord, compact bool) (int64, string, error) {
-	ctx, done := d.track(ctx, "snapshot", s.ID, d.layoutFor(v).expectedBytes(v))
-	defer done()
-	return d.layoutFor(v).writeSnapshot(ctx, v, s, compact)
 }
 
 // writeArchive archives tree into snapshot s's file (tar.gz, or tar.zst
