@@ -215,8 +215,11 @@ func (d *Engine) repairFresh(v VolumeRecord) error {
 func (d *Engine) attachBlock(v VolumeRecord) (loop.Device, error) {
 	path := d.VolumeDataPath(v)
 	dev, ok, err := loop.Find(path)
-	if err != nil || ok {
+	if err != nil {
 		return dev, err
+	}
+	if ok {
+		return dev, bufferedOnBtrfs(dev, path)
 	}
 	return attachBacking(path, blockLoop)
 }

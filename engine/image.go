@@ -198,14 +198,17 @@ func (d *Engine) sourceRecord(v VolumeRecord) VolumeRecord {
 func (d *Engine) attachImage(v VolumeRecord) (loop.Device, error) {
 	path := d.VolumeDataPath(v)
 	dev, ok, err := loop.Find(path)
-	if err != nil || ok {
+	if err != nil {
 		return dev, err
+	}
+	if ok {
+		return dev, bufferedOnBtrfs(dev, path)
 	}
 	if dev, err = attachBacking(path, loop.Options{BlockSize: imageBlockSize, DirectIO: true}); err != nil {
 		return dev, err
 	}
 	if !dev.DirectIO {
-		klog.InfoS("image volume's loop device stays buffered: the pool's file system refuses direct I/O", "volume_id", v.ID, "device", dev.Path())
+		klog.InfoS("image volume's loop device stays buffered: the pool's file system refuses direct I/O, or is btrfs", "volume_id", v.ID, "device", dev.Path())
 	}
 	return dev, nil
 }
@@ -215,7 +218,16 @@ func (d *Engine) attachImage(v VolumeRecord) (loop.Device, error) {
 // its times alone (fsops.OpenUntimed), sparing the pool a log commit of
 // the inode at each flush of the device; elsewhere, or where XFS refuses,
 // it is opened as usual.
+//
+// On btrfs the device stays buffered: btrfs checksums a direct write's
+// pages while the file system above the device may still change them
+// (they are not stable pages), and the block then fails its checksum at
+// every later read (EIO). Kernels before 6.15 let that happen; 6.15 and
+// later fall back to buffered writes themselves.
 func attachBacking(path string, opts loop.Options) (loop.Device, error) {
+	if opts.DirectIO && fsops.IsBtrfs(filepath.Dir(path)) {
+		opts.DirectIO = false
+	}
 	f, err := fsops.OpenUntimed(path)
 	if err != nil {
 		if f, err = os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0); err != nil {
@@ -224,6 +236,19 @@ func attachBacking(path string, opts loop.Options) (loop.Device, error) {
 	}
 	defer f.Close()
 	return loop.AttachFile(f, opts)
+}
+
+// bufferedOnBtrfs turns direct I/O off on a device bound with it to a
+// file on btrfs (by an earlier release, which did): attachBacking says why.
+func bufferedOnBtrfs(dev loop.Device, path string) error {
+	if !fsops.IsBtrfs(filepath.Dir(path)) {
+		return nil
+	}
+	info, err := loop.Status(dev)
+	if err != nil || info.Flags&unix.LO_FLAGS_DIRECT_IO == 0 {
+		return err
+	}
+	return loop.SetDirectIO(dev, false)
 }
 
 // attachFile returns the loop device of a file-backed volume.

@@ -80,6 +80,38 @@ type Pool struct {
 	// mu serialises bringing the pool up; state is read without it.
 	mu    sync.Mutex
 	state atomic.Pointer[PoolState]
+	// ops is held shared by every operation that makes or removes
+	// something in the pool (holdPools), for as long as it runs, and
+	// exclusively by OpenPool: a pool that went down and comes back is
+	// reconciled (its creating records and tmp/ cleared) only once the
+	// operations that ran when it went down have ended. OpenPool only
+	// ever tries it (TryLock), so no writer ever waits and a shared hold
+	// never blocks behind one.
+	ops sync.RWMutex
+}
+
+// holdPools holds the pools named (record pool names; "" is the default)
+// for an operation that makes or removes something in them, until the
+// returned function is called: none is reconciled meanwhile. The
+// default pool is never reopened, so it needs no hold.
+func (d *Engine) holdPools(names ...string) func() {
+	var held []*Pool
+	for _, n := range names {
+		p := d.PoolOf(n)
+		if p.Name == DefaultPool || slices.Contains(held, p) {
+			continue
+		}
+		p.ops.RLock()
+		held = append(held, p)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			for _, p := range held {
+				p.ops.RUnlock()
+			}
+		})
+	}
 }
 
 // PoolState is what is known of a pool: up with the file system's
@@ -233,6 +265,13 @@ func (d *Engine) OpenPool(p *Pool) {
 	if p.Get().Down == nil {
 		return
 	}
+	// Reconciling clears what operations in flight are making: it waits
+	// for them (the next round tries again).
+	if !p.ops.TryLock() {
+		klog.V(2).InfoS("pool stays down until the operations that ran when it went down end", "pool", p.Name)
+		return
+	}
+	defer p.ops.Unlock()
 	st, err := d.preparePool(p)
 	if err == nil {
 		err = d.reconcilePool(p)

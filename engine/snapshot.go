@@ -212,7 +212,9 @@ func (d *Engine) prepareSnapshot(ctx context.Context, name, srcID string, reqPar
 	if v.AccessType == AccessMount && !isImage(v) && len(v.Published) > 0 {
 		klog.InfoS("snapshot of a directory volume in use: a file-by-file copy while its pods write, not one instant (layout=image volumes are frozen for theirs)", "volume_id", v.ID, "published", len(v.Published))
 	}
+	release := d.holdPools(v.Pool, recordPool(dst))
 	if _, err := d.usable(dst); err != nil {
+		release()
 		return nil, err
 	}
 	s := SnapshotRecord{
@@ -221,10 +223,13 @@ func (d *Engine) prepareSnapshot(ctx context.Context, name, srcID string, reqPar
 		Pool: recordPool(dst),
 	}
 	if err := d.snapshots().begin(&s, nil); err != nil {
+		release()
 		return nil, err
 	}
 	p := &pendingSnapshot{d: d, v: v, s: s, compact: compact}
-	p.ctx, p.done = d.track(ctx, "snapshot", s.ID, d.layoutFor(v).expectedBytes(v))
+	var untrack func()
+	p.ctx, untrack = d.track(ctx, "snapshot", s.ID, d.layoutFor(v).expectedBytes(v))
+	p.done = func() { untrack(); release() }
 	return p, nil
 }
 
@@ -347,6 +352,8 @@ func (d *Engine) restoreSnapshot(ctx context.Context, snapID, dir string) error 
 // its lock.
 func (d *Engine) RemoveSnapshot(s SnapshotRecord) error {
 	id := s.ID
+	release := d.holdPools(s.Pool)
+	defer release()
 	if err := d.snapshotPoolUp(s); err != nil {
 		return err
 	}

@@ -268,6 +268,8 @@ func (d *Engine) provisionVolume(ctx context.Context, rec VolumeRecord, tag stri
 			return VolumeRecord{}, fmt.Errorf("state dir %s: recording that it holds image volumes: %w", d.Paths.Root, err)
 		}
 	}
+	release := d.holdPools(rec.Pool, d.sourcePool(rec))
+	defer release()
 	return d.volumes().create(rec, d.checkCapacity, func(rec VolumeRecord) (VolumeRecord, error) {
 		err := d.createVolumeData(ctx, rec, tag)
 		if err == nil {
@@ -279,6 +281,18 @@ func (d *Engine) provisionVolume(ctx context.Context, rec VolumeRecord, tag stri
 		rec.Phase = PhaseReady
 		return rec, nil
 	})
+}
+
+// sourcePool is the pool of v's source on this node (its snapshot's or
+// its volume's), "" (the default) when it has none.
+func (d *Engine) sourcePool(v VolumeRecord) string {
+	if s, ok := d.Records.Snapshots.Get(v.SourceSnapshot); ok {
+		return s.Pool
+	}
+	if src, ok := d.Records.Volumes.Get(v.SourceVolume); ok {
+		return src.Pool
+	}
+	return ""
 }
 
 // volumes is the create protocol of volumes (creation.create).
@@ -294,6 +308,8 @@ func (d *Engine) volumes() creation[VolumeRecord] {
 // the record's journal commit and the file's creation and loop attach run
 // side by side, and the record is shown only once both are done.
 func (d *Engine) provisionFreshBlock(ctx context.Context, rec VolumeRecord) (VolumeRecord, error) {
+	release := d.holdPools(rec.Pool)
+	defer release()
 	if err := d.Records.Volumes.Reserve(&rec, d.checkCapacity); err != nil {
 		return VolumeRecord{}, fmt.Errorf("reserving volume %q: %w", rec.Name, err)
 	}

@@ -19,6 +19,8 @@ func (d *Engine) RemoveVolume(v VolumeRecord) error {
 	if where != "" {
 		return StorageErr(ErrInUse, "volume %s is still mounted at %s; unpublish and unstage it first", v.ID, where)
 	}
+	release := d.holdPools(v.Pool)
+	defer release()
 	// In a pool that is down the data cannot be reached: removing the
 	// record alone would leave it owned by nothing once the disk is back.
 	if err := d.volumePoolUp(v); err != nil {
