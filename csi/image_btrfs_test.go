@@ -58,7 +58,8 @@ func scrubBtrfs(t *testing.T, mnt string) btrfsScrubArgs {
 // pages btrfs has checksummed, and on kernels before 6.15 those blocks
 // then read as EIO), also one an earlier release bound with direct I/O,
 // once staged again. Proved the way the failure shows: 1 MiB of the
-// volume rewritten while another thread fdatasyncs it (60 s in the kernel
+// volume rewritten a page at a time by four threads while another
+// fdatasyncs it (60 s in the kernel
 // guests, 5 s here), the caches dropped, the whole image read back
 // through btrfs, and a scrub: no EIO, no checksum error.
 func TestImageOnBtrfsKeepsChecksums(t *testing.T) {
@@ -119,22 +120,28 @@ func TestImageOnBtrfsKeepsChecksums(t *testing.T) {
 	}
 	defer f.Close()
 	var wg sync.WaitGroup
-	errs := make(chan error, 2)
+	errs := make(chan error, 5)
 	stop := time.Now().Add(run)
-	wg.Add(2)
-	go func() { // rewrites 1 MiB, 64 KiB at a time, without pause
-		defer wg.Done()
-		buf := make([]byte, 64<<10)
-		for i := 0; time.Now().Before(stop); i++ {
-			rand.Read(buf)
-			if _, err := f.WriteAt(buf, int64(i%16)*int64(len(buf))); err != nil {
-				errs <- err
-				return
+	if err := f.Truncate(1 << 20); err != nil {
+		t.Fatal(err)
+	}
+	for w := range 4 { // rewrite 1 MiB, a page at a time at random, without pause
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 4096)
+			for i := w; time.Now().Before(stop); i++ {
+				rand.Read(buf)
+				if _, err := f.WriteAt(buf, int64((i*97)%256)*4096); err != nil {
+					errs <- err
+					return
+				}
 			}
-		}
-	}()
+		}()
+	}
+	wg.Add(1)
 	syncs := 0
-	go func() { // while this one writes it back
+	go func() { // while this one writes them back
 		defer wg.Done()
 		for time.Now().Before(stop) {
 			if err := unix.Fdatasync(int(f.Fd())); err != nil {

@@ -135,9 +135,10 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 		}
 		floor = v.CapacityBytes
 	}
-	if req := spec.Capacity.Required; req > 0 && req < floor {
-		return VolumeRecord{}, StorageErr(ErrOutOfRange, "requested %d bytes is smaller than the source's %d bytes", req, floor)
-	}
+	// A request below the source's size gets the source's (resolveSize
+	// raises it to the floor), as a create below an image's smallest file
+	// system does: CSI lets a volume be larger than required_bytes within
+	// limit_bytes, and a limit below the source is OutOfRange there.
 	minSize, maxSize := imageLimits(makesFS(rec))
 	if isImage(rec) {
 		// An image volume holds a file system, which has a smallest size

@@ -139,6 +139,9 @@ func (d *Engine) ExpandOnNode(ctx context.Context, id, path string, cr SizeRange
 		if err != nil {
 			return 0, err
 		}
+		if err := d.growsTo(v, size); err != nil {
+			return 0, err
+		}
 		if err := d.layoutFor(v).grow(ctx, v, size); err != nil {
 			return 0, fmt.Errorf("expanding volume %s to %d bytes: %w", v.ID, size, err)
 		}

@@ -61,6 +61,9 @@ func (d *Engine) ExpandVolume(ctx context.Context, id string, cr SizeRange) (Vol
 	if err != nil {
 		return VolumeRecord{}, err
 	}
+	if err := d.growsTo(v, size); err != nil {
+		return VolumeRecord{}, err
+	}
 	if size > v.CapacityBytes {
 		if err := d.layoutFor(v).grow(ctx, v, size); err != nil {
 			return VolumeRecord{}, fmt.Errorf("expanding volume %s to %d bytes: %w", id, size, err)
@@ -119,4 +122,21 @@ func (d *Engine) pinSnapshot(id string) (func(), error) {
 	}
 	defer unlock()
 	return d.Locks.pin(SnapIDKey(id)), nil
+}
+
+// growsTo refuses a growth of v to size that its layout cannot take: an
+// image volume's file system (the one its image holds) has a largest size,
+// and an image grown past it could never be staged again.
+func (d *Engine) growsTo(v VolumeRecord, size int64) error {
+	if !isImage(v) || size <= v.CapacityBytes {
+		return nil
+	}
+	fs, err := d.ImageFS(v)
+	if err != nil {
+		return err
+	}
+	if _, maxSize := imageLimits(fs); size > maxSize {
+		return StorageErr(ErrOutOfRange, "volume %s holds %s, which grows to at most %d bytes; %d asked", v.ID, fs, maxSize, size)
+	}
+	return nil
 }
