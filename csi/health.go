@@ -45,6 +45,12 @@ func (d *Driver) volumeHealth(v engine.VolumeRecord) *csi.VolumeHealth {
 		}
 		return h
 	}
+	if err := d.NotGrown(v.ID); err != nil {
+		h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "FileSystemNotGrown", err.Error()))
+	}
+	if err, ok := d.StuckFreezes()[v.ID]; ok {
+		h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "FileSystemFrozen", "the driver froze the volume's file system for a snapshot and could not thaw it (its pods' writes wait; the driver tries again when it stops and starts): "+err.Error()))
+	}
 	if d.PoolOf(v.Pool).Get().Quota != engine.QuotaNone {
 		if u, err := d.VolumeUsage(v); err == nil && u.Bytes >= v.CapacityBytes {
 			h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "QuotaExhausted", "the volume has used all of its capacity; writes fail with EDQUOT"))

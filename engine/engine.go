@@ -55,6 +55,10 @@ type Engine struct {
 
 	// freezes are the image volumes' file systems frozen now (freeze.go).
 	freezes freezes
+	// notGrown holds, by volume id, why an image volume's file system
+	// could not grow to its device; grownAt the device size at which a
+	// growth added nothing (growImage).
+	notGrown, grownAt sync.Map
 
 	// bg is the work that outlives requests (pulls from other nodes),
 	// stopped by Close before the state is.

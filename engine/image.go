@@ -285,11 +285,47 @@ func (d *Engine) stageImage(v VolumeRecord, staging string) error {
 	if err != nil {
 		return fmt.Errorf("mounting the file system of volume %s (%s) at %s: %w", v.ID, dev.Path(), staging, err)
 	}
-	if err := growImageFS(dev, staging, fs); err != nil {
-		if uerr := fsops.Unmount(staging); uerr != nil {
-			klog.ErrorS(uerr, "unmounting a staging path whose file system could not grow", "volume_id", v.ID, "path", staging)
-		}
-		return fmt.Errorf("growing the file system of volume %s to its device: %w", v.ID, err)
+	// A file system that cannot grow (no CAP_SYS_RESOURCE for ext4, an
+	// I/O error) is staged at its own size: failing the stage would leave
+	// a restore into a larger claim, or an expanded volume, unstageable
+	// for good. Health says so, and stats give the file system's size.
+	if err := d.growImage(v, dev, staging, fs); err != nil {
+		klog.ErrorS(err, "an image volume's file system could not grow to its device; staged at its own size", "volume_id", v.ID, "path", staging)
+	}
+	return nil
+}
+
+// growImage grows image volume v's file system fs, mounted at path, to
+// its device (growImageFS), and keeps what health reports: the error of a
+// growth that failed, until one succeeds. A device size at which the
+// kernel's resize added nothing (it drops a last group too small to hold
+// its own metadata) is remembered, so the growth is not tried again at
+// every stage.
+func (d *Engine) growImage(v VolumeRecord, dev loop.Device, path, fs string) error {
+	devBytes, err := loop.Size(dev.Path())
+	if err != nil {
+		return err
+	}
+	if n, ok := d.grownAt.Load(v.ID); ok && n.(int64) == devBytes {
+		return nil
+	}
+	before, _ := fsops.Statfs(path)
+	if err := growImageFS(dev, path, fs); err != nil {
+		d.notGrown.Store(v.ID, fmt.Errorf("the file system is smaller than its %d-byte volume: %w", devBytes, err))
+		return err
+	}
+	d.notGrown.Delete(v.ID)
+	if after, err := fsops.Statfs(path); err == nil && after.TotalBytes == before.TotalBytes {
+		d.grownAt.Store(v.ID, devBytes)
+	}
+	return nil
+}
+
+// NotGrown says why image volume id's file system is smaller than its
+// volume, if a growth to it failed.
+func (d *Engine) NotGrown(id string) error {
+	if err, ok := d.notGrown.Load(id); ok {
+		return err.(error)
 	}
 	return nil
 }
@@ -312,6 +348,7 @@ func growImageFS(dev loop.Device, path, fs string) error {
 			return err
 		}
 		if want := xfs.GrowTarget(agBlocks, uint64(devBytes)/xfs.BlockSize); want > blocks {
+			klog.V(2).InfoS("resizing an image volume's file system", "path", path, "fs", fs, "from_blocks", blocks, "to_blocks", want)
 			return fsops.GrowXFS(path, want)
 		}
 		return nil
@@ -337,6 +374,7 @@ func growImageFS(dev loop.Device, path, fs string) error {
 	if want <= size.Blocks {
 		return nil
 	}
+	klog.V(2).InfoS("resizing an image volume's file system", "path", path, "fs", fs, "from_blocks", size.Blocks, "to_blocks", want)
 	err = fsops.GrowExt4(path, want)
 	if errors.Is(err, unix.EPERM) {
 		return StorageErr(ErrForbidden, "growing the file system at %s from %d to %d blocks needs CAP_SYS_RESOURCE, which this driver lacks: run its container privileged, as deploy/ does (%v)", path, size.Blocks, want, err)

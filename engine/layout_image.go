@@ -87,7 +87,7 @@ func (d imageLayout) resizeOnNode(v VolumeRecord, path string) error {
 	if err != nil {
 		return err
 	}
-	if err := growImageFS(dev, path, fs); err != nil {
+	if err := d.growImage(v, dev, path, fs); err != nil {
 		return fmt.Errorf("growing the file system of volume %s: %w", v.ID, err)
 	}
 	return nil

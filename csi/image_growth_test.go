@@ -1,0 +1,155 @@
+package csi
+
+import (
+	"flag"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/go-logr/logr/funcr"
+	"k8s.io/klog/v2"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hostpath-csi/hostpath/fsops"
+	"github.com/hostpath-csi/hostpath/internal/testutil"
+)
+
+// TestImageGrowth: what an image volume's growth may and may not do.
+//   - A volume expanded while unstaged is staged even where its file
+//     system cannot grow (ext4 needs CAP_SYS_RESOURCE, which this VM's
+//     root lacks; the kernel guests have it): at the file system's own
+//     size, reported by health (FileSystemNotGrown) and by stats; where it
+//     can grow, it does, and health is clean.
+//   - An expansion past the largest file system its image holds (16 TiB
+//     for ext4) is OutOfRange, on a pool whose files could grow past it.
+//   - A clone asked smaller than its source, with no limit, is its
+//     source's size.
+func TestImageGrowth(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.MaxVolumeSize = 1 << 50
+	d := newDriver(t, cfg)
+	const size, bigger = 64 << 20, 256 << 20
+	v := createImage(t, d, "img", size, nil)
+	id := v.GetVolumeId()
+	if _, err := d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csi.CapacityRange{RequiredBytes: bigger}, VolumeCapability: rwo}); err != nil {
+		t.Fatal(err)
+	}
+	staging, target := stageAndPublish(t, d, id)
+	st, err := fsops.Statfs(staging)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := d.ControllerGetVolumeHealth(ctx, &csi.ControllerGetVolumeHealthRequest{VolumeId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stats, err := d.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := stats.GetUsage()[0].GetTotal()
+	if testutil.HasCap(unix.CAP_SYS_RESOURCE) {
+		if st.TotalBytes < bigger*9/10 || strings.Contains(h.String(), "FileSystemNotGrown") {
+			t.Fatalf("with CAP_SYS_RESOURCE: a file system of %d bytes staged in a %d-byte volume, health %v", st.TotalBytes, bigger, h)
+		}
+	} else {
+		if st.TotalBytes > size || !strings.Contains(h.String(), "FileSystemNotGrown") || total != st.TotalBytes {
+			t.Fatalf("without CAP_SYS_RESOURCE: staged a %d-byte file system, stats say %d, health %v; want its own size, reported", st.TotalBytes, total, h)
+		}
+		t.Logf("no CAP_SYS_RESOURCE here: staged at the file system's %d bytes, health: %v", st.TotalBytes, h.GetVolumeHealth().GetHealthStatuses()[0].GetMessage())
+	}
+
+	// Past ext4's largest, on this pool (the test's root ext4, whose
+	// files reach 16 TiB too; an XFS pool's go further): refused.
+	_, err = d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csi.CapacityRange{RequiredBytes: 17 << 40}, VolumeCapability: rwo})
+	if status.Code(err) != codes.OutOfRange || !strings.Contains(err.Error(), "ext4") {
+		t.Fatalf("expanding an ext4 image volume to 17 TiB: %v, want OutOfRange naming ext4", err)
+	}
+
+	// A clone asked smaller than its source.
+	r := createReq("clone", 32<<20)
+	r.Parameters = imageParams
+	r.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: id}}}
+	c, err := d.CreateVolume(ctx, r)
+	if err != nil {
+		t.Fatalf("a clone asked smaller than its source: %v", err)
+	}
+	t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: c.GetVolume().GetVolumeId()}) })
+	if got := c.GetVolume().GetCapacityBytes(); got != bigger {
+		t.Fatalf("the clone has %d bytes, want its source's %d", got, bigger)
+	}
+	r.Name, r.CapacityRange = "clone-limited", &csi.CapacityRange{RequiredBytes: 32 << 20, LimitBytes: 64 << 20}
+	if _, err := d.CreateVolume(ctx, r); status.Code(err) != codes.OutOfRange {
+		t.Fatalf("a clone limited below its source: %v, want OutOfRange", err)
+	}
+}
+
+// TestImageGrowthAddingNothing: where the kernel's resize adds nothing to
+// an image volume's file system (ext4 grown by a tail the kernel will not
+// make a group of), the growth is done: the next stage does not resize
+// again. Counted from the driver's log of each resize it asks. Here, with
+// no CAP_SYS_RESOURCE, every resize fails and is tried again at the next
+// stage, as a failure must be; the kernel guests grow.
+func TestImageGrowthAddingNothing(t *testing.T) {
+	var mu sync.Mutex
+	resizes := 0
+	klog.SetLogger(funcr.New(func(prefix, args string) {
+		if strings.Contains(args, "resizing an image volume's file system") {
+			mu.Lock()
+			resizes++
+			mu.Unlock()
+		}
+	}, funcr.Options{Verbosity: 2}))
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	fs.Set("v", "2")
+	t.Cleanup(func() { fs.Set("v", "0"); klog.ClearLogger() })
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return resizes
+	}
+	canGrow := testutil.HasCap(unix.CAP_SYS_RESOURCE)
+	d := newDriver(t, testConfig(t))
+	for _, tc := range []struct{ size, grown int64 }{
+		{128 << 20, 130 << 20}, {256 << 20, 258 << 20}, {1 << 30, 1<<30 + 2<<20}, {64 << 20, 96 << 20},
+	} {
+		v := createImage(t, d, fmt.Sprintf("img-%d", tc.size), tc.size, nil)
+		id := v.GetVolumeId()
+		if _, err := d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csi.CapacityRange{RequiredBytes: tc.grown}, VolumeCapability: rwo}); err != nil {
+			t.Fatal(err)
+		}
+		staging := filepath.Join(t.TempDir(), "staging")
+		unmountAll(t, staging)
+		stage := func() (resized int, bytes int64) {
+			t.Helper()
+			before := count()
+			if _, err := d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwo}); err != nil {
+				t.Fatal(err)
+			}
+			st, err := fsops.Statfs(staging)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+				t.Fatal(err)
+			}
+			return count() - before, st.TotalBytes
+		}
+		first, b1 := stage()
+		second, b2 := stage()
+		t.Logf("%d -> %d bytes: resized %d times at the first stage (%d bytes), %d at the second (%d bytes)", tc.size, tc.grown, first, b1, second, b2)
+		switch {
+		case canGrow && second != 0:
+			t.Fatalf("%d -> %d bytes: the second stage resized again (%d times) after the first made the file system %d bytes", tc.size, tc.grown, second, b1)
+		case !canGrow && first > 0 && second == 0:
+			t.Fatalf("%d -> %d bytes: a resize that failed was not tried again", tc.size, tc.grown)
+		}
+	}
+}
