@@ -376,3 +376,57 @@ func TestImageSizes(t *testing.T) {
 		})
 	}
 }
+
+// TestImageFromSmallBlocks: a block volume whose pod made a file system
+// of blocks or sectors under 4 KiB (mkfs.ext4 -b 1024, mkfs.xfs -s
+// size=512) snapshots and restores as an image volume that stages and
+// shows the pod's files: its device takes the file system's own block
+// size (before, it was ready but every stage failed).
+func TestImageFromSmallBlocks(t *testing.T) {
+	if !testutil.HaveTools(t, "mkfs.ext4 mkfs.xfs") {
+		return
+	}
+	d := newDriver(t, testConfig(t))
+	for _, tc := range []struct {
+		fs   string
+		mkfs []string
+	}{
+		{"ext4", []string{"mkfs.ext4", "-q", "-F", "-b", "1024"}},
+		{"xfs", []string{"mkfs.xfs", "-q", "-f", "-s", "size=512", "-b", "size=4096"}},
+	} {
+		t.Run(tc.fs, func(t *testing.T) {
+			const size = 320 << 20
+			blk := createBlock(t, d, "blk-"+tc.fs, size)
+			file := filepath.Join(volumesDir(d), blk.GetVolumeId()+engine.BlockSuffix)
+			// What the pod does: a file system on the device, a file in it.
+			dev, _, err := loop.Find(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := run(tc.mkfs[0], append(tc.mkfs[1:], dev.Path())...); err != nil {
+				t.Fatal(err)
+			}
+			mnt := t.TempDir()
+			if err := unix.Mount(dev.Path(), mnt, tc.fs, 0, ""); err != nil {
+				t.Fatal(err)
+			}
+			err = os.WriteFile(filepath.Join(mnt, "f"), []byte("small blocks"), 0o644)
+			if uerr := unix.Unmount(mnt, 0); err == nil {
+				err = uerr
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := d.CreateSnapshot(ctx, snapReq("s-"+tc.fs, blk.GetVolumeId(), nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: s.GetSnapshot().GetSnapshotId()}) })
+			img := createImage(t, d, "img-"+tc.fs, size, &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: s.GetSnapshot().GetSnapshotId()}}})
+			_, target := stageAndPublish(t, d, img.GetVolumeId())
+			if got, err := os.ReadFile(filepath.Join(target, "f")); err != nil || string(got) != "small blocks" {
+				t.Fatalf("the restored image volume: %q, %v", got, err)
+			}
+		})
+	}
+}

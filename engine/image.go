@@ -120,6 +120,31 @@ func mountImage(dev loop.Device, target string, flags uintptr) (string, error) {
 // image would be refused direct I/O).
 const imageBlockSize = 4096
 
+// deviceBlockSize is the logical block size of the device of the image at
+// path: imageBlockSize, or the file system's own smallest I/O where that
+// is smaller, which a device of larger blocks cannot mount: a block
+// volume's snapshot restored as an image volume may hold a pod's
+// mkfs.ext4 -b 1024, or an XFS of 512-byte sectors. (Direct I/O to such a
+// device may be refused where the image shares blocks on XFS; it is then
+// buffered.)
+func deviceBlockSize(path string) uint32 {
+	f, err := os.Open(path)
+	if err != nil {
+		return imageBlockSize
+	}
+	defer f.Close()
+	unit := uint32(imageBlockSize)
+	if s, err := xfs.ReadSize(f); err == nil {
+		unit = s.SectorSize
+	} else if s, err := ext4.ReadSize(f); err == nil {
+		unit = s.BlockSize
+	}
+	if unit < 512 || unit > imageBlockSize || unit&(unit-1) != 0 {
+		return imageBlockSize
+	}
+	return unit
+}
+
 // isImage reports whether v is an image volume.
 func isImage(v VolumeRecord) bool { return v.Layout == LayoutImage }
 
@@ -204,7 +229,7 @@ func (d *Engine) attachImage(v VolumeRecord) (loop.Device, error) {
 	if ok {
 		return dev, bufferedOnBtrfs(dev, path)
 	}
-	if dev, err = attachBacking(path, loop.Options{BlockSize: imageBlockSize, DirectIO: true}); err != nil {
+	if dev, err = attachBacking(path, loop.Options{BlockSize: deviceBlockSize(path), DirectIO: true}); err != nil {
 		return dev, err
 	}
 	if !dev.DirectIO {

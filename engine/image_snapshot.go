@@ -74,7 +74,7 @@ func (d *Engine) cutImage(ctx context.Context, v VolumeRecord) (string, error) {
 // the pool's tmp/. Everything is undone when fn returns.
 func (d *Engine) imageTree(v VolumeRecord, img string, fn func(tree string) error) (err error) {
 	mnt := strings.TrimSuffix(img, ".img") + ".mnt"
-	dev, err := loop.Attach(img, loop.Options{ReadOnly: true, BlockSize: imageBlockSize})
+	dev, err := loop.Attach(img, loop.Options{ReadOnly: true, BlockSize: deviceBlockSize(img)})
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,9 @@ type Size struct {
 	Blocks    uint64 // sb_dblocks
 	BlockSize uint32
 	AGBlocks  uint32 // the groups' length, which GrowTarget needs
+	// SectorSize is sb_sectsize: the smallest I/O the file system makes,
+	// so the largest logical block its device may have.
+	SectorSize uint32
 }
 
 // Bytes is the file system's length.
@@ -30,5 +33,5 @@ func ReadSize(r io.ReaderAt) (Size, error) {
 	if be.Uint32(sb[0:]) != sbMagic {
 		return Size{}, ErrNotXFS
 	}
-	return Size{Blocks: be.Uint64(sb[8:]), BlockSize: be.Uint32(sb[4:]), AGBlocks: be.Uint32(sb[84:])}, nil
+	return Size{Blocks: be.Uint64(sb[8:]), BlockSize: be.Uint32(sb[4:]), AGBlocks: be.Uint32(sb[84:]), SectorSize: uint32(be.Uint16(sb[102:]))}, nil
 }
