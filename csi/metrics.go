@@ -50,6 +50,8 @@ func newMetrics(d *Driver) *metrics {
 			}
 			return 0
 		}),
+		count("hostpath_image_freezes_stuck", "Image volumes whose file system the driver froze and could not thaw: their pods' writes wait (volume health FileSystemFrozen names them).", func() float64 { return float64(len(d.StuckFreezes())) }),
+		count("hostpath_image_filesystems_not_grown", "Image volumes whose file system could not grow to their size (volume health FileSystemNotGrown says why).", func() float64 { return float64(d.NotGrownCount()) }),
 		count("hostpath_available_capacity_bytes", "What GetCapacity would report with no parameters.", func() float64 {
 			r, err := d.GetCapacity(context.Background(), nil)
 			if err != nil {

@@ -213,6 +213,8 @@ func (d *Engine) repairFresh(v VolumeRecord) error {
 // attachBlock returns the volume's loop device, binding one if the file
 // has none (after a reboot, or if someone detached it).
 func (d *Engine) attachBlock(v VolumeRecord) (loop.Device, error) {
+	d.bindMu.Lock() // as attachImage
+	defer d.bindMu.Unlock()
 	path := d.VolumeDataPath(v)
 	dev, ok, err := loop.Find(path)
 	if err != nil {

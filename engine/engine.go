@@ -48,6 +48,9 @@ type Engine struct {
 	// single step, so two publishes of different volumes (each under its
 	// own volume lock) cannot both take the last slot.
 	attachMu sync.Mutex
+	// bindMu makes finding a volume's writable loop device and binding
+	// one if there is none a single step (attachImage, attachBlock).
+	bindMu sync.Mutex
 
 	// mountPoint inspects a path's mount (fsops.GetMountPoint); tests
 	// replace it to make inspection fail.

@@ -221,6 +221,10 @@ func (d *Engine) sourceRecord(v VolumeRecord) VolumeRecord {
 // would be cached twice; a pool whose file system refuses it (tmpfs)
 // keeps the device buffered, which is only slower.
 func (d *Engine) attachImage(v VolumeRecord) (loop.Device, error) {
+	// Found and bound as one step: two callers (a stage and a snapshot's
+	// flush, a pull's fill) must not both bind a writable device.
+	d.bindMu.Lock()
+	defer d.bindMu.Unlock()
 	path := d.VolumeDataPath(v)
 	dev, ok, err := loop.Find(path)
 	if err != nil {
@@ -344,6 +348,14 @@ func (d *Engine) growImage(v VolumeRecord, dev loop.Device, path, fs string) err
 		d.grownAt.Store(v.ID, devBytes)
 	}
 	return nil
+}
+
+// NotGrownCount is how many image volumes' file systems could not grow
+// to their volume.
+func (d *Engine) NotGrownCount() int {
+	n := 0
+	d.notGrown.Range(func(any, any) bool { n++; return true })
+	return n
 }
 
 // NotGrown says why image volume id's file system is smaller than its
@@ -501,8 +513,12 @@ func (d *Engine) fillImage(v VolumeRecord, fill func(dir string) error) (err err
 	if err := fill(mnt); err != nil {
 		return err
 	}
-	// The unmount writes the file system back to the device; the fsync
-	// of the image makes that durable.
+	// Written back to the device here, where a failure is seen (an
+	// unmount writes back too, but says nothing of what failed); the
+	// fsync of the image then makes it durable.
+	if err := fsops.SyncFS(mnt); err != nil {
+		return fmt.Errorf("writing the new file system of volume %s back to its image: %w", v.ID, err)
+	}
 	mounted = false
 	if err := fsops.Unmount(mnt); err != nil {
 		return err
