@@ -45,11 +45,12 @@ type harness struct {
 	snaps          map[string][32]byte // snapshot id -> content of its source
 	snapNames      map[string]string
 	seq            int
+	args           []string // more flags for the driver
 }
 
 func (h *harness) start() {
 	h.t.Helper()
-	h.cmd = exec.Command(h.bin, "--endpoint=unix://"+h.sock, "--nodeid=crash-node", "--statedir="+h.state, "-v=0")
+	h.cmd = exec.Command(h.bin, append([]string{"--endpoint=unix://" + h.sock, "--nodeid=crash-node", "--statedir=" + h.state, "-v=0"}, h.args...)...)
 	h.cmd.Stderr = os.Stderr
 	if err := h.cmd.Start(); err != nil {
 		h.t.Fatal(err)
