@@ -35,6 +35,7 @@ const envPowerloss = "HOSTPATH_POWERLOSS_RECORDER"
 // recovery recorded and cut again.
 const (
 	maxPoints         = 200
+	minPoints         = 300
 	maxRecoveryPoints = 24
 	recoveries        = 3
 )
@@ -352,51 +353,15 @@ func replay(t *testing.T, fs fsSpec, driver, base, logPath string, ops, already 
 			t.Fatalf("%s: the log has no mark %s", fs.name, op.Mark)
 		}
 	}
-	chosen := flushes
-	if len(flushes) > most {
-		chosen = nil
-		for i := 0; i < most; i++ {
-			chosen = append(chosen, flushes[i*len(flushes)/most])
-		}
+	// At least minPoints points where the run has them: a file system
+	// whose flushes come in pairs (nothing written between them) gets
+	// fewer points between flushes, so more flushes are chosen.
+	points, torn := choosePoints(lg, flushes, most)
+	for want := most; len(points) < min(minPoints, 2*len(flushes)) && most > maxRecoveryPoints && want < len(flushes); {
+		want += minPoints - len(points)
+		points, torn = choosePoints(lg, flushes, want)
 	}
-	// After every chosen flush, a point between it and the next: a random
-	// subset of the writes up to the next flush, as a disk cache that
-	// reorders them might leave, with one write of several sectors torn
-	// (a random subset of its sectors).
-	rng := rand.New(rand.NewPCG(uint64(len(lg.Entries)), 17))
-	var points []point
-	next := map[int]int{}
-	for i, f := range flushes {
-		if i+1 < len(flushes) {
-			next[f] = flushes[i+1]
-		}
-	}
-	torn := 0
-	for _, c := range chosen {
-		n, ok := next[c]
-		if !ok {
-			n = len(lg.Entries)
-		}
-		points = append(points, point{upto: c, torn: -1, ackedBefore: n})
-		if n-c <= 1 {
-			continue
-		}
-		p := point{upto: c, torn: -1, ackedBefore: n}
-		var multi []int
-		for e := c + 1; e < n; e++ {
-			if int64(lg.Entries[e].NrSectors)*lg.SectorSize > 4096 && lg.Entries[e].Flags&logwrites.Discard == 0 {
-				multi = append(multi, e)
-			}
-			if rng.IntN(2) == 0 {
-				p.extra = append(p.extra, e)
-			}
-		}
-		if len(multi) > 0 {
-			p.torn = multi[rng.IntN(len(multi))]
-			torn++
-		}
-		points = append(points, p)
-	}
+	rng := rand.New(rand.NewPCG(uint64(len(lg.Entries)), 19)) // which sectors of a torn write land
 	fmt.Printf("powerloss %s: %d log entries, %d flush or FUA points, %d marks; replaying %d points (%d with a torn write)\n",
 		fs.name, len(lg.Entries), len(flushes), len(markAt), len(points), torn)
 
@@ -571,4 +536,54 @@ func recoverAgain(t *testing.T, g *guestRun, driver string, kept []recovery) (in
 		total, lost = total+n, lost+l
 	}
 	return total, lost
+}
+
+// choosePoints picks most of the flush points, spread over the run, and
+// after each a point between it and the next flush: a random subset of
+// the writes up to the next flush, as a disk cache that reorders them
+// might leave, with one write of several sectors torn (a random subset of
+// its sectors). It returns them and how many have a torn write.
+func choosePoints(lg *logwrites.Log, flushes []int, most int) ([]point, int) {
+	chosen := flushes
+	if len(flushes) > most {
+		chosen = nil
+		for i := 0; i < most; i++ {
+			chosen = append(chosen, flushes[i*len(flushes)/most])
+		}
+	}
+	rng := rand.New(rand.NewPCG(uint64(len(lg.Entries)), 17))
+	var points []point
+	next := map[int]int{}
+	for i, f := range flushes {
+		if i+1 < len(flushes) {
+			next[f] = flushes[i+1]
+		}
+	}
+	torn := 0
+	for _, c := range chosen {
+		n, ok := next[c]
+		if !ok {
+			n = len(lg.Entries)
+		}
+		points = append(points, point{upto: c, torn: -1, ackedBefore: n})
+		if n-c <= 1 {
+			continue
+		}
+		p := point{upto: c, torn: -1, ackedBefore: n}
+		var multi []int
+		for e := c + 1; e < n; e++ {
+			if int64(lg.Entries[e].NrSectors)*lg.SectorSize > 4096 && lg.Entries[e].Flags&logwrites.Discard == 0 {
+				multi = append(multi, e)
+			}
+			if rng.IntN(2) == 0 {
+				p.extra = append(p.extra, e)
+			}
+		}
+		if len(multi) > 0 {
+			p.torn = multi[rng.IntN(len(multi))]
+			torn++
+		}
+		points = append(points, p)
+	}
+	return points, torn
 }
