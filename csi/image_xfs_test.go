@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/format/xfs"
@@ -179,5 +181,51 @@ func TestImageXFS(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestImageXFSFromAnotherNode: a restore or clone on node b of an XFS
+// image volume on node a holds XFS, as its record says (so it stages as
+// XFS), and a class asking ext4 for it is refused at CreateVolume, as a
+// copy on the same node is (before, it was made and then refused at
+// every stage).
+func TestImageXFSFromAnotherNode(t *testing.T) {
+	a, b, _ := newPeerPair(t, filepath.Join(testfs.FileSystem(t, run, "xfs", 2<<30, nil, ""), "state"))
+	const size = 300 << 20
+	r := createReq("src", size)
+	r.Parameters, r.VolumeCapabilities = imageParams, []*csi.VolumeCapability{fsCap("xfs")}
+	v, err := a.d.CreateVolume(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := v.GetVolume().GetVolumeId()
+	t.Cleanup(func() { a.d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: src}) })
+	s, err := a.d.CreateSnapshot(ctx, snapReq("snap", src, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: s.GetSnapshot().GetSnapshotId()}) })
+	for _, req := range []*csi.CreateVolumeRequest{fromSnapshot("r", s.GetSnapshot().GetSnapshotId(), size), fromVolume("c", src, size)} {
+		req.Parameters = imageParams
+		req.VolumeCapabilities = []*csi.VolumeCapability{fsCap("ext4")}
+		_, err := b.d.CreateVolume(ctx, req)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "holds xfs") {
+			t.Fatalf("%s of an XFS image on another node, asked as ext4: %v, want InvalidArgument", req.Name, err)
+		}
+		req.VolumeCapabilities = []*csi.VolumeCapability{rwo}
+		made, err := b.d.CreateVolume(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := made.GetVolume().GetVolumeId()
+		t.Cleanup(func() { b.d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}) })
+		if rec, _ := volumeRec(b.d, id); rec.FSType != "xfs" {
+			t.Fatalf("%s of an XFS image on another node: record says %q, want xfs", req.Name, rec.FSType)
+		}
+		staging, _ := stageAndPublish(t, b.d, id)
+		st, err := fsops.Statfs(staging)
+		if err != nil || st.Type != unix.XFS_SUPER_MAGIC {
+			t.Fatalf("%s staged on b: file system type %#x (%v), want XFS", req.Name, st.Type, err)
+		}
 	}
 }

@@ -63,14 +63,15 @@ func (d *Engine) remoteSource(id string) (string, bool) {
 	return id[len(id)-idHexLen : len(id)-idHexLen+nodeTagLen], true
 }
 
-// statRemote asks the source's node what it is: its access type and the
-// bytes a volume made from it needs. A mount volume's layout that its
-// class did not name (named false) is the source's, where that is a mount
-// volume's; the layout the new volume gets is returned.
-func (d *Engine) statRemote(ctx context.Context, tag, kind, id, access, layout string, named bool) (int64, string, error) {
+// statRemote asks the node holding a source what it is, checks that it
+// can fill a volume of access and layout (a layout the class does not
+// name is the source's), and returns its size, the layout, and the file
+// system its image holds ("" when it is no image, or the peer predates
+// saying so).
+func (d *Engine) statRemote(ctx context.Context, tag, kind, id, access, layout string, named bool) (size int64, _ string, fs, node string, err error) {
 	m, _, node, err := d.peerSet().Open(ctx, tag, kind, id, true)
 	if err != nil {
-		return 0, "", peerStatus(err, kind, id, node)
+		return 0, "", "", node, peerStatus(err, kind, id, node)
 	}
 	// A peer from before layouts sends none: its mount sources are
 	// directories.
@@ -81,17 +82,28 @@ func (d *Engine) statRemote(ctx context.Context, tag, kind, id, access, layout s
 	}
 	if kind == SourceSnapshot {
 		if err := restorable(id+" on node "+node, srcAccess, srcLayout, access, layout); err != nil {
-			return 0, "", err
+			return 0, "", "", node, err
 		}
-		return m.Size, layout, nil
+		return m.Size, layout, m.Attrs[attrFSType], node, nil
 	}
 	if srcAccess != access {
-		return 0, "", StorageErr(ErrInvalid, "source %s %s on node %s is of a %s volume; it cannot fill a %s volume", kind, id, node, srcAccess, access)
+		return 0, "", "", node, StorageErr(ErrInvalid, "source %s %s on node %s is of a %s volume; it cannot fill a %s volume", kind, id, node, srcAccess, access)
 	}
 	if srcLayout != layout {
-		return 0, "", StorageErr(ErrInvalid, "source %s %s on node %s is of a %s-layout volume; it cannot fill a %s-layout volume", kind, id, node, srcLayout, layout)
+		return 0, "", "", node, StorageErr(ErrInvalid, "source %s %s on node %s is of a %s-layout volume; it cannot fill a %s-layout volume", kind, id, node, srcLayout, layout)
 	}
-	return m.Size, layout, nil
+	return m.Size, layout, m.Attrs[attrFSType], node, nil
+}
+
+// attrFSType is the transfer attribute naming the file system a source's
+// image holds (ext4 or xfs), where it is an image that holds one.
+const attrFSType = "fsType"
+
+// imageAttrs adds to m what the image at path holds.
+func imageAttrs(m *transfer.Meta, path string) {
+	if fs, err := probeFS(path); err == nil {
+		m.Attrs[attrFSType] = fs
+	}
 }
 
 // peerStatus is the answer when a peer could not give a source: it names
@@ -316,6 +328,9 @@ func (d *Engine) serveSnapshot(id string) (transfer.Meta, func(context.Context) 
 	}
 	m := transfer.Meta{Size: s.SizeBytes, Attrs: map[string]string{"access": s.AccessType, "layout": snapshotLayout(s)}}
 	path := d.SnapshotDataPath(s)
+	if s.Format == FormatImage {
+		imageAttrs(&m, path)
+	}
 	var open func(context.Context) (io.ReadCloser, error)
 	switch s.Format {
 	case FormatImage:
@@ -338,6 +353,9 @@ func (d *Engine) serveVolume(id string) (transfer.Meta, func(context.Context) (i
 		return transfer.Meta{}, nil, nil, servable(err, SourceVolume, id)
 	}
 	m := transfer.Meta{Size: v.CapacityBytes, Attrs: map[string]string{"access": v.AccessType, "layout": layoutOf(v)}}
+	if fileBacked(v) {
+		imageAttrs(&m, d.VolumeDataPath(v))
+	}
 	format, open := d.layoutFor(v).serve(v)
 	m.Format = format
 	return m, open, unpin, nil

@@ -89,10 +89,18 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 		if old, ok := d.Records.Volumes.ByName(spec.Name); ok {
 			return d.existingVolume(old, rec, spec.Capacity, named)
 		}
-		if floor, layout, err = d.statRemote(ctx, src.Tag, src.kind, src.ID, spec.Access, layout, named); err != nil {
+		var fs, node string
+		if floor, layout, fs, node, err = d.statRemote(ctx, src.Tag, src.kind, src.ID, spec.Access, layout, named); err != nil {
 			return VolumeRecord{}, err
 		}
 		layout = setLayout(&rec, layout)
+		if layout == LayoutImage && fs != "" {
+			// A copy holds what its source's image holds.
+			if spec.FSType != "" && spec.FSType != fs {
+				return VolumeRecord{}, StorageErr(ErrInvalid, "source %s %s on node %s holds %s; it cannot make a volume of csi.storage.k8s.io/fstype %s (a copy holds what its source holds)", src.kind, src.ID, node, fs, spec.FSType)
+			}
+			rec.FSType = fsField(fs)
+		}
 	case src.kind == SourceSnapshot:
 		unpin, err := d.pinSnapshot(src.ID)
 		if err != nil {
