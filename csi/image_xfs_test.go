@@ -204,7 +204,9 @@ func TestImageXFSFromAnotherNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { a.d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: s.GetSnapshot().GetSnapshotId()}) })
+	t.Cleanup(func() {
+		a.d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: s.GetSnapshot().GetSnapshotId()})
+	})
 	for _, req := range []*csi.CreateVolumeRequest{fromSnapshot("r", s.GetSnapshot().GetSnapshotId(), size), fromVolume("c", src, size)} {
 		req.Parameters = imageParams
 		req.VolumeCapabilities = []*csi.VolumeCapability{fsCap("ext4")}
