@@ -184,7 +184,8 @@ func checkPoint(t *testing.T, fs fsSpec, driver, img string, acked []plan.Op) (p
 	published := map[pubKey]string{} // the last of publish, issue-unpublish, unpublish
 	modified := map[string]bool{}
 	blockWrites := map[string]plan.Op{}
-	images := map[string]bool{} // image volumes, by id
+	images := map[string]bool{}    // image volumes, by id
+	imageFS := map[string]string{} // their file systems (ext4 when empty)
 	var imageWritten int64
 	var imageWriter string
 	for _, op := range acked {
@@ -192,6 +193,7 @@ func checkPoint(t *testing.T, fs fsSpec, driver, img string, acked []plan.Op) (p
 		case "create":
 			wantVol[op.ID], sizes[op.ID], pools[op.ID] = op, op.Size, op.Pool
 			images[op.ID] = op.Layout == "image"
+			imageFS[op.ID] = op.FSType
 		case "image-write":
 			imageWritten, imageWriter = max(imageWritten, op.Bytes), op.ID
 		case "expand":
@@ -378,7 +380,7 @@ func checkPoint(t *testing.T, fs fsSpec, driver, img string, acked []plan.Op) (p
 		if id == imageWriter {
 			want = imageWritten
 		}
-		for _, p := range checkImage(filepath.Join(dirOf(op.Pool), "volumes", id+".img"), want) {
+		for _, p := range checkImage(filepath.Join(dirOf(op.Pool), "volumes", id+".img"), want, op.FSType) {
 			bad("image volume %s: %s", id, p)
 		}
 	}
@@ -386,7 +388,11 @@ func checkPoint(t *testing.T, fs fsSpec, driver, img string, acked []plan.Op) (p
 		if !images[op.Source] {
 			continue
 		}
-		if out, err := exec.Command("e2fsck", "-fn", filepath.Join(dirOf(op.Pool), "snapshots", id+".img")).CombinedOutput(); err != nil {
+		check := exec.Command("e2fsck", "-fn", filepath.Join(dirOf(op.Pool), "snapshots", id+".img"))
+		if imageFS[op.Source] == "xfs" {
+			check = exec.Command("xfs_repair", "-n", "-f", filepath.Join(dirOf(op.Pool), "snapshots", id+".img"))
+		}
+		if out, err := check.CombinedOutput(); err != nil {
 			bad("snapshot %s of image volume %s is not a clean file system as it is: %v: %s", id, op.Source, err, lastLines(string(out), 3))
 		}
 	}

@@ -5,15 +5,19 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
+
+	"github.com/hostpath-csi/hostpath/loop"
 
 	"github.com/hostpath-csi/hostpath/test/kernel/plan"
 )
 
-// checkImage checks an image volume's file system on a copy of its image,
-// as a boot would find it: its journal replayed (e2fsck -E journal_only),
-// then clean (e2fsck -fn); and, if written is not 0, that the image
+// checkImage checks an image volume's file system (fs: ext4 when empty,
+// or xfs) on a copy of its image, as a boot would find it: its journal
+// replayed (e2fsck -E journal_only; XFS's log by a mount), then clean
+// (e2fsck -fn, xfs_repair -n); and, if written is not 0, that the image
 // writer's file holds at least that many bytes of its records.
-func checkImage(img string, written int64) (problems []string) {
+func checkImage(img string, written int64, fs string) (problems []string) {
 	tmp, err := os.MkdirTemp("", "powerloss-image-")
 	if err != nil {
 		return []string{err.Error()}
@@ -22,6 +26,9 @@ func checkImage(img string, written int64) (problems []string) {
 	cp := filepath.Join(tmp, "copy.img")
 	if out, err := exec.Command("cp", "--sparse=always", img, cp).CombinedOutput(); err != nil {
 		return []string{fmt.Sprintf("copying its image: %v: %s", err, out)}
+	}
+	if fs == "xfs" {
+		return checkXFSImage(tmp, cp)
 	}
 	if out, err := exec.Command("e2fsck", "-E", "journal_only", "-y", cp).CombinedOutput(); err != nil {
 		problems = append(problems, fmt.Sprintf("replaying its journal: %v: %s", err, lastLines(string(out), 3)))
@@ -44,6 +51,32 @@ func checkImage(img string, written int64) (problems []string) {
 		if string(b[n*plan.RecordSize:(n+1)*plan.RecordSize]) != string(plan.Record(n)) {
 			return append(problems, fmt.Sprintf("the image writer's record %d (fsynced) differs", n))
 		}
+	}
+	return problems
+}
+
+// checkXFSImage replays the log of the XFS in the image copy cp by a
+// mount (nouuid: the original may be mounted) and has xfs_repair -n check
+// what that left.
+func checkXFSImage(tmp, cp string) (problems []string) {
+	mnt := filepath.Join(tmp, "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		return []string{err.Error()}
+	}
+	dev, err := loop.Attach(cp, loop.Options{})
+	if err != nil {
+		return []string{fmt.Sprintf("attaching its copy: %v", err)}
+	}
+	if err := syscall.Mount(dev.Path(), mnt, "xfs", 0, "nouuid"); err != nil {
+		problems = append(problems, fmt.Sprintf("mounting it (its log replays): %v", err))
+	} else if err := syscall.Unmount(mnt, 0); err != nil {
+		problems = append(problems, fmt.Sprintf("unmounting it: %v", err))
+	}
+	if err := loop.Detach(dev); err != nil {
+		problems = append(problems, fmt.Sprintf("detaching its copy: %v", err))
+	}
+	if out, err := exec.Command("xfs_repair", "-n", "-f", cp).CombinedOutput(); err != nil {
+		problems = append(problems, fmt.Sprintf("not clean after its log's replay: %v: %s", err, lastLines(string(out), 3)))
 	}
 	return problems
 }

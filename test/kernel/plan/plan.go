@@ -53,6 +53,7 @@ type Op struct {
 	ID     string `json:"id,omitempty"`
 	Access string `json:"access,omitempty"` // mount or block, for a volume
 	Layout string `json:"layout,omitempty"` // image, for an image volume (and its snapshots' restores)
+	FSType string `json:"fsType,omitempty"` // xfs, for an image volume holding XFS (ext4 when empty)
 	Source string `json:"source,omitempty"` // a create's snapshot or volume source
 	Size   int64  `json:"size,omitempty"`   // a volume's capacity after a create or expand
 	Format string `json:"format,omitempty"` // a snapshot's format parameter

@@ -34,7 +34,9 @@ func sum(b []byte) string { h := sha256.Sum256(b); return hex.EncodeToString(h[:
 // through a published device, expansion, modify and deletes, a burst of
 // concurrent creates and deletes (commits sharing syncs), a crash of the
 // driver and its start again, with a writer appending and fsyncing to a
-// file in a volume meanwhile. The journal is small, so the run crosses
+// file in a volume meanwhile; image volumes (ext4 in both pools, XFS), one
+// grown online, a group snapshot of them, and a crash of the driver while
+// a snapshot holds one frozen. The journal is small, so the run crosses
 // many checkpoints and epochs.
 func workload(t *testing.T, rec *recorder, state, pool string) {
 	const logs = "/tmp/powerloss-driver.log"
@@ -207,6 +209,68 @@ func workload(t *testing.T, rec *recorder, state, pool string) {
 			rec.ack(t, plan.Op{Kind: "restart", Epoch: Epoch(state)})
 		}
 	}
+
+	// Image volumes beyond the first: an XFS one and one in the pool,
+	// each published with a file written; the first grown online while
+	// its writer writes; a group snapshot of all three, frozen together;
+	// and the driver killed while a snapshot holds the first frozen (the
+	// start thaws it, and its writer goes on).
+	xfsCap := &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{FsType: "xfs"}},
+		AccessMode: mountCap.GetAccessMode()}
+	xr, err := ctl().CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "xfs-image", VolumeCapabilities: []*csipb.VolumeCapability{xfsCap},
+		CapacityRange: &csipb.CapacityRange{RequiredBytes: 300 << 20}, Parameters: map[string]string{"layout": "image"}})
+	must("CreateVolume xfs-image", err)
+	xvol := xr.GetVolume().GetVolumeId()
+	rec.ack(t, plan.Op{Kind: "create", ID: xvol, Access: "mount", Layout: "image", FSType: "xfs", Size: xr.GetVolume().GetCapacityBytes()})
+	pvol := createIn("image", "pool-image", mountCap, 32<<20, nil, "", plan.PoolName, nil)
+	for _, v := range []struct {
+		id  string
+		cap *csipb.VolumeCapability
+	}{{xvol, xfsCap}, {pvol, mountCap}} {
+		staging, target := filepath.Join(targets, v.id+"-staging"), filepath.Join(targets, v.id+"-target")
+		os.MkdirAll(staging, 0o755)
+		_, err := node().NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: staging, VolumeCapability: v.cap})
+		must("NodeStageVolume "+v.id, err)
+		_, err = node().NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: v.id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: v.cap})
+		must("NodePublishVolume "+v.id, err)
+		rec.ack(t, plan.Op{Kind: "publish", ID: v.id, Target: target})
+		f, err := os.Create(filepath.Join(target, "data"))
+		must("data", err)
+		_, err = f.Write([]byte(strings.Repeat("image data ", 50000)))
+		must("data", err)
+		must("data", f.Sync())
+		f.Close()
+	}
+	_, err = ctl().ControllerExpandVolume(ctx, &csipb.ControllerExpandVolumeRequest{VolumeId: ivol, CapacityRange: &csipb.CapacityRange{RequiredBytes: 48 << 20}, VolumeCapability: mountCap})
+	must("ControllerExpandVolume (image)", err)
+	_, err = node().NodeExpandVolume(ctx, &csipb.NodeExpandVolumeRequest{VolumeId: ivol, VolumePath: itarget, CapacityRange: &csipb.CapacityRange{RequiredBytes: 48 << 20}})
+	must("NodeExpandVolume (image)", err)
+	rec.ack(t, plan.Op{Kind: "expand", ID: ivol, Size: 48 << 20})
+	g, err := csipb.NewGroupControllerClient(d.cc).CreateVolumeGroupSnapshot(ctx, &csipb.CreateVolumeGroupSnapshotRequest{Name: "image-group", SourceVolumeIds: []string{ivol, xvol, pvol}})
+	must("CreateVolumeGroupSnapshot", err)
+	for _, s := range g.GetGroupSnapshot().GetSnapshots() {
+		pl := ""
+		if s.GetSourceVolumeId() == pvol {
+			pl = plan.PoolName
+		}
+		rec.ack(t, plan.Op{Kind: "snapshot", ID: s.GetSnapshotId(), Source: s.GetSourceVolumeId(), Format: "img", Pool: pl})
+	}
+	killed := make(chan error, 1)
+	go func() {
+		_, err := ctl().CreateSnapshot(ctx, &csipb.CreateSnapshotRequest{Name: "killed-frozen", SourceVolumeId: ivol})
+		killed <- err
+	}()
+	freezeRecord := filepath.Join(state, "freezes", ivol+".json")
+	inside := false
+	for deadline := time.Now().Add(30 * time.Second); !inside && len(killed) == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Microsecond) {
+		_, err := os.Stat(freezeRecord)
+		inside = err == nil
+	}
+	d.stop(unix.SIGKILL)
+	<-killed
+	fmt.Printf("powerloss workload: the driver killed with the image volume's freeze recorded: %v\n", inside)
+	d = startDriver(t, state, pool, logs)
+	rec.ack(t, plan.Op{Kind: "restart", Epoch: Epoch(state)})
 
 	// A burst of concurrent creates and deletes: their commits share
 	// syncs, and appends land on the unit after a sync.
