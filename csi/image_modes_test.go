@@ -17,6 +17,7 @@ import (
 	"github.com/hostpath-csi/hostpath/loop"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // coveredBy reports whether [off, off+n) lies inside the ranges.
@@ -428,5 +429,70 @@ func TestImageFromSmallBlocks(t *testing.T) {
 				t.Fatalf("the restored image volume: %q, %v", got, err)
 			}
 		})
+	}
+}
+
+// TestImageSnapshotDataSum: an image snapshot keeps a checksum of its data
+// at rest; a byte of it changed on disk (bit rot, a stray write) fails a
+// restore with DataLoss and is not sent to another node; put back, both
+// work.
+func TestImageSnapshotDataSum(t *testing.T) {
+	a, b, _ := newPeerPair(t, filepath.Join(testfs.FileSystem(t, run, "ext4", 1<<30, nil, ""), "state"))
+	const size = 64 << 20
+	v := createImage(t, a.d, "img", size, nil)
+	_, target := stageAndPublish(t, a.d, v.GetVolumeId())
+	if err := os.WriteFile(filepath.Join(target, "f"), bytes.Repeat([]byte("at rest "), 100000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := a.d.CreateSnapshot(ctx, snapReq("s", v.GetVolumeId(), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := s.GetSnapshot().GetSnapshotId()
+	t.Cleanup(func() { a.d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: sid}) })
+	rec, _ := snapshotRec(a.d, sid)
+	if len(rec.DataSum) != 64 {
+		t.Fatalf("the image snapshot's record has no checksum at rest: %q", rec.DataSum)
+	}
+	// Flip one byte of the snapshot's data, in its first data range.
+	path := a.d.SnapshotDataPath(rec)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ranges, err := fsops.DataExtents(int(f.Fd()), 0, size)
+	if err != nil || len(ranges) == 0 {
+		t.Fatalf("the snapshot's data ranges: %v %v", ranges, err)
+	}
+	at := ranges[0].Offset + 1024
+	orig := make([]byte, 1)
+	if _, err := f.ReadAt(orig, at); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{orig[0] ^ 0xff}, at); err != nil {
+		t.Fatal(err)
+	}
+	src := &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: sid}}}
+	for _, c := range []struct {
+		name string
+		d    *Driver
+	}{{"restore", a.d}, {"pull from another node", b.d}} {
+		r := createReq("bad-"+strings.ReplaceAll(c.name, " ", "-"), size)
+		r.Parameters, r.VolumeContentSource = imageParams, src
+		_, err := c.d.CreateVolume(ctx, r)
+		if err == nil {
+			t.Fatalf("%s of a snapshot whose data changed at rest: made", c.name)
+		}
+		if c.d == a.d && status.Code(err) != codes.DataLoss {
+			t.Fatalf("%s of a snapshot whose data changed at rest: %v, want DataLoss", c.name, err)
+		}
+		t.Logf("%s refused: %v", c.name, err)
+	}
+	if _, err := f.WriteAt(orig, at); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []*Driver{a.d, b.d} {
+		createImage(t, d, "good", size, src)
 	}
 }

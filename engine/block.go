@@ -57,6 +57,12 @@ func (d *Engine) sourceFile(v VolumeRecord) (string, error) {
 		if !ok {
 			return "", os.ErrNotExist
 		}
+		// An image snapshot's data is checked against its sum before a
+		// restore copies it (a reflink or an extent copy reads nothing
+		// that could be checked on the way).
+		if err := d.checkDataSum(s); err != nil {
+			return "", err
+		}
 		return d.SnapshotDataPath(s), nil
 	case v.SourceVolume != "":
 		s, ok := d.Records.Volumes.Get(v.SourceVolume)

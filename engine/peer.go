@@ -334,7 +334,13 @@ func (d *Engine) serveSnapshot(id string) (transfer.Meta, func(context.Context) 
 	var open func(context.Context) (io.ReadCloser, error)
 	switch s.Format {
 	case FormatImage:
-		m.Format, open = wireExtents, func(ctx context.Context) (io.ReadCloser, error) { return extentsOf(ctx, path) }
+		// Checked against its sum at rest before a byte leaves.
+		m.Format, open = wireExtents, func(ctx context.Context) (io.ReadCloser, error) {
+			if err := d.checkDataSum(s); err != nil {
+				return nil, err
+			}
+			return extentsOf(ctx, path)
+		}
 	case FormatReflink:
 		m.Format, open = WireTarZst, func(ctx context.Context) (io.ReadCloser, error) { return archiveOf(ctx, path), nil }
 	default:

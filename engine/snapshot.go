@@ -262,6 +262,13 @@ func (p *pendingSnapshot) complete(err error) (SnapshotRecord, error) {
 		// A block or image restore needs the whole device, whatever is
 		// allocated.
 		s.SizeBytes = s.VolumeBytes
+		// Its checksum at rest, read after the thaw: a restore or a
+		// send checks it, as an archive's sha256 is.
+		if err == nil {
+			if s.DataSum, err = dataSum(p.d.SnapshotDataPath(s)); err != nil {
+				err = fmt.Errorf("summing snapshot %s: %w", s.ID, err)
+			}
+		}
 	}
 	return p.d.snapshots().end(p.s, s, err)
 }
@@ -381,4 +388,30 @@ func (d *Engine) RemoveSnapshot(s SnapshotRecord) error {
 func (d *Engine) HoldsSnapshot(id string) bool {
 	s, ok := d.Records.Snapshots.Get(id)
 	return ok && s.Phase == PhaseReady
+}
+
+// dataSum is fsops.DataSum of the file at path.
+func dataSum(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	return fsops.DataSum(f)
+}
+
+// checkDataSum checks an image snapshot's file against its checksum at
+// rest, where it has one; a mismatch is ErrCorrupt (DataLoss).
+func (d *Engine) checkDataSum(s SnapshotRecord) error {
+	if s.Format != FormatImage || s.DataSum == "" {
+		return nil
+	}
+	got, err := dataSum(d.SnapshotDataPath(s))
+	if err != nil {
+		return fmt.Errorf("reading snapshot %s to check it: %w", s.ID, err)
+	}
+	if got != s.DataSum {
+		return fmt.Errorf("%w: %s's data sums to %s, recorded %s", ErrCorrupt, s.ID, got, s.DataSum)
+	}
+	return nil
 }

@@ -78,7 +78,11 @@ type Snapshot struct {
 	// volume restored from it may have.
 	VolumeBytes int64  `json:"volumeBytes"`
 	SHA256      string `json:"sha256,omitempty"`
-	Format      string `json:"format,omitempty"`
+	// DataSum is an image snapshot's (FormatImage) checksum at rest:
+	// fsops.DataSum of its file, its data ranges and their offsets (holes
+	// cost nothing). Empty for snapshots from before it.
+	DataSum string `json:"dataSum,omitempty"`
+	Format  string `json:"format,omitempty"`
 	// Group is the group snapshot this snapshot belongs to, if any.
 	Group string `json:"group,omitempty"`
 	// Pool is the storage pool the snapshot's data is in; empty for the
