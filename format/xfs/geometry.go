@@ -40,7 +40,8 @@ const (
 	// (XFS_INODE_BIG_CLUSTER_SIZE for 512-byte inodes).
 	inoAlign = 4
 
-	minAGBlocks = 64                      // XFS_MIN_AG_BLOCKS: a shorter tail is not a group
+	minAGBlocks = 64                      // XFS_MIN_AG_BLOCKS: the kernel's growfs makes no shorter group
+	mkfsAGMin   = 16 << 20 / BlockSize    // XFS_AG_MIN_BLOCKS: mkfs.xfs drops a shorter tail
 	maxAGBlocks = (1<<40 - 1) / BlockSize // XFS_AG_MAX_BLOCKS: 1 TiB
 	defaultAGs  = 4                       // mkfs.xfs's count for a single disk
 	logMin      = 64 << 20 / BlockSize    // XFS_MIN_LOG_BYTES: mkfs.xfs's default up to 128 GiB
@@ -77,7 +78,7 @@ func newGeometry(size int64) (*geometry, error) {
 		g.agCount = uint32((g.blocks + ag - 1) / ag)
 	}
 	g.agBlocks = uint32(ag)
-	if tail := g.blocks - uint64(g.agCount-1)*ag; tail < minAGBlocks {
+	if tail := g.blocks - uint64(g.agCount-1)*ag; tail < mkfsAGMin {
 		g.agCount--
 		g.blocks -= tail
 	}

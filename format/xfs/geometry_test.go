@@ -28,6 +28,9 @@ func TestGeometryIsMkfs(t *testing.T) {
 		{1 << 40, 268435456, 67108864, 4, 131072, 134217735, 268304348},
 		{4 << 40, 1073741820, 268435455, 4, 521728, 536870919, 1073220056},
 		{5 << 40, 1342177275, 268435455, 5, 521728, 536870919, 1341655504},
+		// A tail of 4092 blocks past four full groups: mkfs.xfs drops
+		// a tail under 16 MiB (XFS_AG_MIN_BLOCKS), as it does here.
+		{(1073741820 + 4092) * BlockSize, 1073741820, 268435455, 4, 521728, 536870919, 1073220056},
 	} {
 		g, err := newGeometry(tc.size)
 		if err != nil {
