@@ -3,6 +3,7 @@ package fsops
 import (
 	"errors"
 	"os"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -63,8 +64,9 @@ func freezeIoctl(op, path string, req uint) error {
 // write back with every writer blocked. The descriptor keeps the mount
 // busy until the thaw: an unmount meanwhile fails with EBUSY instead of
 // waiting on the frozen file system, and the thaw reaches the file system
-// whatever was mounted or unmounted at path since. A file system frozen
-// already (by someone else) answers EBUSY.
+// whatever was mounted or unmounted at path since. The thaw may be called
+// again, also at once from several goroutines: once it has thawed, it is
+// done. A file system frozen already (by someone else) answers EBUSY.
 func FreezeHeld(path string, dev uint64) (thaw func() error, err error) {
 	f, err := openOn(path, dev)
 	if err != nil {
@@ -78,11 +80,19 @@ func FreezeHeld(path string, dev uint64) (thaw func() error, err error) {
 		f.Close()
 		return nil, &os.PathError{Op: "ioctl(FIFREEZE)", Path: path, Err: err}
 	}
+	var mu sync.Mutex
+	thawed := false
 	return func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if thawed {
+			return nil
+		}
 		if err := unix.IoctlSetInt(int(f.Fd()), fiThaw, 0); err != nil && !errors.Is(err, unix.EINVAL) {
 			// The descriptor stays open for a retry of the thaw.
 			return &os.PathError{Op: "ioctl(FITHAW)", Path: path, Err: err}
 		}
+		thawed = true
 		return f.Close()
 	}, nil
 }
