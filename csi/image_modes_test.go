@@ -480,8 +480,9 @@ func TestImageSnapshotDataSum(t *testing.T) {
 	}{{"restore", a.d}, {"pull from another node", b.d}} {
 		r := createReq("bad-"+strings.ReplaceAll(c.name, " ", "-"), size)
 		r.Parameters, r.VolumeContentSource = imageParams, src
-		_, err := c.d.CreateVolume(ctx, r)
+		made, err := c.d.CreateVolume(ctx, r)
 		if err == nil {
+			t.Cleanup(func() { c.d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: made.GetVolume().GetVolumeId()}) })
 			t.Fatalf("%s of a snapshot whose data changed at rest: made", c.name)
 		}
 		if c.d == a.d && status.Code(err) != codes.DataLoss {

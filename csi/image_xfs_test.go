@@ -210,7 +210,10 @@ func TestImageXFSFromAnotherNode(t *testing.T) {
 	for _, req := range []*csi.CreateVolumeRequest{fromSnapshot("r", s.GetSnapshot().GetSnapshotId(), size), fromVolume("c", src, size)} {
 		req.Parameters = imageParams
 		req.VolumeCapabilities = []*csi.VolumeCapability{fsCap("ext4")}
-		_, err := b.d.CreateVolume(ctx, req)
+		bad, err := b.d.CreateVolume(ctx, req)
+		if err == nil {
+			t.Cleanup(func() { b.d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: bad.GetVolume().GetVolumeId()}) })
+		}
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "holds xfs") {
 			t.Fatalf("%s of an XFS image on another node, asked as ext4: %v, want InvalidArgument", req.Name, err)
 		}
