@@ -48,9 +48,11 @@ type fsSpec struct {
 	fsck []string
 }
 
+// (1280 MiB: room for the capacity the workload's volumes reserve, an
+// XFS image volume's 300 MiB among them, and the check's restores.)
 var powerlossFS = []fsSpec{
-	{"ext4", 768 << 20, []string{"mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"}, []string{"e2fsck", "-fn"}},
-	{"xfs", 768 << 20, []string{"mkfs.xfs", "-q", "-f"}, []string{"xfs_repair", "-n"}},
+	{"ext4", 1280 << 20, []string{"mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"}, []string{"e2fsck", "-fn"}},
+	{"xfs", 1280 << 20, []string{"mkfs.xfs", "-q", "-f"}, []string{"xfs_repair", "-n"}},
 }
 
 // poolFS is the pool's file system, an image inside the data disk.
