@@ -34,6 +34,13 @@ func TestImageGrowth(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.MaxVolumeSize = 1 << 50
 	d := newDriver(t, cfg)
+	var mu sync.Mutex
+	var notes []string
+	d.SetNotifier(func(pv, reason, msg string) {
+		mu.Lock()
+		notes = append(notes, pv+" "+reason+": "+msg)
+		mu.Unlock()
+	})
 	const size, bigger = 64 << 20, 256 << 20
 	v := createImage(t, d, "img", size, nil)
 	id := v.GetVolumeId()
@@ -61,6 +68,12 @@ func TestImageGrowth(t *testing.T) {
 	} else {
 		if st.TotalBytes > size || !strings.Contains(h.String(), "FileSystemNotGrown") || total != st.TotalBytes {
 			t.Fatalf("without CAP_SYS_RESOURCE: staged a %d-byte file system, stats say %d, health %v; want its own size, reported", st.TotalBytes, total, h)
+		}
+		mu.Lock()
+		told := strings.Join(notes, "\n")
+		mu.Unlock()
+		if !strings.HasPrefix(told, "img FileSystemNotGrown: ") || !strings.Contains(told, "CAP_SYS_RESOURCE") {
+			t.Fatalf("the notifier (an event on the PV, in a cluster) was told %q", told)
 		}
 		t.Logf("no CAP_SYS_RESOURCE here: staged at the file system's %d bytes, health: %v", st.TotalBytes, h.GetVolumeHealth().GetHealthStatuses()[0].GetMessage())
 	}

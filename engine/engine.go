@@ -58,6 +58,9 @@ type Engine struct {
 
 	// freezes are the image volumes' file systems frozen now (freeze.go).
 	freezes freezes
+	// notifier, when set, is told what the driver could not do for a
+	// volume that no call's error carries (SetNotifier).
+	notifier atomic.Pointer[Notifier]
 	// notGrown holds, by volume id, why an image volume's file system
 	// could not grow to its device; grownAt the device size at which a
 	// growth added nothing (growImage).
@@ -74,4 +77,26 @@ type Engine struct {
 	// moved counts the bytes the data path moved, by operation (the
 	// protocol side's metrics).
 	moved func(op string, n int64)
+}
+
+// Notifier is told, by volume name (the CO's: a PersistentVolume's), what
+// the driver could not do for a volume that no call's error carries; it
+// must not block. cmd makes it a Warning event on the PersistentVolume.
+type Notifier func(volumeName, reason, message string)
+
+// SetNotifier sets where the engine's notes about volumes go (nil: only
+// the log).
+func (d *Engine) SetNotifier(n Notifier) {
+	if n == nil {
+		d.notifier.Store(nil)
+		return
+	}
+	d.notifier.Store(&n)
+}
+
+// notify passes a note about volume v to the notifier, if one is set.
+func (d *Engine) notify(v VolumeRecord, reason, message string) {
+	if n := d.notifier.Load(); n != nil && v.Name != "" {
+		(*n)(v.Name, reason, message)
+	}
 }

@@ -320,6 +320,7 @@ func (d *Engine) stageImage(v VolumeRecord, staging string) error {
 	// for good. Health says so, and stats give the file system's size.
 	if err := d.growImage(v, dev, staging, fs); err != nil {
 		klog.ErrorS(err, "an image volume's file system could not grow to its device; staged at its own size", "volume_id", v.ID, "path", staging)
+		d.notify(v, "FileSystemNotGrown", fmt.Sprintf("staged on node %s at its file system's own size, smaller than the volume: %v", d.Config.NodeID, err))
 	}
 	return nil
 }

@@ -107,6 +107,7 @@ func run(o options) int {
 	if o.reportLostNodes {
 		go reportLostNodes(ctx, o)
 	}
+	go volumeEvents(d, o)
 	if o.transferEndpoint != "" {
 		go servePeers(ctx, d, o)
 	}
