@@ -195,6 +195,10 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 			u()
 		}
 	}()
+	// First every member's lock, record and mount, each written back
+	// while its pods still write (so the freezes that follow have little
+	// left to write with writers blocked); then the freezes, back to back.
+	var toFreeze []freezeRecord
 	for _, v := range vs {
 		if !isImage(v) || now[v.ID] {
 			continue
@@ -216,33 +220,34 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 		if path == "" {
 			continue // not mounted, and stays so: nothing writes to it
 		}
-		// Written back while its pods still write, so the pause is short:
-		// the freeze's own writeback has little left.
 		if err := fsops.SyncFS(path); err != nil {
 			return fmt.Errorf("syncing the file system of volume %s at %s: %w", v.ID, path, err)
 		}
-		if start.IsZero() {
-			start = time.Now()
-			bound = time.AfterFunc(d.Config.MaxFreeze, func() {
-				mu.Lock()
-				overran = true
-				mu.Unlock()
-				thawAll()
-			})
-		}
+		toFreeze = append(toFreeze, freezeRecord{Volume: v.ID, Image: d.VolumeDataPath(cur), Dev: dev, Path: path})
+	}
+	if len(toFreeze) > 0 {
+		start = time.Now()
+		bound = time.AfterFunc(d.Config.MaxFreeze, func() {
+			mu.Lock()
+			overran = true
+			mu.Unlock()
+			thawAll()
+		})
+	}
+	for _, rec := range toFreeze {
 		mu.Lock()
 		late := overran
 		mu.Unlock()
 		if late {
 			break
 		}
-		ok, err = d.freezeOne(freezeRecord{Volume: v.ID, Image: d.VolumeDataPath(cur), Dev: dev, Path: path})
+		ok, err := d.freezeOne(rec)
 		if err != nil {
 			return err
 		}
 		if ok {
 			mu.Lock()
-			froze = append(froze, v.ID)
+			froze = append(froze, rec.Volume)
 			mu.Unlock()
 		}
 	}
@@ -263,7 +268,7 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 	late = overran
 	mu.Unlock()
 	if err == nil && late {
-		return StorageErr(ErrOverran, "the copy of %d image volumes took longer than --max-freeze=%v, so their file systems were thawed before it ended and the cut is refused (a copy after the thaw would mix moments); on a pool that shares blocks (XFS with reflink, btrfs) the copy takes milliseconds, or raise --max-freeze", len(vs), d.Config.MaxFreeze)
+		return StorageErr(ErrOverran, "the copy of %d image volumes took longer than --max-freeze=%v, so their file systems were thawed before it ended and the cut is refused (a copy after the thaw would mix moments); on a pool that shares blocks (XFS with reflink, btrfs) the copy takes milliseconds, or raise --max-freeze", len(toFreeze), d.Config.MaxFreeze)
 	}
 	return err
 }
