@@ -203,7 +203,7 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 		if !isImage(v) || now[v.ID] {
 			continue
 		}
-		unlock, err := d.Locks.lock("freeze of volume "+v.ID, freezeKey(v.ID))
+		unlock, err := d.lockFreeze(v.ID)
 		if err != nil {
 			return err
 		}
@@ -301,33 +301,14 @@ func (d *Engine) freezeOne(rec freezeRecord) (bool, error) {
 	return true, nil
 }
 
-// mountedDev is mountedAt with the device of the file system mounted
-// there.
-func (d *Engine) mountedDev(v VolumeRecord) (string, uint64, error) {
-	for _, p := range mountPaths(v) {
-		mp, ours, err := d.inspectMount(p, v)
-		if err != nil {
-			return "", 0, err
-		}
-		if ours {
-			return p, mp.Dev, nil
-		}
-	}
-	return "", 0, nil
-}
-
 // freezeKey is the lock of a volume's freeze, taken by a freeze and by a
 // stage (and online growth) of the volume.
 func freezeKey(id string) string { return "freeze/" + id }
 
-// lockFreeze takes volume id's freeze lock: its file system is neither
-// frozen nor being copied meanwhile.
+// lockFreeze takes volume id's freeze lock: its file system is not
+// frozen, copied, staged or grown by anyone else meanwhile.
 func (d *Engine) lockFreeze(id string) (func(), error) {
-	unlock, err := d.Locks.lock("volume "+id+" (a snapshot, clone or send of it is being cut)", freezeKey(id))
-	if err != nil {
-		return nil, err
-	}
-	return unlock, nil
+	return d.Locks.lock("volume "+id+" (a stage, a growth, or a snapshot, clone or send being cut)", freezeKey(id))
 }
 
 // thawRecorded thaws, at start and before anything else, every file
@@ -387,18 +368,14 @@ func thawOneRecorded(path string) bool {
 		}
 		for _, m := range mounts {
 			was, err := fsops.ThawOn(m, dev.Rdev)
-			switch {
-			case err != nil:
+			if err != nil {
 				klog.ErrorS(err, "could not inspect or thaw a mount of an image volume a stopped driver froze; the next start tries again", "volume_id", rec.Volume, "path", m)
 				done = false
 				continue
-			case was:
-				klog.InfoS("repair: thawed an image volume's file system that a stopped driver left frozen", "volume_id", rec.Volume, "path", m)
 			}
-			// One thaw per file system: every other mount of it is
-			// the same super block.
 			if was {
-				break
+				klog.InfoS("repair: thawed an image volume's file system that a stopped driver left frozen", "volume_id", rec.Volume, "path", m)
+				break // every other mount of it is the same super block
 			}
 		}
 	}

@@ -33,7 +33,7 @@ func (d *Engine) growImage(v VolumeRecord, dev loop.Device, path, fs string) err
 		return nil
 	}
 	before, _ := fsops.Statfs(path)
-	if err := growImageFS(dev, path, fs); err != nil {
+	if err := growImageFS(dev, devBytes, path, fs); err != nil {
 		d.notGrown.Store(v.ID, fmt.Errorf("the file system is smaller than its %d-byte volume: %w", devBytes, err))
 		return err
 	}
@@ -62,17 +62,13 @@ func (d *Engine) NotGrown(id string) error {
 }
 
 // growImageFS grows the file system fs mounted at path to the size of its
-// device, online, if it is smaller. An ext4 grows to the blocks a file
+// device (devBytes), online, if it is smaller. An ext4 grows to the blocks a file
 // system made at that size spans (ext4.Blocks), so a tail too short for
 // a group of its own (an odd-sized volume's last few blocks) is no reason
 // to resize; an XFS to what the kernel's growfs makes of the device
 // (xfs.GrowTarget), from the geometry the mounted file system reports
 // (its superblock on the device may lag behind the kernel's).
-func growImageFS(dev loop.Device, path, fs string) error {
-	devBytes, err := loop.Size(dev.Path())
-	if err != nil {
-		return err
-	}
+func growImageFS(dev loop.Device, devBytes int64, path, fs string) error {
 	if fs == FSXFS {
 		blocks, agBlocks, err := fsops.XFSGeometry(path)
 		if err != nil {

@@ -68,16 +68,23 @@ func (d *Engine) removeVolumeData(v VolumeRecord) error { return d.layoutFor(v).
 // outside umount removed do not count. A path that cannot be inspected is
 // an error, never "not mounted": callers remove data on that answer.
 func (d *Engine) mountedAt(v VolumeRecord) (string, error) {
+	p, _, err := d.mountedDev(v)
+	return p, err
+}
+
+// mountedDev is mountedAt with the device of the file system mounted
+// there (st_dev of the mount's root).
+func (d *Engine) mountedDev(v VolumeRecord) (string, uint64, error) {
 	for _, p := range mountPaths(v) {
-		ours, err := d.ShowsVolume(p, v)
+		mp, ours, err := d.inspectMount(p, v)
 		if err != nil {
-			return "", err
+			return "", 0, err
 		}
 		if ours {
-			return p, nil
+			return p, mp.Dev, nil
 		}
 	}
-	return "", nil
+	return "", 0, nil
 }
 
 // mountPaths lists the staging and target paths recorded for a volume.

@@ -28,21 +28,18 @@ func Freeze(path string) error { return freezeIoctl("ioctl(FIFREEZE)", path, fiF
 func Thaw(path string) error { return freezeIoctl("ioctl(FITHAW)", path, fiThaw) }
 
 // ThawIfFrozen thaws the file system at path if it is frozen, and reports
-// whether it was: what a start does for every file system a driver killed
-// mid-snapshot may have left frozen.
+// whether it was.
 func ThawIfFrozen(path string) (bool, error) {
-	err := Thaw(path)
-	if errors.Is(err, unix.EINVAL) {
-		return false, nil
+	f, err := openRoot(path)
+	if err != nil {
+		return false, err
 	}
-	return err == nil, err
+	defer f.Close()
+	return thawFile(f, path)
 }
 
 func freezeIoctl(op, path string, req uint) error {
-	// O_RDONLY of the mount's root: FIFREEZE needs CAP_SYS_ADMIN, not a
-	// writable descriptor, and opening for writing could block on a
-	// frozen file system.
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	f, err := openRoot(path)
 	if err != nil {
 		return err
 	}
@@ -53,28 +50,44 @@ func freezeIoctl(op, path string, req uint) error {
 	return nil
 }
 
+// openRoot opens the mount root at path read-only: FIFREEZE and FITHAW
+// need CAP_SYS_ADMIN, not a writable descriptor, and opening for writing
+// could block on a frozen file system.
+func openRoot(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+}
+
+// thawFile thaws the file system f is open on and reports whether it was
+// frozen: one that is not answers EINVAL, which is done.
+func thawFile(f *os.File, path string) (bool, error) {
+	err := unix.IoctlSetInt(int(f.Fd()), fiThaw, 0)
+	if errors.Is(err, unix.EINVAL) {
+		return false, nil
+	}
+	if err != nil {
+		return false, &os.PathError{Op: "ioctl(FITHAW)", Path: path, Err: err}
+	}
+	return true, nil
+}
+
 // FreezeHeld freezes the file system mounted at path, as Freeze does, and
 // returns the thaw, made through the same open descriptor of the mount's
 // root. The descriptor is checked first: path must be on device dev (the
 // caller's loop device), else nothing is frozen and the error unwraps to
 // ESTALE: a path checked, then unmounted before it was opened, shows
 // whatever holds the bare directory (usually the node's root), which must
-// never be frozen. The file system is synced (syncfs) before the freeze,
-// while its writers still run, so the freeze itself has little left to
-// write back with every writer blocked. The descriptor keeps the mount
-// busy until the thaw: an unmount meanwhile fails with EBUSY instead of
-// waiting on the frozen file system, and the thaw reaches the file system
-// whatever was mounted or unmounted at path since. The thaw may be called
-// again, also at once from several goroutines: once it has thawed, it is
-// done. A file system frozen already (by someone else) answers EBUSY.
+// never be frozen. The caller syncs the file system first (SyncFS), while
+// its writers still run, so the freeze has little left to write back
+// with every writer blocked. The descriptor keeps the mount busy until
+// the thaw: an unmount meanwhile fails with EBUSY instead of waiting on
+// the frozen file system, and the thaw reaches the file system whatever
+// was mounted or unmounted at path since. The thaw may be called again,
+// also at once from several goroutines: once it has thawed, it is done.
+// A file system frozen already (by someone else) answers EBUSY.
 func FreezeHeld(path string, dev uint64) (thaw func() error, err error) {
 	f, err := openOn(path, dev)
 	if err != nil {
 		return nil, err
-	}
-	if err := unix.Syncfs(int(f.Fd())); err != nil {
-		f.Close()
-		return nil, &os.PathError{Op: "syncfs", Path: path, Err: err}
 	}
 	if err := unix.IoctlSetInt(int(f.Fd()), fiFreeze, 0); err != nil {
 		f.Close()
@@ -88,9 +101,8 @@ func FreezeHeld(path string, dev uint64) (thaw func() error, err error) {
 		if thawed {
 			return nil
 		}
-		if err := unix.IoctlSetInt(int(f.Fd()), fiThaw, 0); err != nil && !errors.Is(err, unix.EINVAL) {
-			// The descriptor stays open for a retry of the thaw.
-			return &os.PathError{Op: "ioctl(FITHAW)", Path: path, Err: err}
+		if _, err := thawFile(f, path); err != nil {
+			return err // the descriptor stays open for a retry
 		}
 		thawed = true
 		return f.Close()
@@ -106,21 +118,13 @@ func ThawOn(path string, dev uint64) (bool, error) {
 		return false, err
 	}
 	defer f.Close()
-	err = unix.IoctlSetInt(int(f.Fd()), fiThaw, 0)
-	if errors.Is(err, unix.EINVAL) {
-		return false, nil
-	}
-	if err != nil {
-		return false, &os.PathError{Op: "ioctl(FITHAW)", Path: path, Err: err}
-	}
-	return true, nil
+	return thawFile(f, path)
 }
 
-// openOn opens the directory at path read-only and checks, on the open
+// openOn opens the mount root at path (openRoot) and checks, on the open
 // descriptor, that it is on device dev.
 func openOn(path string, dev uint64) (*os.File, error) {
-	// O_RDONLY: FIFREEZE needs CAP_SYS_ADMIN, not a writable descriptor.
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	f, err := openRoot(path)
 	if err != nil {
 		return nil, err
 	}
