@@ -83,6 +83,7 @@ func TestSignerAdoptsTheAuthorityBefore(t *testing.T) {
 	// (The signer's own record is in memory: the fake API keeps no
 	// resource versions, by which a Secret's update is a conflict or not.)
 	own := &transfer.MemoryStore{}
+	pod(t, client, "driver-new", "new", "node-sa", "DaemonSet")
 	s := &Signer{Client: client, Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa",
 		Authority: &transfer.StoreAuthority{Store: own, Driver: "d", Now: now},
 		Bundle:    "trust", MaxLifetime: 6 * time.Hour, Legacy: legacy, AdoptFor: 2 * time.Hour, Now: now}

@@ -20,12 +20,39 @@ import (
 // provisioner takes only the claims selected for its node.
 const SelectedNodeAnnotation = "volume.kubernetes.io/selected-node"
 
+// ManagedByLabel is the label the snapshot-controller (with distributed
+// snapshotting) puts on a VolumeSnapshotContent to name the node whose
+// snapshotter handles it; snapimport puts it on pre-provisioned ones.
+const ManagedByLabel = "snapshot.storage.kubernetes.io/managed-by"
+
+// Owner is what the serving node recorded about one of its sources when it
+// made it: the VolumeSnapshot (namespace, name) a snapshot was made for
+// and its VolumeSnapshotContent (Object), or the claim a volume was made
+// for and its PersistentVolume (Object).
+type Owner struct {
+	Namespace, Name, Object string
+}
+
 // Pending is the transfer's Authorizer for the CSI driver: a node may have
 // a source (a snapshot, a volume) only while a claim that restores or
-// clones it waits to be provisioned on that node, as the API server
-// records it: Pending, selected for that node, its data source a
-// VolumeSnapshot whose content is this driver's with that snapshot handle,
-// or a claim bound to a volume of this driver with that volume handle.
+// clones it waits to be provisioned on that node: Pending, selected for
+// that node by the scheduler, its data source the object the serving
+// node's own record says the source was made for:
+//
+//   - a snapshot: the VolumeSnapshot named in the record, whose
+//     status.boundVolumeSnapshotContentName (written by the
+//     snapshot-controller alone) is the content named in the record;
+//   - a volume: the claim named in the record, whose spec.volumeName is
+//     the PersistentVolume named in the record.
+//
+// A source recorded without its owner (made through the CSI API alone, a
+// group's member, or before owners were kept), or a snapshot restored
+// through a pre-provisioned content, is served only through API objects
+// that this node alone may write under the driver's admission policies:
+// a content labelled managed-by this node, or a PersistentVolume whose
+// node affinity is this node. A source in another namespace than the
+// claim's is served only where a ReferenceGrant in the source's namespace
+// lets that claim's namespace have it, as the provisioner requires.
 //
 // The claims are listed at most every MaxAge (from the API server's watch
 // cache), however many requests come; the data sources of the claims
@@ -34,6 +61,16 @@ type Pending struct {
 	Client    kubernetes.Interface
 	Snapshots versioned.Interface
 	Driver    string
+	// Node is this node's name; TopologyKey the node-affinity key of the
+	// driver's volumes.
+	Node, TopologyKey string
+	// Owners is this node's record of a source: whether it is here and
+	// ready, and its owner (ok false when none was recorded).
+	Owners func(kind, id string) (owner Owner, here, ok bool)
+	// Grants reports whether a ReferenceGrant lets claims in namespace
+	// from have the source group/kind/name in namespace ns; nil refuses
+	// every source in another namespace.
+	Grants func(ctx context.Context, from, ns, group, kind, name string) (bool, error)
 	// SnapshotKind and VolumeKind are the transfer's names of the two
 	// kinds of source.
 	SnapshotKind, VolumeKind string
@@ -49,19 +86,25 @@ type Pending struct {
 	listing chan struct{} // closed when the list being made ends
 }
 
-// claimList is one list of the pending claims, with the source handles
-// looked up while it is current.
+// claimList is one list of the pending claims, with the decisions made
+// while it is current.
 type claimList struct {
-	at      time.Time
-	claims  []pendingClaim
-	handles map[pendingClaim]string
+	at        time.Time
+	claims    []pendingClaim
+	decisions map[decision]bool
 }
 
-// pendingClaim is a claim's wait: the node it is selected for and the
-// source it is to be filled from (kind, namespace/name of the
-// VolumeSnapshot or claim).
+// pendingClaim is a claim's wait: the node it is selected for, its
+// namespace, and the source it is to be filled from (kind, namespace/name
+// of the VolumeSnapshot or claim, and the API group for a grant).
 type pendingClaim struct {
-	node, kind, namespace, name string
+	node, claimNS, kind, group, srcKind, namespace, name string
+}
+
+// decision is one claim's answer for one source.
+type decision struct {
+	c  pendingClaim
+	id string
 }
 
 func (p *Pending) now() time.Time {
@@ -76,6 +119,10 @@ func (p *Pending) Authorize(ctx context.Context, peer, kind, id string) error {
 	if kind != p.SnapshotKind && kind != p.VolumeKind {
 		return fmt.Errorf("%w: no source of kind %q is served", transfer.ErrRefused, kind)
 	}
+	owner, here, known := p.Owners(kind, id)
+	if !here {
+		return fmt.Errorf("%w: no ready %s %s on this node", transfer.ErrRefused, kind, id)
+	}
 	list, err := p.list(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: the pending claims could not be listed: %v", transfer.ErrBusy, err)
@@ -85,19 +132,20 @@ func (p *Pending) Authorize(ctx context.Context, peer, kind, id string) error {
 		if c.node != peer || c.kind != kind {
 			continue
 		}
+		key := decision{c, id}
 		p.mu.Lock()
-		handle, ok := list.handles[c]
+		ok, decided := list.decisions[key]
 		p.mu.Unlock()
-		if !ok {
-			if handle, err = p.handleOf(ctx, c); err != nil {
+		if !decided {
+			if ok, err = p.allows(ctx, c, id, owner, known); err != nil {
 				lookupErr = err
 				continue
 			}
 			p.mu.Lock()
-			list.handles[c] = handle
+			list.decisions[key] = ok
 			p.mu.Unlock()
 		}
-		if handle != "" && handle == id {
+		if ok {
 			return nil
 		}
 	}
@@ -145,7 +193,7 @@ func (p *Pending) list(ctx context.Context) (*claimList, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.current = &claimList{at: at, claims: claims, handles: map[pendingClaim]string{}}
+	p.current = &claimList{at: at, claims: claims, decisions: map[decision]bool{}}
 	return p.current, nil
 }
 
@@ -164,7 +212,7 @@ func (p *Pending) pendingClaims(ctx context.Context) ([]pendingClaim, error) {
 			continue
 		}
 		if c, ok := p.sourceOf(pvc); ok {
-			c.node = node
+			c.node, c.claimNS = node, pvc.Namespace
 			out = append(out, c)
 		}
 	}
@@ -196,60 +244,109 @@ func (p *Pending) sourceOf(pvc *corev1.PersistentVolumeClaim) (pendingClaim, boo
 	}
 	switch {
 	case group == "snapshot.storage.k8s.io" && kind == "VolumeSnapshot":
-		return pendingClaim{kind: p.SnapshotKind, namespace: ns, name: name}, true
+		return pendingClaim{kind: p.SnapshotKind, group: group, srcKind: kind, namespace: ns, name: name}, true
 	case group == "" && kind == "PersistentVolumeClaim":
-		return pendingClaim{kind: p.VolumeKind, namespace: ns, name: name}, true
+		return pendingClaim{kind: p.VolumeKind, group: group, srcKind: kind, namespace: ns, name: name}, true
 	}
 	return pendingClaim{}, false
 }
 
-// handleOf is the CSI handle of a claim's data source: the snapshot
-// handle of the VolumeSnapshot's bound content, or the volume handle of
-// the source claim's volume; "" when it is not (yet) this driver's.
-func (p *Pending) handleOf(ctx context.Context, c pendingClaim) (string, error) {
-	if c.kind == p.SnapshotKind {
-		vs, err := p.Snapshots.SnapshotV1().VolumeSnapshots(c.namespace).Get(ctx, c.name, metav1.GetOptions{})
-		if err != nil {
-			return "", ignoreNotFound(err)
+// allows decides whether claim c may be filled from the source id,
+// whose owner this node recorded (known) or not.
+func (p *Pending) allows(ctx context.Context, c pendingClaim, id string, owner Owner, known bool) (bool, error) {
+	if c.namespace != c.claimNS {
+		if p.Grants == nil {
+			return false, nil
 		}
-		if vs.Status == nil || vs.Status.BoundVolumeSnapshotContentName == nil {
-			return "", nil
+		if ok, err := p.Grants(ctx, c.claimNS, c.namespace, c.group, c.srcKind, c.name); err != nil || !ok {
+			return false, err
 		}
-		vsc, err := p.Snapshots.SnapshotV1().VolumeSnapshotContents().Get(ctx, *vs.Status.BoundVolumeSnapshotContentName, metav1.GetOptions{})
-		if err != nil {
-			return "", ignoreNotFound(err)
-		}
-		// The content must be bound to that snapshot both ways: a content
-		// made by hand cannot claim a snapshot it was not bound to.
-		if vsc.Spec.Driver != p.Driver || vsc.Spec.VolumeSnapshotRef.Namespace != c.namespace || vsc.Spec.VolumeSnapshotRef.Name != c.name {
-			return "", nil
-		}
-		if vsc.Status != nil && vsc.Status.SnapshotHandle != nil {
-			return *vsc.Status.SnapshotHandle, nil
-		}
-		if vsc.Spec.Source.SnapshotHandle != nil {
-			return *vsc.Spec.Source.SnapshotHandle, nil
-		}
-		return "", nil
 	}
+	if c.kind == p.SnapshotKind {
+		return p.allowsSnapshot(ctx, c, id, owner, known)
+	}
+	return p.allowsVolume(ctx, c, id, owner, known)
+}
+
+// allowsSnapshot: the claim restores the VolumeSnapshot the record names,
+// bound to the recorded content; else (no owner recorded, or a
+// pre-provisioned content of the same snapshot) a content of this
+// driver bound both ways to the claim's VolumeSnapshot, labelled
+// managed-by this node, whose handle is id.
+func (p *Pending) allowsSnapshot(ctx context.Context, c pendingClaim, id string, owner Owner, known bool) (bool, error) {
+	vs, err := p.Snapshots.SnapshotV1().VolumeSnapshots(c.namespace).Get(ctx, c.name, metav1.GetOptions{})
+	if err != nil {
+		return false, ignoreNotFound(err)
+	}
+	if vs.DeletionTimestamp != nil || vs.Status == nil || vs.Status.BoundVolumeSnapshotContentName == nil {
+		return false, nil
+	}
+	bound := *vs.Status.BoundVolumeSnapshotContentName
+	if known && owner.Namespace == c.namespace && owner.Name == c.name && owner.Object == bound {
+		return true, nil
+	}
+	vsc, err := p.Snapshots.SnapshotV1().VolumeSnapshotContents().Get(ctx, bound, metav1.GetOptions{})
+	if err != nil {
+		return false, ignoreNotFound(err)
+	}
+	// The content must be bound to that snapshot both ways (a content made
+	// by hand cannot claim a snapshot it was not bound to), and be this
+	// node's: only this node's account may write a content labelled so.
+	if p.Node == "" || vsc.Labels[ManagedByLabel] != p.Node || vsc.Spec.Driver != p.Driver ||
+		vsc.Spec.VolumeSnapshotRef.Namespace != c.namespace || vsc.Spec.VolumeSnapshotRef.Name != c.name {
+		return false, nil
+	}
+	if vsc.Spec.Source.SnapshotHandle != nil {
+		return *vsc.Spec.Source.SnapshotHandle == id, nil
+	}
+	return vsc.Status != nil && vsc.Status.SnapshotHandle != nil && *vsc.Status.SnapshotHandle == id, nil
+}
+
+// allowsVolume: the claim clones the claim the record names, bound to the
+// recorded PersistentVolume; else (no owner recorded) a PersistentVolume
+// of this driver with handle id, bound to the source claim (its UID too),
+// whose node affinity is this node.
+func (p *Pending) allowsVolume(ctx context.Context, c pendingClaim, id string, owner Owner, known bool) (bool, error) {
 	src, err := p.Client.CoreV1().PersistentVolumeClaims(c.namespace).Get(ctx, c.name, metav1.GetOptions{})
 	if err != nil {
-		return "", ignoreNotFound(err)
+		return false, ignoreNotFound(err)
 	}
-	if src.Spec.VolumeName == "" {
-		return "", nil
+	if src.DeletionTimestamp != nil || src.Spec.VolumeName == "" {
+		return false, nil
+	}
+	if known {
+		return owner.Namespace == c.namespace && owner.Name == c.name && owner.Object == src.Spec.VolumeName, nil
 	}
 	pv, err := p.Client.CoreV1().PersistentVolumes().Get(ctx, src.Spec.VolumeName, metav1.GetOptions{})
 	if err != nil {
-		return "", ignoreNotFound(err)
+		return false, ignoreNotFound(err)
 	}
-	// The volume must be bound to that claim: a volume made by hand
-	// cannot claim a claim it is not bound to.
-	if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != p.Driver || pv.Spec.ClaimRef == nil ||
+	if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != p.Driver || pv.Spec.CSI.VolumeHandle != id || pv.Spec.ClaimRef == nil ||
 		pv.Spec.ClaimRef.Namespace != c.namespace || pv.Spec.ClaimRef.Name != c.name || pv.Spec.ClaimRef.UID != src.UID {
-		return "", nil
+		return false, nil
 	}
-	return pv.Spec.CSI.VolumeHandle, nil
+	return p.Node != "" && onlyOn(pv, p.TopologyKey, p.Node), nil
+}
+
+// onlyOn reports whether a PersistentVolume's node affinity admits node
+// alone, by key.
+func onlyOn(pv *corev1.PersistentVolume, key, node string) bool {
+	a := pv.Spec.NodeAffinity
+	if a == nil || a.Required == nil || len(a.Required.NodeSelectorTerms) == 0 {
+		return false
+	}
+	for _, t := range a.Required.NodeSelectorTerms {
+		pinned := false
+		for _, e := range t.MatchExpressions {
+			if e.Key == key && e.Operator == corev1.NodeSelectorOpIn && len(e.Values) == 1 && e.Values[0] == node {
+				pinned = true
+			}
+		}
+		if !pinned {
+			return false
+		}
+	}
+	return true
 }
 
 func ignoreNotFound(err error) error {

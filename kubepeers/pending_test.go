@@ -50,27 +50,41 @@ func fromClaim(name string) *corev1.TypedObjectReference {
 }
 
 // snapshot is a VolumeSnapshot in ns bound to a content of driver with
-// handle, whose reference back names the snapshot refNS/refName.
-func snapshot(ns, name, content, driver, handle, refNS, refName string) []runtime.Object {
+// handle (in its status), whose reference back names the snapshot
+// refNS/refName, labelled managed-by node ("" for none).
+func snapshot(ns, name, content, driver, handle, refNS, refName, node string) []runtime.Object {
+	vsc := &snapv1.VolumeSnapshotContent{ObjectMeta: metav1.ObjectMeta{Name: content},
+		Spec:   snapv1.VolumeSnapshotContentSpec{Driver: driver, VolumeSnapshotRef: corev1.ObjectReference{Namespace: refNS, Name: refName}},
+		Status: &snapv1.VolumeSnapshotContentStatus{SnapshotHandle: ptr(handle)}}
+	if node != "" {
+		vsc.Labels = map[string]string{ManagedByLabel: node}
+	}
 	return []runtime.Object{
 		&snapv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 			Status: &snapv1.VolumeSnapshotStatus{BoundVolumeSnapshotContentName: ptr(content)}},
-		&snapv1.VolumeSnapshotContent{ObjectMeta: metav1.ObjectMeta{Name: content},
-			Spec:   snapv1.VolumeSnapshotContentSpec{Driver: driver, VolumeSnapshotRef: corev1.ObjectReference{Namespace: refNS, Name: refName}},
-			Status: &snapv1.VolumeSnapshotContentStatus{SnapshotHandle: ptr(handle)}},
+		vsc,
 	}
 }
 
-// volume is a volume of driver with handle bound to the claim claimNS/claimName.
-func volume(name, driver, handle, claimNS, claimName string) *corev1.PersistentVolume {
+// volume is a volume of driver with handle bound to the claim
+// claimNS/claimName, its node affinity node.
+func volume(name, driver, handle, claimNS, claimName, node string) *corev1.PersistentVolume {
 	return &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PersistentVolumeSpec{
 		PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: handle}},
 		ClaimRef:               &corev1.ObjectReference{Namespace: claimNS, Name: claimName, UID: types.UID(claimNS + "/" + claimName)},
+		NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: topologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
+		}}}},
 	}}
 }
 
+const topologyKey = "topology.hostpath.csi/node"
+
 // TestPendingAuthorizes: a node gets a source only while a claim to be
-// filled from it waits on that node, as the API records it.
+// filled from it waits on that node, from the object the serving node's
+// (n1's) own record says the source was made for; API objects another
+// node may write (a content's status handle, a PV naming any handle, a
+// claim's dataSourceRef into another namespace) get it nothing.
 func TestPendingAuthorizes(t *testing.T) {
 	const d = "hostpath.csi.k8s.io"
 	bound := func(ns, name, pv string) *corev1.PersistentVolumeClaim {
@@ -78,40 +92,77 @@ func TestPendingAuthorizes(t *testing.T) {
 		c.Spec.VolumeName = pv
 		return c
 	}
+	across := func(ns, kind, group, name string) *corev1.TypedObjectReference {
+		return &corev1.TypedObjectReference{APIGroup: ptr(group), Kind: kind, Name: name, Namespace: ptr(ns)}
+	}
 	kube := fake.NewClientset(
 		claim("app", "restore", "n2", corev1.ClaimPending, fromSnapshot("snap")),
 		claim("app", "restored", "n4", corev1.ClaimBound, fromSnapshot("snap")),
 		claim("app", "unscheduled", "", corev1.ClaimPending, fromSnapshot("snap")),
 		claim("app", "foreign", "n5", corev1.ClaimPending, fromSnapshot("foreign-snap")),
 		claim("app", "misbound", "n6", corev1.ClaimPending, fromSnapshot("misbound-snap")),
-		claim("app", "across", "n7", corev1.ClaimPending, &corev1.TypedObjectReference{APIGroup: ptr("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "snap", Namespace: ptr("app")}),
+		claim("app", "same-ns", "n7", corev1.ClaimPending, across("app", "VolumeSnapshot", "snapshot.storage.k8s.io", "snap")),
+		claim("evil", "redirect", "n9", corev1.ClaimPending, fromSnapshot("evil-snap")),
+		claim("evil", "ungranted", "n9", corev1.ClaimPending, across("app", "VolumeSnapshot", "snapshot.storage.k8s.io", "snap")),
+		claim("granted", "granted", "n10", corev1.ClaimPending, across("app", "VolumeSnapshot", "snapshot.storage.k8s.io", "snap")),
+		claim("app", "legacy", "n2", corev1.ClaimPending, fromSnapshot("old-snap")),
+		claim("app", "legacy-foreign", "n9", corev1.ClaimPending, fromSnapshot("old-snap-9")),
 		claim("app", "clone", "n3", corev1.ClaimPending, fromClaim("src")),
-		bound("app", "src", "pv-src"), volume("pv-src", d, "vol-1", "app", "src"),
-		claim("app", "clone-stolen", "n8", corev1.ClaimPending, fromClaim("src2")),
-		bound("app", "src2", "pv-src2"), volume("pv-src2", d, "vol-2", "app", "someone-else"),
+		bound("app", "src", "pv-src"), volume("pv-src", d, "vol-1", "app", "src", "n1"),
+		claim("evil", "clone-stolen", "n9", corev1.ClaimPending, fromClaim("src2")),
+		bound("evil", "src2", "pv-evil"), volume("pv-evil", d, "vol-1", "evil", "src2", "n9"),
+		claim("app", "clone-old", "n3", corev1.ClaimPending, fromClaim("old")),
+		bound("app", "old", "pv-old"), volume("pv-old", d, "vol-old", "app", "old", "n1"),
+		claim("evil", "clone-old-stolen", "n9", corev1.ClaimPending, fromClaim("old2")),
+		bound("evil", "old2", "pv-old2"), volume("pv-old2", d, "vol-old", "evil", "old2", "n9"),
 	)
 	var objs []runtime.Object
-	objs = append(objs, snapshot("app", "snap", "content-1", d, "snap-1", "app", "snap")...)
-	objs = append(objs, snapshot("app", "foreign-snap", "content-2", "other.csi", "snap-2", "app", "foreign-snap")...)
-	objs = append(objs, snapshot("app", "misbound-snap", "content-3", d, "snap-3", "app", "another-snap")...)
-	p := &Pending{Client: kube, Snapshots: snapfake.NewSimpleClientset(objs...), Driver: d, SnapshotKind: "snapshot", VolumeKind: "volume"}
+	objs = append(objs, snapshot("app", "snap", "content-1", d, "snap-1", "app", "snap", "n1")...)
+	objs = append(objs, snapshot("app", "foreign-snap", "content-2", "other.csi", "snap-2", "app", "foreign-snap", "n1")...)
+	objs = append(objs, snapshot("app", "misbound-snap", "content-3", d, "snap-3", "app", "another-snap", "n1")...)
+	// A content whose status handle a taken node wrote: n9's own.
+	objs = append(objs, snapshot("evil", "evil-snap", "content-evil", d, "snap-1", "evil", "evil-snap", "n9")...)
+	objs = append(objs, snapshot("app", "old-snap", "content-old", d, "snap-old", "app", "old-snap", "n1")...)
+	objs = append(objs, snapshot("app", "old-snap-9", "content-old-9", d, "snap-old", "app", "old-snap-9", "n9")...)
+	owners := map[string]Owner{
+		"snap-1": {"app", "snap", "content-1"}, "snap-2": {"app", "foreign-snap", "content-x"}, "snap-3": {"app", "misbound-snap", "content-x"},
+		"vol-1": {"app", "src", "pv-src"},
+	}
+	legacy := map[string]bool{"snap-old": true, "vol-old": true}
+	p := &Pending{Client: kube, Snapshots: snapfake.NewSimpleClientset(objs...), Driver: d, Node: "n1", TopologyKey: topologyKey,
+		SnapshotKind: "snapshot", VolumeKind: "volume",
+		Owners: func(kind, id string) (Owner, bool, bool) {
+			o, ok := owners[id]
+			return o, ok || legacy[id], ok
+		},
+		Grants: func(_ context.Context, from, ns, group, kind, name string) (bool, error) {
+			return from == "granted" && ns == "app" && group == "snapshot.storage.k8s.io" && kind == "VolumeSnapshot" && name == "snap", nil
+		},
+	}
 	for _, c := range []struct {
 		peer, kind, id string
 		want           error // nil: allowed
 	}{
-		{"n2", "snapshot", "snap-1", nil},                 // its restore waits on n2
-		{"n3", "snapshot", "snap-1", transfer.ErrRefused}, // nothing of it waits on n3
-		{"n2", "snapshot", "snap-9", transfer.ErrRefused}, // n2 restores another snapshot
-		{"n2", "volume", "snap-1", transfer.ErrRefused},   // the kind must match too
-		{"n4", "snapshot", "snap-1", transfer.ErrRefused}, // its claim is bound already
-		{"", "snapshot", "snap-1", transfer.ErrRefused},   // a claim not yet scheduled names no node
-		{"n5", "snapshot", "snap-2", transfer.ErrRefused}, // another driver's content
-		{"n6", "snapshot", "snap-3", transfer.ErrRefused}, // a content not bound back to its snapshot
-		{"n7", "snapshot", "snap-1", nil},                 // a dataSourceRef naming its namespace
-		{"n3", "volume", "vol-1", nil},                    // a clone waits on n3
-		{"n2", "volume", "vol-1", transfer.ErrRefused},    // not on n2
-		{"n8", "volume", "vol-2", transfer.ErrRefused},    // a volume not bound to the source claim
-		{"n3", "archive", "vol-1", transfer.ErrRefused},   // a kind not served
+		{"n2", "snapshot", "snap-1", nil},                   // its restore waits on n2
+		{"n3", "snapshot", "snap-1", transfer.ErrRefused},   // nothing of it waits on n3
+		{"n2", "snapshot", "snap-9", transfer.ErrRefused},   // not a snapshot of this node
+		{"n2", "volume", "snap-1", transfer.ErrRefused},     // the kind must match too
+		{"n4", "snapshot", "snap-1", transfer.ErrRefused},   // its claim is bound already
+		{"", "snapshot", "snap-1", transfer.ErrRefused},     // a claim not yet scheduled names no node
+		{"n5", "snapshot", "snap-2", transfer.ErrRefused},   // not the snapshot recorded
+		{"n6", "snapshot", "snap-3", transfer.ErrRefused},   // not the content recorded
+		{"n7", "snapshot", "snap-1", nil},                   // a dataSourceRef naming its own namespace
+		{"n9", "snapshot", "snap-1", transfer.ErrRefused},   // a content whose status handle n9 wrote
+		{"n9", "snapshot", "snap-1", transfer.ErrRefused},   // from another namespace, no grant
+		{"n10", "snapshot", "snap-1", nil},                  // from another namespace, granted
+		{"n2", "snapshot", "snap-old", nil},                 // no owner recorded: a content managed by n1
+		{"n9", "snapshot", "snap-old", transfer.ErrRefused}, // no owner recorded: a content managed by n9
+		{"n3", "volume", "vol-1", nil},                      // a clone waits on n3
+		{"n2", "volume", "vol-1", transfer.ErrRefused},      // not on n2
+		{"n9", "volume", "vol-1", transfer.ErrRefused},      // a PV n9 made naming vol-1
+		{"n3", "volume", "vol-old", nil},                    // no owner recorded: a PV of n1
+		{"n9", "volume", "vol-old", transfer.ErrRefused},    // no owner recorded: a PV of n9
+		{"n3", "archive", "vol-1", transfer.ErrRefused},     // a kind not served
 	} {
 		err := p.Authorize(context.Background(), c.peer, c.kind, c.id)
 		if (c.want == nil) != (err == nil) || (c.want != nil && !errors.Is(err, c.want)) {
@@ -136,7 +187,8 @@ func TestPendingListsAtMostEveryMaxAge(t *testing.T) {
 	})
 	now := time.Unix(1e9, 0)
 	p := &Pending{Client: kube, Snapshots: snapfake.NewSimpleClientset(), Driver: "d", SnapshotKind: "snapshot", VolumeKind: "volume",
-		MaxAge: time.Second, Now: func() time.Time { return now }}
+		MaxAge: time.Second, Now: func() time.Time { return now },
+		Owners: func(string, string) (Owner, bool, bool) { return Owner{}, true, false }}
 	done := make(chan error)
 	for range 20 {
 		go func() { done <- p.Authorize(context.Background(), "n3", "volume", "vol-x") }()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -30,6 +31,15 @@ import (
 // requester's as the API server authenticated it: no requester can write
 // it.
 const NodeNameExtra = "authentication.kubernetes.io/node-name"
+
+// PodNameExtra and PodUIDExtra are where the API server records the pod
+// a token is bound to. A token bound to a Node object (kubectl create
+// token --bound-object-kind=Node) carries the node's name too, but no
+// pod: the signer grants only tokens of a pod it can check.
+const (
+	PodNameExtra = "authentication.kubernetes.io/pod-name"
+	PodUIDExtra  = "authentication.kubernetes.io/pod-uid"
+)
 
 // DefaultMaxCertLifetime is the longest a Signer signs for.
 const DefaultMaxCertLifetime = 6 * time.Hour
@@ -83,25 +93,51 @@ func (s *Signer) requester() string {
 var allowedUsages = []certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageClientAuth, certv1.UsageServerAuth}
 
 // decide returns the node a request may have a certificate for, or why
-// it may not.
-func (s *Signer) decide(csr *certv1.CertificateSigningRequest) (string, error) {
+// it may not (refused); err is a failure to look (the request is
+// retried).
+func (s *Signer) decide(ctx context.Context, csr *certv1.CertificateSigningRequest) (node string, refused, err error) {
 	if csr.Spec.Username != s.requester() {
-		return "", fmt.Errorf("asked by %q, not by the drivers' service account %s", csr.Spec.Username, s.requester())
+		return "", fmt.Errorf("asked by %q, not by the drivers' service account %s", csr.Spec.Username, s.requester()), nil
 	}
 	nodes := csr.Spec.Extra[NodeNameExtra]
 	if len(nodes) != 1 || nodes[0] == "" {
-		return "", fmt.Errorf("the requester's token is bound to no node (%s is %v): only a driver pod's own token, bound to its pod, is granted", NodeNameExtra, nodes)
+		return "", fmt.Errorf("the requester's token is bound to no node (%s is %v): only a driver pod's own token, bound to its pod, is granted", NodeNameExtra, nodes), nil
 	}
-	node := nodes[0]
+	node = nodes[0]
 	for _, u := range csr.Spec.Usages {
 		if !slices.Contains(allowedUsages, u) {
-			return node, fmt.Errorf("it asks for usage %q", u)
+			return node, fmt.Errorf("it asks for usage %q", u), nil
 		}
 	}
-	if _, err := transfer.CheckRequest(csr.Spec.Request, s.Driver, node); err != nil {
-		return node, fmt.Errorf("asked from node %s: %w", node, err)
+	if csr.Spec.Request == nil {
+		return node, fmt.Errorf("its request is larger than the %d bytes a node's is", transfer.MaxRequestBytes), nil
 	}
-	return node, nil
+	if _, err := transfer.CheckRequest(csr.Spec.Request, s.Driver, node); err != nil {
+		return node, fmt.Errorf("asked from node %s: %w", node, err), nil
+	}
+	names, uids := csr.Spec.Extra[PodNameExtra], csr.Spec.Extra[PodUIDExtra]
+	if len(names) != 1 || len(uids) != 1 || names[0] == "" || uids[0] == "" {
+		return node, fmt.Errorf("the requester's token is bound to no pod (%s %v, %s %v): only a driver pod's own token is granted", PodNameExtra, names, PodUIDExtra, uids), nil
+	}
+	pod, err := s.Client.CoreV1().Pods(s.Namespace).Get(ctx, names[0], metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return node, fmt.Errorf("the token's pod %s/%s does not exist", s.Namespace, names[0]), nil
+	}
+	if err != nil {
+		return node, nil, fmt.Errorf("looking up the requester's pod %s/%s: %w", s.Namespace, names[0], err)
+	}
+	owner := metav1.GetControllerOf(pod)
+	switch {
+	case string(pod.UID) != uids[0]:
+		return node, fmt.Errorf("the token's pod %s is not the pod of that name now (uid %s, not %s)", names[0], pod.UID, uids[0]), nil
+	case pod.Spec.NodeName != node:
+		return node, fmt.Errorf("the token's pod %s runs on %q, not node %s", names[0], pod.Spec.NodeName, node), nil
+	case pod.Spec.ServiceAccountName != s.ServiceAccount:
+		return node, fmt.Errorf("the token's pod %s runs as %q, not %s", names[0], pod.Spec.ServiceAccountName, s.ServiceAccount), nil
+	case owner == nil || owner.Kind != "DaemonSet" || !strings.HasPrefix(owner.APIVersion, "apps/"):
+		return node, fmt.Errorf("the token's pod %s is not a driver pod (a DaemonSet's)", names[0]), nil
+	}
+	return node, nil, nil
 }
 
 func condition(csr *certv1.CertificateSigningRequest, t certv1.RequestConditionType) bool {
@@ -125,7 +161,10 @@ func (s *Signer) Handle(ctx context.Context, csr *certv1.CertificateSigningReque
 		return nil
 	}
 	csr = csr.DeepCopy()
-	node, err := s.decide(csr)
+	node, err, lookErr := s.decide(ctx, csr)
+	if lookErr != nil {
+		return lookErr
+	}
 	if err != nil {
 		csr.Status.Conditions = append(csr.Status.Conditions, certv1.CertificateSigningRequestCondition{
 			Type: certv1.CertificateDenied, Status: corev1.ConditionTrue, Reason: "NotThisNode",
@@ -247,6 +286,11 @@ func (s *Signer) Run(ctx context.Context, onErr func(error), onReady func()) err
 			o.FieldSelector = fields.OneTermEqualSelector("spec.signerName", s.Name).String()
 		}))
 	inf := factory.Certificates().V1().CertificateSigningRequests()
+	// The cache keeps of each request only what deciding it needs: 150
+	// requests of 900 KiB each would otherwise be held whole.
+	if err := inf.Informer().SetTransform(slim); err != nil {
+		return err
+	}
 	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
 	defer queue.ShutDown()
 	enqueue := func(obj any) {
@@ -339,4 +383,23 @@ func (s *Signer) sweep(ctx context.Context, list func(labels.Selector) ([]*certv
 			onErr(fmt.Errorf("deleting the decided request %s: %w", csr.Name, err))
 		}
 	}
+}
+
+// slim is the signer's cache's copy of a request: no managed fields, no
+// issued certificate, and a request larger than a node's makes dropped
+// (decide refuses it).
+func slim(obj any) (any, error) {
+	csr, ok := obj.(*certv1.CertificateSigningRequest)
+	if !ok {
+		return obj, nil
+	}
+	csr.ManagedFields = nil
+	csr.Annotations = nil
+	if len(csr.Status.Certificate) > 0 {
+		csr.Status.Certificate = []byte{0} // decided: what it holds is not needed
+	}
+	if len(csr.Spec.Request) > transfer.MaxRequestBytes {
+		csr.Spec.Request = nil
+	}
+	return csr, nil
 }

@@ -12,8 +12,10 @@ import (
 	"time"
 
 	certv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -36,14 +38,37 @@ type requesters struct {
 }
 
 func (r *requesters) as(user string, node string) {
+	extra := map[string]certv1.ExtraValue{}
+	if node != "" {
+		extra = map[string]certv1.ExtraValue{NodeNameExtra: {node}, PodNameExtra: {"driver-" + node}, PodUIDExtra: {"uid-driver-" + node}}
+	}
+	r.asWith(user, extra)
+}
+
+// asWith is as, with the token's extra as given.
+func (r *requesters) asWith(user string, extra map[string]certv1.ExtraValue) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.next = append(r.next, func(s *certv1.CertificateSigningRequestSpec) {
 		s.Username = user
-		if node != "" {
-			s.Extra = map[string]certv1.ExtraValue{NodeNameExtra: {node}, "authentication.kubernetes.io/pod-name": {"driver-" + node}}
+		if len(extra) > 0 {
+			s.Extra = extra
 		}
 	})
+}
+
+// pod makes a pod in csi on node, run by account, controlled by kind
+// ("" for no controller), with UID "uid-"+name.
+func pod(t *testing.T, client *fake.Clientset, name, node, account, kind string) {
+	t.Helper()
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "csi", Name: name, UID: types.UID("uid-" + name)},
+		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: account}}
+	if kind != "" {
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: kind, Name: "hostpath-csi-node", UID: "ds", Controller: ptr(true)}}
+	}
+	if _, err := client.CoreV1().Pods("csi").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (r *requesters) react(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -89,6 +114,10 @@ func TestSignerGrantsOnlyTheTokensNode(t *testing.T) {
 	client := fake.NewClientset()
 	who := &requesters{}
 	client.PrependReactor("create", "certificatesigningrequests", who.react)
+	pod(t, client, "driver-n1", "n1", "node-sa", "DaemonSet")
+	pod(t, client, "bare", "n1", "node-sa", "")
+	pod(t, client, "elsewhere", "n2", "node-sa", "DaemonSet")
+	pod(t, client, "other-sa", "n1", "other", "DaemonSet")
 	var decisions sync.Map
 	s := &Signer{Client: client, Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa",
 		Authority: &transfer.StoreAuthority{Store: &SecretStore{Client: client, Namespace: "csi", Name: "signer-key"}, Driver: "d"},
@@ -114,22 +143,40 @@ func TestSignerGrantsOnlyTheTokensNode(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
+	boundTo := func(node, pod, uid string) map[string]certv1.ExtraValue {
+		e := map[string]certv1.ExtraValue{NodeNameExtra: {node}}
+		if pod != "" {
+			e[PodNameExtra], e[PodUIDExtra] = certv1.ExtraValue{pod}, certv1.ExtraValue{uid}
+		}
+		return e
+	}
 	cases := []struct {
 		name       string
 		user, node string // the requester as the API server authenticated it
+		extra      map[string]certv1.ExtraValue
 		asks       string // the node the driver asks a certificate for
 		granted    bool
 		inErr      string
 	}{
-		{"a driver's token bound to its node, for that node", driverSA, "n1", "n1", true, ""},
-		{"a driver's token bound to n1, for n2", driverSA, "n1", "n2", false, "not node"},
-		{"a token bound to no pod", driverSA, "", "n1", false, "bound to no node"},
-		{"another service account on that node", "system:serviceaccount:csi:other", "n1", "n1", false, "not by the drivers' service account"},
-		{"a user", "admin", "", "n1", false, "not by the drivers' service account"},
+		{"a driver's token bound to its node, for that node", driverSA, "n1", nil, "n1", true, ""},
+		{"a driver's token bound to n1, for n2", driverSA, "n1", nil, "n2", false, "not node"},
+		{"a token bound to no pod", driverSA, "", nil, "n1", false, "bound to no node"},
+		{"another service account on that node", "system:serviceaccount:csi:other", "n1", nil, "n1", false, "not by the drivers' service account"},
+		{"a user", "admin", "", nil, "n1", false, "not by the drivers' service account"},
+		{"a token bound to the Node object", driverSA, "", boundTo("n1", "", ""), "n1", false, "bound to no pod"},
+		{"a token of a pod since replaced", driverSA, "", boundTo("n1", "driver-n1", "uid-old"), "n1", false, "not the pod of that name now"},
+		{"a token of a pod that is gone", driverSA, "", boundTo("n1", "gone", "uid-gone"), "n1", false, "does not exist"},
+		{"a token of a bare pod", driverSA, "", boundTo("n1", "bare", "uid-bare"), "n1", false, "not a driver pod"},
+		{"a token whose pod runs elsewhere", driverSA, "", boundTo("n1", "elsewhere", "uid-elsewhere"), "n1", false, "runs on"},
+		{"a token of a pod of another account", driverSA, "", boundTo("n1", "other-sa", "uid-other-sa"), "n1", false, "runs as"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			who.as(c.user, c.node)
+			if c.extra != nil {
+				who.asWith(c.user, c.extra)
+			} else {
+				who.as(c.user, c.node)
+			}
 			creds := node(c.asks)
 			err := creds.Refresh(context.Background())
 			if !c.granted {
@@ -228,5 +275,35 @@ func TestSignerRollsOverWhenAsked(t *testing.T) {
 	ask("next tuesday")
 	if err := s.Publish(ctx); err == nil || !strings.Contains(err.Error(), RollOverKey) {
 		t.Fatalf("a request that is not a time: %v", err)
+	}
+}
+
+// TestSignerCacheKeepsLittle: the signer's cache keeps of a request what
+// deciding needs; one larger than a node's makes is dropped (so 150 of
+// 900 KiB hold no 135 MB), and Handle refuses it saying why.
+func TestSignerCacheKeepsLittle(t *testing.T) {
+	big := &certv1.CertificateSigningRequest{ObjectMeta: metav1.ObjectMeta{Name: "big",
+		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}},
+		Spec: certv1.CertificateSigningRequestSpec{SignerName: signerName, Username: driverSA, Request: make([]byte, 900<<10),
+			Extra: map[string]certv1.ExtraValue{NodeNameExtra: {"n1"}, PodNameExtra: {"driver-n1"}, PodUIDExtra: {"uid-driver-n1"}}}}
+	obj, err := slim(big.DeepCopy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := obj.(*certv1.CertificateSigningRequest)
+	if kept.Spec.Request != nil || kept.ManagedFields != nil || kept.Spec.Username != driverSA {
+		t.Fatalf("the cache keeps %d bytes of request, %d managed fields, user %q", len(kept.Spec.Request), len(kept.ManagedFields), kept.Spec.Username)
+	}
+	client := fake.NewClientset(kept)
+	pod(t, client, "driver-n1", "n1", "node-sa", "DaemonSet")
+	var reason string
+	s := &Signer{Client: client, Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa",
+		OnDecision: func(_, _ string, granted bool, r string) { reason = r }}
+	if err := s.Handle(context.Background(), kept); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := client.CertificatesV1().CertificateSigningRequests().Get(context.Background(), "big", metav1.GetOptions{})
+	if !condition(got, certv1.CertificateDenied) || !strings.Contains(reason, "larger than") {
+		t.Fatalf("a 900 KiB request: denied %v, %q", condition(got, certv1.CertificateDenied), reason)
 	}
 }

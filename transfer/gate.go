@@ -17,13 +17,25 @@ import (
 // them, so a connection that has not authenticated never holds one of the
 // server's connection slots. Until its handshake completes a connection
 // holds a pending slot, for at most the handshake deadline: at most
-// perPeer of them per source address (a pod has one), and at most pending
-// in all. When every pending slot is taken, a newcomer evicts the oldest
-// pending connection of the address that holds the most, if that address
-// holds at least two more than the newcomer's: a flood cannot keep a peer
-// with few connections (a node's driver needs one, for milliseconds) from
-// its turn unless it comes from about as many addresses as there are
-// pending slots.
+// perPeer of them per source address, and at most pending in all.
+//
+// A source address is not a peer: where pods' traffic is masqueraded
+// behind their node's address, a pod that opens perPeer idle connections
+// would hold every pending slot of its node's driver. So a newcomer from
+// an address at its cap evicts that address's oldest pending connection
+// if that one has waited a tenth of the handshake deadline (a driver's
+// handshake takes milliseconds): idle ones make room, and a flood that
+// reconnects as fast as it is evicted only churns its own connections,
+// never one younger than that.
+// When every pending slot is taken, a newcomer evicts the oldest pending
+// connection of the address that holds the most, if that address holds at
+// least two more than the newcomer's: a flood cannot keep a peer with few
+// connections from its turn unless it comes from about as many addresses
+// as there are pending slots.
+//
+// Once authenticated, a connection counts by the node its certificate
+// names: at most perName of them per node, so one node with a valid
+// certificate cannot hold all of the server's slots.
 type gate struct {
 	ln        net.Listener
 	tls       *tls.Config
@@ -37,6 +49,11 @@ type gate struct {
 	// release frees the slot of an authenticated connection, by the
 	// connection, when the HTTP server is done with it.
 	release sync.Map
+	// nameOf is the node an authenticated connection's certificate
+	// names; perName caps those of one name (byName counts them).
+	nameOf  func(*tls.Conn) string
+	perName int
+	byName  map[string]int
 
 	ready chan net.Conn
 	done  chan struct{}
@@ -49,16 +66,17 @@ type gate struct {
 
 // waiting is a connection in its handshake.
 type waiting struct {
-	conn net.Conn
-	peer netip.Addr
-	el   *list.Element
-	done bool // its slot is released
+	since time.Time
+	conn  net.Conn
+	peer  netip.Addr
+	el    *list.Element
+	done  bool // its slot is released
 }
 
-func newGate(ln net.Listener, cfg *tls.Config, handshake time.Duration, perPeer, pending, conns int) *gate {
+func newGate(ln net.Listener, cfg *tls.Config, handshake time.Duration, perPeer, pending, conns, perName int, nameOf func(*tls.Conn) string) *gate {
 	g := &gate{ln: ln, tls: cfg, handshake: handshake, perPeer: perPeer, pending: pending,
 		slots: make(chan struct{}, conns), ready: make(chan net.Conn), done: make(chan struct{}),
-		byPeer: map[netip.Addr]*list.List{}}
+		byPeer: map[netip.Addr]*list.List{}, nameOf: nameOf, perName: perName, byName: map[string]int{}}
 	go g.acceptLoop()
 	return g
 }
@@ -136,7 +154,15 @@ func (g *gate) admit(c net.Conn) *waiting {
 		have = mine.Len()
 	}
 	if have >= g.perPeer {
-		return nil
+		// Its own oldest makes room, if it has waited long enough to be
+		// idle (see gate).
+		oldest := mine.Front().Value.(*waiting)
+		if time.Since(oldest.since) < g.handshake/10 {
+			return nil
+		}
+		g.releaseLocked(oldest)
+		oldest.conn.Close()
+		have--
 	}
 	if g.total >= g.pending {
 		var most *list.List
@@ -156,7 +182,7 @@ func (g *gate) admit(c net.Conn) *waiting {
 		mine = list.New()
 		g.byPeer[peer] = mine
 	}
-	w := &waiting{conn: c, peer: peer}
+	w := &waiting{conn: c, peer: peer, since: time.Now()}
 	w.el = mine.PushBack(w)
 	g.total++
 	return w
@@ -192,17 +218,37 @@ func (g *gate) handshakeOf(w *waiting) {
 		tc.Close()
 		return
 	}
+	name := g.nameOf(tc)
+	g.mu.Lock()
+	full := g.byName[name] >= g.perName
+	if !full {
+		g.byName[name]++
+	}
+	g.mu.Unlock()
+	if full {
+		tc.Close()
+		return
+	}
+	unname := func() {
+		g.mu.Lock()
+		if g.byName[name]--; g.byName[name] <= 0 {
+			delete(g.byName, name)
+		}
+		g.mu.Unlock()
+	}
 	select {
 	case g.slots <- struct{}{}:
 	case <-time.After(time.Until(deadline)):
+		unname()
 		tc.Close()
 		return
 	case <-g.done:
+		unname()
 		tc.Close()
 		return
 	}
 	w.conn.SetDeadline(time.Time{})
-	g.release.Store(tc, sync.OnceFunc(func() { <-g.slots }))
+	g.release.Store(tc, sync.OnceFunc(func() { <-g.slots; unname() }))
 	select {
 	case g.ready <- tc:
 	case <-g.done:

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/asn1"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -41,6 +42,14 @@ func NewRequest(driver, node string) (crypto.Signer, []byte, error) {
 	return key, der, err
 }
 
+// MaxRequestBytes bounds a certificate request: a node's (P-256, one
+// name, one URI) is about 400 bytes as DER, 600 as PEM.
+const MaxRequestBytes = 4 << 10
+
+// sanOID is the subject alternative name extension, the one extension a
+// node's request carries.
+var sanOID = asn1.ObjectIdentifier{2, 5, 29, 17}
+
 // ErrBadRequest is what CheckRequest's refusals wrap.
 var ErrBadRequest = errors.New("the certificate request is not a node's of this driver")
 
@@ -49,6 +58,9 @@ var ErrBadRequest = errors.New("the certificate request is not a node's of this 
 // the key is ECDSA P-256, and that it asks for exactly what NewRequest
 // asks for node of driver: nothing else.
 func CheckRequest(der []byte, driver, node string) (*x509.CertificateRequest, error) {
+	if len(der) > MaxRequestBytes {
+		return nil, fmt.Errorf("%w: %d bytes, more than the %d a node's request may have", ErrBadRequest, len(der), MaxRequestBytes)
+	}
 	if b, _ := pem.Decode(der); b != nil {
 		if b.Type != "CERTIFICATE REQUEST" {
 			return nil, fmt.Errorf("%w: a PEM block of type %q", ErrBadRequest, b.Type)
@@ -77,8 +89,15 @@ func CheckRequest(der []byte, driver, node string) (*x509.CertificateRequest, er
 	case len(req.DNSNames) == 1 && req.DNSNames[0] != node,
 		len(req.IPAddresses) == 1 && !req.IPAddresses[0].Equal(net.ParseIP(node)):
 		return nil, fmt.Errorf("%w: its name is not the node's", ErrBadRequest)
-	case len(req.Subject.Organization)+len(req.Subject.OrganizationalUnit)+len(req.ExtraExtensions) > 0:
+	case len(req.Subject.Organization)+len(req.Subject.OrganizationalUnit) > 0:
 		return nil, fmt.Errorf("%w: it asks for more than a node's name", ErrBadRequest)
+	}
+	// Parsing fills Extensions (ExtraExtensions is only for making one):
+	// a node asks for its names and nothing more.
+	for _, e := range req.Extensions {
+		if !e.Id.Equal(sanOID) {
+			return nil, fmt.Errorf("%w: it asks for extension %v beyond a node's names", ErrBadRequest, e.Id)
+		}
 	}
 	return req, nil
 }

@@ -9,6 +9,7 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/asn1"
 	"encoding/pem"
 	"errors"
 	"net"
@@ -59,6 +60,12 @@ func TestCheckRequest(t *testing.T) {
 		{"an email address", request(p256, func(r *x509.CertificateRequest) { r.EmailAddresses = []string{"a@b"} }), "node-a", false},
 		{"an organization (a group, to Kubernetes)", request(p256, func(r *x509.CertificateRequest) { r.Subject.Organization = []string{"system:masters"} }), "node-a", false},
 		{"an RSA key", request(rsaKey, nil), "node-a", false},
+		{"an extension beyond its names (basic constraints: CA)", request(p256, func(r *x509.CertificateRequest) {
+			r.ExtraExtensions = []pkix.Extension{{Id: asn1.ObjectIdentifier{2, 5, 29, 19}, Critical: true, Value: []byte{0x30, 0x03, 0x01, 0x01, 0xff}}}
+		}), "node-a", false},
+		{"larger than a node's request", request(p256, func(r *x509.CertificateRequest) {
+			r.ExtraExtensions = []pkix.Extension{{Id: asn1.ObjectIdentifier{1, 2, 3, 4}, Value: make([]byte, 900<<10)}}
+		}), "node-a", false},
 		{"a broken signature", tampered, "node-a", false},
 		{"not a request", []byte("hello"), "node-a", false},
 	} {

@@ -75,8 +75,9 @@ type Server struct {
 	MaxPeerLifetime time.Duration
 	// MaxStreams is how many sources are read at once (more wait for
 	// nothing: they get ErrBusy); MaxConns how many authenticated
-	// connections are open at once. Zero means 4 and 64.
-	MaxStreams, MaxConns int
+	// connections are open at once, MaxConnsPerPeer how many of them one
+	// node's certificate may hold. Zero means 4, 64 and 8.
+	MaxStreams, MaxConns, MaxConnsPerPeer int
 	// StallTimeout ends a stream its reader stopped reading, which would
 	// otherwise hold its source pinned; zero means a minute. MinRate
 	// ends one that its reader reads too slowly to end in any useful
@@ -124,8 +125,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		}
 		return v
 	}
+	nameOf := func(tc *tls.Conn) string {
+		if certs := tc.ConnectionState().PeerCertificates; len(certs) > 0 {
+			return peerNode(certs[0], s.Creds.Driver)
+		}
+		return ""
+	}
 	g := newGate(ln, s.tlsConfig(), orDur(s.HandshakeTimeout, 3*time.Second),
-		or(s.MaxPendingPerPeer, 8), or(s.MaxPending, 256), or(s.MaxConns, 64))
+		or(s.MaxPendingPerPeer, 8), or(s.MaxPending, 256), or(s.MaxConns, 64), or(s.MaxConnsPerPeer, 8), nameOf)
 	srv := &http.Server{
 		Handler:           s,
 		ReadHeaderTimeout: orDur(s.HeaderTimeout, 10*time.Second),
@@ -197,30 +204,29 @@ func peerNode(cert *x509.Certificate, driver string) string {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.init()
 	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
-		http.Error(w, "a client certificate is required", http.StatusForbidden)
+		refuse(w, "a client certificate is required", http.StatusForbidden)
 		return
 	}
 	peer := peerNode(r.TLS.PeerCertificates[0], s.Creds.Driver)
 	if peer == "" {
-		http.Error(w, "the certificate names no node of driver "+s.Creds.Driver, http.StatusForbidden)
+		refuse(w, "the certificate names no node of driver "+s.Creds.Driver, http.StatusForbidden)
 		return
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		http.Error(w, "only GET and HEAD", http.StatusMethodNotAllowed)
+		refuse(w, "only GET and HEAD", http.StatusMethodNotAllowed)
 		return
 	}
 	if r.ContentLength != 0 || len(r.TransferEncoding) > 0 || r.URL.RawQuery != "" {
-		w.Header().Set("Connection", "close")
-		http.Error(w, "a request has no body and no query", http.StatusBadRequest)
+		refuse(w, "a request has no body and no query", http.StatusBadRequest)
 		return
 	}
 	parts := strings.Split(strings.TrimPrefix(r.URL.Path, pathPrefix), "/")
 	if !strings.HasPrefix(r.URL.Path, pathPrefix) || len(parts) != 3 {
-		http.Error(w, "the path is /v1/{driver}/{kind}/{id}", http.StatusBadRequest)
+		refuse(w, "the path is /v1/{driver}/{kind}/{id}", http.StatusBadRequest)
 		return
 	}
 	if parts[0] != s.Creds.Driver {
-		http.Error(w, fmt.Sprintf("this is driver %s, not %s", s.Creds.Driver, parts[0]), http.StatusForbidden)
+		refuse(w, fmt.Sprintf("this is driver %s, not %s", s.Creds.Driver, parts[0]), http.StatusForbidden)
 		return
 	}
 	maxLife := s.MaxPeerLifetime
@@ -228,21 +234,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		maxLife = DefaultMaxPeerLifetime
 	}
 	if err := checkLifetime(r.TLS.PeerCertificates[0], maxLife); err != nil {
-		http.Error(w, err.Error(), http.StatusForbidden)
+		refuse(w, err.Error(), http.StatusForbidden)
 		return
 	}
 	// Authorized before a stream slot is taken: a peer refused never
 	// holds one, and a slow answer from the authorizer holds none either.
 	if err := s.authorize(r.Context(), peer, parts[1], parts[2]); err != nil {
 		code := statusOf(err)
-		http.Error(w, publicMessage(code), code)
+		refuse(w, publicMessage(code), code)
 		return
 	}
 	select {
 	case s.streams <- struct{}{}:
 		defer func() { <-s.streams }()
 	default:
-		http.Error(w, ErrBusy.Error(), http.StatusServiceUnavailable)
+		refuse(w, ErrBusy.Error(), http.StatusServiceUnavailable)
 		return
 	}
 	meta, rc, err := s.Source.Open(r.Context(), peer, parts[1], parts[2], r.Method == http.MethodHead)
@@ -250,7 +256,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The peer learns the kind of refusal only: the Source's own
 		// words may name this node's paths (its log has them).
 		code := statusOf(err)
-		http.Error(w, publicMessage(code), code)
+		refuse(w, publicMessage(code), code)
 		return
 	}
 	if rc != nil {
@@ -258,7 +264,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	mb, err := json.Marshal(meta)
 	if err != nil || len(mb) > maxMetaBytes {
-		http.Error(w, "the source's description is too large", http.StatusInternalServerError)
+		refuse(w, "the source's description is too large", http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set(metaHeader, string(mb))
@@ -290,6 +296,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		panic(http.ErrAbortHandler)
 	}
 	w.Header().Set(sumTrailer, strconv.FormatUint(uint64(h.Sum32()), 16))
+}
+
+// refuse answers a request that gets no source and closes its
+// connection: a peer refused holds no slot for its next try.
+func refuse(w http.ResponseWriter, msg string, code int) {
+	w.Header().Set("Connection", "close")
+	http.Error(w, msg, code)
 }
 
 func (s *Server) authorize(ctx context.Context, peer, kind, id string) error {

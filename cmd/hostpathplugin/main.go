@@ -112,13 +112,18 @@ func run(o options) int {
 		go servePeers(ctx, d, o)
 	}
 	if o.httpEndpoint != "" {
-		srv := &http.Server{Addr: o.httpEndpoint, Handler: httpHandler(d, reg), ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				cancel(fmt.Errorf("http endpoint %s: %w", o.httpEndpoint, err))
-			}
-		}()
-		defer srv.Close()
+		ln, err := listenHTTP(o.httpEndpoint, httpMaxConns)
+		if err != nil {
+			cancel(fmt.Errorf("http endpoint %s: %w", o.httpEndpoint, err))
+		} else {
+			srv := newHTTPServer(httpHandler(d, reg))
+			go func() {
+				if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					cancel(fmt.Errorf("http endpoint %s: %w", o.httpEndpoint, err))
+				}
+			}()
+			defer srv.Close()
+		}
 	}
 	<-ctx.Done()
 	<-done

@@ -8,8 +8,10 @@ import (
 	"testing"
 
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"sigs.k8s.io/yaml"
@@ -35,6 +37,9 @@ type manifests struct {
 	drivers       []storagev1.CSIDriver
 	classes       []storagev1.StorageClass
 	snapClasses   []snapv1.VolumeSnapshotClass
+	policies      []admissionv1.ValidatingAdmissionPolicy
+	policyBinds   []admissionv1.ValidatingAdmissionPolicyBinding
+	netPolicies   []networkingv1.NetworkPolicy
 	pods          []corev1.Pod
 	pvcs          []corev1.PersistentVolumeClaim
 	snapshots     []snapv1.VolumeSnapshot
@@ -99,6 +104,18 @@ func load(t *testing.T) manifests {
 					key := sub.Namespace + "/" + sub.Name
 					m.roleBindings[key] = append(m.roleBindings[key], b.RoleRef.Kind+"/"+b.RoleRef.Name)
 				}
+			case "ValidatingAdmissionPolicy":
+				var p admissionv1.ValidatingAdmissionPolicy
+				strict(&p)
+				m.policies = append(m.policies, p)
+			case "ValidatingAdmissionPolicyBinding":
+				var b admissionv1.ValidatingAdmissionPolicyBinding
+				strict(&b)
+				m.policyBinds = append(m.policyBinds, b)
+			case "NetworkPolicy":
+				var np networkingv1.NetworkPolicy
+				strict(&np)
+				m.netPolicies = append(m.netPolicies, np)
 			case "Deployment":
 				var d appsv1.Deployment
 				strict(&d)
@@ -448,5 +465,67 @@ func checkTransferRBAC(t *testing.T, m manifests, node string, o options) {
 	}
 	if m.may(signer, "approve", "certificates.k8s.io", "signers", "kubernetes.io/kube-apiserver-client") {
 		t.Error("the signer may approve for other signers")
+	}
+}
+
+// TestAdmissionPolicies: every admission policy of deploy/ is bound to
+// deny, applies to the nodes' service account as the DaemonSet runs it
+// (a renamed account or namespace would silently lift them), fails
+// closed, and the certificate policy names the transfer signer.
+func TestAdmissionPolicies(t *testing.T) {
+	m := load(t)
+	ds := m.daemonSets[0]
+	account := "system:serviceaccount:hostpath-csi:" + ds.Spec.Template.Spec.ServiceAccountName
+	if len(m.policies) < 4 {
+		t.Fatalf("%d admission policies, want those for volumes, claims, snapshot contents and certificates", len(m.policies))
+	}
+	bound := map[string]bool{}
+	for _, b := range m.policyBinds {
+		if len(b.Spec.ValidationActions) != 1 || b.Spec.ValidationActions[0] != admissionv1.Deny {
+			t.Errorf("binding %s: actions %v, want [Deny]", b.Name, b.Spec.ValidationActions)
+		}
+		bound[b.Spec.PolicyName] = true
+	}
+	for _, p := range m.policies {
+		if !bound[p.Name] {
+			t.Errorf("policy %s has no binding", p.Name)
+		}
+		if p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionv1.Fail {
+			t.Errorf("policy %s does not fail closed", p.Name)
+		}
+		if len(p.Spec.MatchConditions) != 1 || !strings.Contains(p.Spec.MatchConditions[0].Expression, "'"+account+"'") {
+			t.Errorf("policy %s does not match %s: %v", p.Name, account, p.Spec.MatchConditions)
+		}
+		if p.Name == "hostpath-csi-node-certificates" && !strings.Contains(p.Spec.Validations[0].Expression, "'"+signerName(m.drivers[0].Name)+"'") {
+			t.Errorf("policy %s does not name the signer %s", p.Name, signerName(m.drivers[0].Name))
+		}
+	}
+}
+
+// TestNetworkPolicies: the driver's pods and the signer each have an
+// ingress policy; the driver's admits the transfer port from anywhere (it
+// authenticates) and its metrics port only from selected namespaces, and
+// nothing else; the signer's admits nothing.
+func TestNetworkPolicies(t *testing.T) {
+	m := load(t)
+	by := map[string]networkingv1.NetworkPolicy{}
+	for _, p := range m.netPolicies {
+		by[p.Spec.PodSelector.MatchLabels["app"]] = p
+	}
+	node, ok := by["hostpath-csi-node"]
+	if !ok {
+		t.Fatal("no NetworkPolicy for the driver's pods")
+	}
+	ports := map[int]bool{}
+	for _, r := range node.Spec.Ingress {
+		for _, p := range r.Ports {
+			ports[p.Port.IntValue()] = len(r.From) == 0
+		}
+	}
+	if len(ports) != 2 || !ports[9470] || ports[9808] {
+		t.Errorf("the driver's ingress: %v, want 9470 from anywhere and 9808 from selected namespaces only", ports)
+	}
+	if s, ok := by["hostpath-csi-transfer-signer"]; !ok || len(s.Spec.Ingress) != 0 || len(s.Spec.PolicyTypes) != 1 {
+		t.Errorf("the signer's policy: %+v, want all ingress denied", s.Spec)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -84,7 +85,18 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 	res := &kubepeers.Resolver{Client: client, Driver: o.cfg.DriverName, Port: port, KeyOf: engine.NodeTag}
 	d.SetPeers(&transfer.Peers{Client: &transfer.Client{Creds: creds}, Resolve: res.Resolve})
 	klog.InfoS("serving this node's sources to the other nodes", "endpoint", o.transferEndpoint, "certificateUntil", creds.Expiry())
+	dyn, err := dynamic.NewForConfig(restConfig)
+	if err != nil {
+		klog.ErrorS(err, "no node-to-node transfer: no client for ReferenceGrants")
+		return
+	}
+	// A peer is authorized from this node's own records of its sources.
+	owners := func(kind, id string) (kubepeers.Owner, bool, bool) {
+		o, here, ok := d.SourceOwner(kind, id)
+		return kubepeers.Owner{Namespace: o.Namespace, Name: o.Name, Object: o.Content}, here, ok
+	}
 	pending := &kubepeers.Pending{Client: client, Snapshots: snapshots, Driver: o.cfg.DriverName,
+		Node: o.cfg.NodeID, TopologyKey: csi.TopologyKey, Owners: owners, Grants: kubepeers.Grants{Client: dyn}.Allows,
 		SnapshotKind: engine.SourceSnapshot, VolumeKind: engine.SourceVolume}
 	// A peer gets a source only while a claim to be filled from it waits
 	// on the peer's node; refusals are logged here, since the peer is

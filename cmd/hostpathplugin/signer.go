@@ -72,13 +72,17 @@ func runSigner(o options) int {
 			}
 			fmt.Fprintln(w, "ok")
 		})
-		srv := &http.Server{Addr: o.httpEndpoint, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				klog.ErrorS(err, "http endpoint", "address", o.httpEndpoint)
-			}
-		}()
-		defer srv.Close()
+		if ln, err := listenHTTP(o.httpEndpoint, httpMaxConns); err != nil {
+			klog.ErrorS(err, "http endpoint", "address", o.httpEndpoint)
+		} else {
+			srv := newHTTPServer(mux)
+			go func() {
+				if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					klog.ErrorS(err, "http endpoint", "address", o.httpEndpoint)
+				}
+			}()
+			defer srv.Close()
+		}
 	}
 	klog.InfoS("transfer signer starting", "signer", s.Name, "requester", "system:serviceaccount:"+ns+":"+o.signer.requester, "maxLifetime", o.signer.maxLifetime, "trust", o.transferTrust)
 	for backoff := time.Second; ; backoff = min(2*backoff, time.Minute) {

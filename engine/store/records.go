@@ -88,6 +88,22 @@ type Snapshot struct {
 	// Pool is the storage pool the snapshot's data is in; empty for the
 	// state dir's own.
 	Pool string `json:"pool,omitempty"`
+	// Owner is the VolumeSnapshot the snapshot was made for; nil for
+	// snapshots asked for without the snapshotter's metadata (the CSI API
+	// alone, group members, records from before owners).
+	Owner *Owner `json:"owner,omitempty"`
+}
+
+// Owner is the Kubernetes object a snapshot was made for, as the
+// snapshotter passed it (--extra-create-metadata): the VolumeSnapshot's
+// namespace and name and the VolumeSnapshotContent's name. The node that
+// holds the snapshot serves it to another node only for a restore from
+// that VolumeSnapshot bound to that content: its own record, not an API
+// object another node could have written, says which.
+type Owner struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Content   string `json:"content"`
 }
 
 // Group is a VolumeGroupSnapshot: a set of snapshots made together.
@@ -124,7 +140,13 @@ func (v Volume) Clone() Volume {
 // RecordID, RecordName and Clone make Snapshot a Record.
 func (s Snapshot) RecordID() string   { return s.ID }
 func (s Snapshot) RecordName() string { return s.Name }
-func (s Snapshot) Clone() Snapshot    { return s }
+func (s Snapshot) Clone() Snapshot {
+	if s.Owner != nil {
+		o := *s.Owner
+		s.Owner = &o
+	}
+	return s
+}
 
 // RecordID, RecordName and Clone make Group a Record.
 func (g Group) RecordID() string   { return g.ID }

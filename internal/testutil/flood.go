@@ -15,11 +15,18 @@ import (
 // the returned stop is called (which waits for it to end); open tells how
 // many connections the flood holds at the moment.
 func Flood(addr string, peers, each int, hello bool) (open func() int64, stop func()) {
+	return FloodFrom(addr, 2, peers, each, hello)
+}
+
+// FloodFrom is Flood from the source addresses 127.0.0.first onwards
+// (first 1: the address a test's own client dials from, as a pod's
+// connections masqueraded behind its node's address share the node's).
+func FloodFrom(addr string, first byte, peers, each int, hello bool) (open func() int64, stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	var n atomic.Int64
 	for p := range peers {
-		local := &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+p))}
+		local := &net.TCPAddr{IP: net.IPv4(127, 0, 0, first+byte(p))}
 		for range each {
 			wg.Add(1)
 			go func() {

