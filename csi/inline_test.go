@@ -161,3 +161,39 @@ func TestInlineRecordWriteFailureReleasesName(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestInlineSizeCap: an inline ephemeral volume larger than
+// --max-inline-size is refused OutOfRange with the flag and the way out
+// named, before anything is made; one within it is made.
+func TestInlineSizeCap(t *testing.T) {
+	testutil.RequireRoot(t)
+	cfg := testConfig(t)
+	cfg.MaxInlineSize = 64 << 20
+	d := newDriver(t, cfg)
+	for _, c := range []struct {
+		size string
+		code codes.Code
+	}{
+		{"16Ti", codes.OutOfRange},
+		{"65Mi", codes.OutOfRange},
+		{"64Mi", codes.OK},
+	} {
+		target := filepath.Join(t.TempDir(), "vol")
+		unmountAll(t, target)
+		id := "csi-cap-" + c.size
+		_, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target, VolumeCapability: rwo,
+			VolumeContext: map[string]string{engine.CtxEphemeral: "true", engine.CtxSize: c.size}})
+		if status.Code(err) != c.code || (err != nil && !strings.Contains(err.Error(), "--max-inline-size")) {
+			t.Fatalf("an inline volume of %s: %v, want %v naming the flag", c.size, err, c.code)
+		}
+		_, made := d.LookupNodeVolume(id)
+		if made != (c.code == codes.OK) {
+			t.Fatalf("an inline volume of %s: made %v", c.size, made)
+		}
+		if made {
+			if _, err := d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}

@@ -72,6 +72,9 @@ func (d *Engine) provisionOnNode(ctx context.Context, id string, vctx map[string
 				return VolumeRecord{}, StorageErr(ErrInvalid, "unknown volume attribute %q for an inline volume; this driver takes %q", k, CtxSize)
 			}
 		}
+		if d.Config.MaxInlineSize > 0 && size > d.Config.MaxInlineSize {
+			return VolumeRecord{}, StorageErr(ErrOutOfRange, "inline ephemeral volume attribute %s=%q is %d bytes, more than this node allows one (--max-inline-size %d); ask for less, or use a PersistentVolumeClaim (a generic ephemeral volume), which ResourceQuota counts", CtxSize, vctx[CtxSize], size, d.Config.MaxInlineSize)
+		}
 		if d.Config.MaxVolumeSize > 0 && size > d.Config.MaxVolumeSize {
 			return VolumeRecord{}, StorageErr(ErrOutOfRange, "inline volume of %d bytes exceeds --max-volume-size %d", size, d.Config.MaxVolumeSize)
 		}

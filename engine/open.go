@@ -22,6 +22,11 @@ type Config struct {
 
 	MaxVolumesPerNode int64
 	MaxVolumeSize     int64
+	// MaxInlineSize caps an inline ephemeral volume: a pod makes one on
+	// its own, with no claim for a ResourceQuota to count, so without a
+	// cap one pod per node could reserve every pool. Zero: no cap but
+	// MaxVolumeSize.
+	MaxInlineSize int64
 	// Capacity simulates storage pools per StorageClass "kind" parameter,
 	// as the reference driver's --capacity does. Empty means real capacity.
 	Capacity map[string]int64

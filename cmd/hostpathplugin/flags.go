@@ -152,6 +152,7 @@ func parseFlags(args []string) (options, error) {
 		StateDir:              "/csi-data-dir",
 		Endpoint:              "unix:///tmp/csi.sock",
 		MaxVolumeSize:         1 << 40,
+		MaxInlineSize:         1 << 30,
 		EnableTopology:        true,
 		EnableVolumeExpansion: true,
 		Version:               version(),
@@ -166,6 +167,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.cfg.StateDir, "statedir", o.cfg.StateDir, "directory for volumes, snapshots and state")
 	fs.Int64Var(&o.cfg.MaxVolumesPerNode, "maxvolumespernode", 0, "volumes this node may have published, 0 for no limit")
 	fs.Var(quantityFlag{&o.cfg.MaxVolumeSize}, "max-volume-size", "largest volume to create (quantity, e.g. 1Ti)")
+	fs.Var(quantityFlag{&o.cfg.MaxInlineSize}, "max-inline-size", "largest inline ephemeral volume a pod may ask for (quantity; 0 for --max-volume-size alone): nothing counts them against a quota")
 	fs.Var(&localRoots, "local-root", "a directory static local volumes may come from (repeatable)")
 	pools := poolFlag{}
 	fs.Var(pools, "pool", "a storage pool beside the state dir's own (\"default\"): name=path, a directory on a file system of its own (repeatable); a StorageClass or VolumeSnapshotClass chooses it with the parameter pool")
@@ -274,6 +276,9 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("--snapshot-metadata-block-type=%q: want FIXED_LENGTH or VARIABLE_LENGTH", blockType)
 	}
 	o.cfg.DisableListSnapshots = !enableListSnapshots
+	if o.cfg.MaxInlineSize < 0 {
+		return o, errors.New("--max-inline-size must not be negative")
+	}
 	if o.cfg.MaxVolumeSizeNode < 0 {
 		return o, errors.New("--max-volume-size-node must not be negative")
 	}
