@@ -41,8 +41,10 @@ func Extract(ctx context.Context, r io.Reader, dir string) (Stats, error) {
 	}
 	defer unix.Close(root)
 	x := newExtractor(root)
+	x.ctx = ctx
 	x.progress = fsops.ProgressFrom(ctx)
-	err = x.run(ctx, tar.NewReader(fsops.ProgressReader{R: gz, P: x.progress}))
+	x.tap = &sparseTap{r: fsops.ProgressReader{R: gz, P: x.progress}}
+	err = x.run(ctx, tar.NewReader(x.tap))
 	x.closeParent()
 	x.jobs.close()
 	if err == nil {
@@ -129,6 +131,13 @@ type extractor struct {
 	parentRel string
 	parentRef *dirRef
 	progress  *fsops.Progress // from ctx, or nil
+	// ctx is checked per chunk of a large file too: a sparse file of
+	// another tar, whose holes the tar reader hands over as zeros, may be
+	// terabytes of them.
+	ctx context.Context
+	// tap is the stream under the tar reader: sparse entries the writer
+	// mapped are read from it directly (sparse_read_linux.go).
+	tap *sparseTap
 }
 
 func newExtractor(root int) *extractor {
@@ -323,6 +332,9 @@ func (x *extractor) replace(pfd int, base string) error {
 const smallFile = 1 << 20
 
 func (x *extractor) file(pfd int, base, rel string, h *tar.Header, r io.Reader, meta fsops.Meta) error {
+	if exts, ok := sparseMapOf(h); ok && x.tap != nil {
+		return x.sparseFile(pfd, base, rel, h, exts, meta)
+	}
 	x.stats.Files++
 	x.stats.Bytes += h.Size
 	x.progress.AddFiles(1)
@@ -347,6 +359,9 @@ func (x *extractor) file(pfd int, base, rel string, h *tar.Header, r io.Reader, 
 	f.refs.Store(1)
 	defer x.jobs.releaseFile(f)
 	for off := int64(0); off < h.Size; off += smallFile {
+		if err := x.ctx.Err(); err != nil {
+			return err
+		}
 		bp := x.jobs.buffer()
 		data := (*bp)[:min(smallFile, h.Size-off)]
 		if _, err := io.ReadFull(r, data); err != nil {

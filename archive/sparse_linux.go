@@ -124,6 +124,9 @@ func (a *writer) writeSparse(f *os.File, h *tar.Header, exts []fsops.Extent) err
 	for k, v := range h.PAXRecords {
 		recs[k] = v
 	}
+	if m := sparseMapRecord(exts); m != "" {
+		recs[sparseMapKey] = m
+	}
 	keys := make([]string, 0, len(recs))
 	for k := range recs {
 		keys = append(keys, k)

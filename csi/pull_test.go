@@ -119,3 +119,48 @@ func TestPullOutlivesTheRequest(t *testing.T) {
 		}
 	}
 }
+
+// TestPullAbandoned: a pull nobody asks about after its request ended
+// (the claim deleted, the provisioner gone) is cancelled after
+// PullAbandonAfter, leaving nothing; a later request starts it again.
+// Before, it ran to its end however long that took.
+func TestPullAbandoned(t *testing.T) {
+	a, b, bp := newPeerPair(t, "")
+	b.d.Config.PullAbandonAfter = 300 * time.Millisecond
+	src := mustCreate(t, a.d, "src", 100<<20)
+	data := make([]byte, 24<<20)
+	rand.Read(data)
+	os.WriteFile(filepath.Join(volumeDir(a.d, src.GetVolumeId()), "data"), data, 0o644)
+	slow := &slowPeers{Peers: bp, rate: 1 << 20} // 24 s for the data
+	b.d.SetPeers(slow)
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err := b.d.CreateVolume(rctx, fromVolume("abandoned", src.GetVolumeId(), 100<<20))
+	cancel()
+	if status.Code(err) != codes.Aborted {
+		t.Fatalf("a slow pull: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, recorded := volumeNamed(b.d, "abandoned")
+		if !recorded {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the pull nobody asked about still runs after 10 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	ents, _ := os.ReadDir(tmpDir(b.d))
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), ".") {
+			t.Fatalf("the abandoned pull left %s", e.Name())
+		}
+	}
+	// Asked again, it starts again.
+	rctx, cancel = context.WithTimeout(ctx, 2*time.Second)
+	_, err = b.d.CreateVolume(rctx, fromVolume("abandoned", src.GetVolumeId(), 100<<20))
+	cancel()
+	if status.Code(err) != codes.Aborted || slow.streams.Load() != 2 {
+		t.Fatalf("asked again: %v after %d streams, want Aborted and a second stream", err, slow.streams.Load())
+	}
+}

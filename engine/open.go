@@ -27,6 +27,9 @@ type Config struct {
 	// cap one pod per node could reserve every pool. Zero: no cap but
 	// MaxVolumeSize.
 	MaxInlineSize int64
+	// PullAbandonAfter is how long a pull from another node goes on with
+	// no request asking for its volume; zero means 5 minutes.
+	PullAbandonAfter time.Duration
 	// Capacity simulates storage pools per StorageClass "kind" parameter,
 	// as the reference driver's --capacity does. Empty means real capacity.
 	Capacity map[string]int64
