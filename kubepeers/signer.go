@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	certv1 "k8s.io/api/certificates/v1"
@@ -73,16 +72,8 @@ type Signer struct {
 	// OnDecision, when set, is told of every request granted or refused
 	// (the Signer itself never logs).
 	OnDecision func(csr, node string, granted bool, reason string)
-	// Legacy, when set, is the Secret in which the release before the
-	// signer kept the authority, readable by every node: see adopt.
-	// AdoptFor is how long an adopted authority keeps signing; zero means
-	// DefaultAdoptFor.
-	Legacy   *SecretStore
-	AdoptFor time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
-
-	legacyGone atomic.Bool // the Legacy Secret was deleted: no call for it every minute
 }
 
 func (s *Signer) requester() string {
@@ -212,18 +203,14 @@ func (s *Signer) tell(csr, node string, granted bool, reason string) {
 	}
 }
 
-// Publish makes or rolls over the authority as needed (adopting the one
-// of the release before, the first time) and writes the authorities to
-// trust, newest first, into the Bundle ConfigMap when they changed.
+// Publish makes or rolls over the authority as needed and writes the
+// authorities to trust, newest first, into the Bundle ConfigMap when they
+// changed.
 func (s *Signer) Publish(ctx context.Context) error {
-	// The signer's own record, read once: whether it has an authority
-	// yet, and what it keeps beside it (an adoption, a rollover asked).
+	// The signer's own record, read once: what it keeps beside its
+	// authority (a rollover asked).
 	data, _, err := s.Authority.Store.Load(ctx)
-	if errors.Is(err, transfer.ErrNoAuthority) {
-		if err := s.adopt(ctx); err != nil {
-			return fmt.Errorf("adopting the authority of the release before the signer: %w", err)
-		}
-	} else if err != nil {
+	if err != nil && !errors.Is(err, transfer.ErrNoAuthority) {
 		return err
 	}
 	rec, err := parseRecord(data)
@@ -233,9 +220,6 @@ func (s *Signer) Publish(ctx context.Context) error {
 	now := s.now()
 	cas, err := s.Authority.RollOver(ctx, rec.due(now))
 	if err != nil {
-		return err
-	}
-	if cas, err = s.retireAdopted(ctx, rec, cas, now); err != nil {
 		return err
 	}
 	var certs []byte
@@ -357,9 +341,9 @@ func (s *Signer) Run(ctx context.Context, onErr func(error), onReady func()) err
 // RollOverKey, in the signer's Store, asks for a rollover: an RFC 3339
 // time, after which the newest authority must have been made (kubectl
 // patch secret ... -p '{"stringData":{"rollover-requested":"<now>"}}').
-// The authority replaced stays trusted until it ends, as in a rollover
-// that came due; to stop trusting it at once (its key was taken), delete
-// the Secret instead.
+// The authority replaced stays trusted for the Store's RetireAfter (see
+// RetireAfter), until every node has moved and what it signed has ended;
+// to stop trusting it at once, delete the Secret instead.
 const RollOverKey = "rollover-requested"
 
 // sweepAfter is how long a decided request is kept: its node reads its

@@ -50,6 +50,12 @@ type StoreAuthority struct {
 	Driver string
 	// Lifetime is the authority's; zero means DefaultAuthorityLifetime.
 	Lifetime time.Duration
+	// RetireAfter is how long an authority stays trusted once its
+	// successor is made: long enough for every node to move to the
+	// successor and for the longest certificate it signed to end. Zero
+	// keeps it trusted until it ends itself (months): a rollover asked
+	// because its key was seen would then protect nothing for that long.
+	RetireAfter time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 
@@ -129,10 +135,27 @@ func (a *StoreAuthority) trust(ctx context.Context, due func(*x509.Certificate) 
 		}
 		break
 	}
+	cas = a.retire(cas, a.now())
 	a.mu.Lock()
 	a.cas, a.key = cas, key
 	a.mu.Unlock()
 	return cas, nil
+}
+
+// retire leaves out of cas (newest first) every authority whose successor
+// was made more than RetireAfter ago.
+func (a *StoreAuthority) retire(cas []*x509.Certificate, now time.Time) []*x509.Certificate {
+	if a.RetireAfter <= 0 {
+		return cas
+	}
+	for i := 1; i < len(cas); i++ {
+		// A successor is backdated: it was made Backdate after its
+		// NotBefore.
+		if now.After(cas[i-1].NotBefore.Add(Backdate + a.RetireAfter)) {
+			return cas[:i]
+		}
+	}
+	return cas
 }
 
 // Issue implements Authority: it checks the request names node and signs

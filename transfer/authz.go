@@ -33,13 +33,6 @@ func (f AuthorizerFunc) Authorize(ctx context.Context, peer, kind, id string) er
 // tests and for drivers in one process, never for a cluster.
 var AllowAll Authorizer = AuthorizerFunc(func(context.Context, string, string, string) error { return nil })
 
-// DefaultMaxPeerLifetime is the longest validity a peer's certificate may
-// have: what a node issues itself (DefaultLeafLifetime, backdated by a
-// few minutes), with room for a clock a little off. A certificate made for
-// longer (by someone holding the authority's key) is refused however it
-// chains.
-const DefaultMaxPeerLifetime = DefaultLeafLifetime + Backdate + 5*time.Minute
-
 // checkLifetime refuses a peer certificate valid for longer than max.
 func checkLifetime(cert *x509.Certificate, max time.Duration) error {
 	if life := cert.NotAfter.Sub(cert.NotBefore); life > max {

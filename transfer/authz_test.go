@@ -125,3 +125,44 @@ func TestTransferAuthorizes(t *testing.T) {
 		t.Fatalf("the authorizer was asked %s, want %s", got, want)
 	}
 }
+
+// TestLifetimeCapsFollowTheNodesOwn: servers and clients alike refuse a
+// peer certificate valid for longer than their own are made for: where a
+// signer signs for 6 hours, a 24-hour certificate (what a node holding an
+// authority's key makes itself) is refused both ways. Before, servers
+// took up to 24 h 10 min whatever their own, and clients took any.
+func TestLifetimeCapsFollowTheNodesOwn(t *testing.T) {
+	store := &MemoryStore{}
+	blob := &fakeSource{blobs: map[string][]byte{"x": []byte("x's data")}}
+	signed := func(s *Server) {
+		c := &Credentials{Store: store, Driver: driver, Node: "node-a", LeafLifetime: DefaultSignedLifetime}
+		if err := c.Refresh(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		s.Creds = c
+	}
+	a6 := startNode(t, store, "node-a", blob, signed)
+	a24 := startNode(t, store, "node-a", blob, nil)
+	creds := func(life time.Duration) *Client {
+		c := &Credentials{Store: store, Driver: driver, Node: "node-b", LeafLifetime: life}
+		if err := c.Refresh(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return &Client{Creds: c}
+	}
+	for _, c := range []struct {
+		name   string
+		client *Client
+		server *node
+		ok     bool
+	}{
+		{"6 h both ways", creds(DefaultSignedLifetime), a6, true},
+		{"a 24 h client to a 6 h server", creds(DefaultLeafLifetime), a6, false},
+		{"a 6 h client to a 24 h server", creds(DefaultSignedLifetime), a24, false},
+	} {
+		got, _, err := fetch(c.client, c.server, "node-a", "x")
+		if c.ok != (err == nil) || (err != nil && !strings.Contains(err.Error(), "longer than")) {
+			t.Errorf("%s: %q %v", c.name, got, err)
+		}
+	}
+}

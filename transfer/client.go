@@ -25,6 +25,9 @@ type Client struct {
 	// which nothing arrives for that long (ErrIncomplete); zero means a
 	// minute.
 	Timeout, IdleTimeout time.Duration
+	// MaxPeerLifetime is the longest validity a server's certificate may
+	// have; zero means what this node's own are made for (see Server).
+	MaxPeerLifetime time.Duration
 }
 
 // Open asks the node named node, at addr (host:port), for a source: its
@@ -45,6 +48,10 @@ func (c *Client) Open(ctx context.Context, addr, node, kind, id string, statOnly
 		idle = time.Minute
 	}
 	driver := c.Creds.Driver
+	maxLife := c.MaxPeerLifetime
+	if maxLife <= 0 {
+		maxLife = c.Creds.maxPeerLifetime()
+	}
 	tr := &http.Transport{
 		TLSClientConfig: &tls.Config{
 			Time:         c.Creds.now,
@@ -58,7 +65,7 @@ func (c *Client) Open(ctx context.Context, addr, node, kind, id string, statOnly
 				if len(cs.PeerCertificates) == 0 || peerNode(cs.PeerCertificates[0], driver) != node {
 					return fmt.Errorf("%w: %s does not present node %s of driver %s", ErrRefused, addr, node, driver)
 				}
-				return nil
+				return checkLifetime(cs.PeerCertificates[0], maxLife)
 			},
 		},
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {

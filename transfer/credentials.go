@@ -74,6 +74,15 @@ func (c *Credentials) leafLifetime() time.Duration {
 	return c.LeafLifetime
 }
 
+// maxPeerLifetime is the longest a peer's certificate may be valid for:
+// what this node's own are made for (every node of a deployment asks for
+// the same), backdated, with room for a clock a little off. A certificate
+// made for longer (by someone holding the authority's key) is refused
+// however it chains, by servers and clients alike.
+func (c *Credentials) maxPeerLifetime() time.Duration {
+	return c.leafLifetime() + Backdate + 5*time.Minute
+}
+
 func (c *Credentials) authority() Authority {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -132,3 +132,32 @@ func TestCredentialsCheckWhatIsIssued(t *testing.T) {
 		})
 	}
 }
+
+// TestRolloverRetiresTheOldAuthority: after a rollover the authority
+// replaced is trusted for RetireAfter (every node moves and what it
+// signed ends), then no longer: before, it stayed trusted for the rest of
+// its year, so a rollover asked because its key was seen protected
+// nothing.
+func TestRolloverRetiresTheOldAuthority(t *testing.T) {
+	now := time.Now()
+	a := &StoreAuthority{Store: &MemoryStore{}, Driver: driver, RetireAfter: 7 * time.Hour, Now: func() time.Time { return now }}
+	first, err := a.Trust(context.Background())
+	if err != nil || len(first) != 1 {
+		t.Fatal(len(first), err)
+	}
+	now = now.Add(time.Hour)
+	cas, err := a.RollOver(context.Background(), func(*x509.Certificate) bool { return true })
+	if err != nil || len(cas) != 2 || !cas[1].Equal(first[0]) {
+		t.Fatalf("right after the rollover: %d authorities, %v", len(cas), err)
+	}
+	for _, c := range []struct {
+		after time.Duration
+		want  int
+	}{{6 * time.Hour, 2}, {7*time.Hour + time.Minute, 1}, {30 * 24 * time.Hour, 1}} {
+		now = now.Add(c.after - (now.Sub(cas[0].NotBefore) - Backdate))
+		got, err := a.Trust(context.Background())
+		if err != nil || len(got) != c.want || !got[0].Equal(cas[0]) {
+			t.Fatalf("%v after the rollover: %d authorities trusted, want %d (%v)", c.after, len(got), c.want, err)
+		}
+	}
+}

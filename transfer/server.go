@@ -71,7 +71,9 @@ type Server struct {
 	// AllowAll says so).
 	Authorizer Authorizer
 	// MaxPeerLifetime is the longest validity a peer's certificate may
-	// have; zero means DefaultMaxPeerLifetime.
+	// have; zero means what this node's own certificates are made for
+	// (Creds' leaf lifetime: 6 hours from a signer), backdated, plus 5
+	// minutes.
 	MaxPeerLifetime time.Duration
 	// MaxStreams is how many sources are read at once (more wait for
 	// nothing: they get ErrBusy); MaxConns how many authenticated
@@ -231,7 +233,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	maxLife := s.MaxPeerLifetime
 	if maxLife <= 0 {
-		maxLife = DefaultMaxPeerLifetime
+		maxLife = s.Creds.maxPeerLifetime()
 	}
 	if err := checkLifetime(r.TLS.PeerCertificates[0], maxLife); err != nil {
 		refuse(w, err.Error(), http.StatusForbidden)

@@ -54,16 +54,12 @@ type options struct {
 	reportLostNodes bool
 	// transferEndpoint serves this node's snapshots and volumes to the
 	// other nodes' drivers (package transfer) and lets restores and clones
-	// pull from them, when the driver runs in a cluster; transferSecret
-	// names the Secret of the driver's namespace that holds their
-	// authority.
-	transferEndpoint, transferSecret string
-	// transferAuthority is where a node's transfer certificate comes from:
-	// "signer" (the CSR API, signed by the transfer signer's Deployment)
-	// or "secret" (the shared Secret of the release before it).
-	// transferTrust is the ConfigMap in which the signer publishes the
-	// authorities to trust.
-	transferAuthority, transferTrust string
+	// pull from them, when the driver runs in a cluster.
+	transferEndpoint string
+	// transferTrust is the ConfigMap in which the transfer signer
+	// publishes the authorities to trust; a node's own certificate comes
+	// from that signer through the CSR API.
+	transferTrust string
 	// mode is "driver" (the CSI driver of a node) or "transfer-signer"
 	// (the approver and signer of the nodes' transfer certificates).
 	mode string
@@ -185,8 +181,8 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.labelImported, "label-imported-snapshots", true, "in a cluster, give imported VolumeSnapshotContents of this driver whose snapshot is on this node the managed-by label naming it, so the node's csi-snapshotter handles them")
 	fs.BoolVar(&o.reportLostNodes, "report-lost-nodes", true, "in a cluster, put a Warning event naming the node on each Pending pod (and its claim) that waits for a volume of this driver whose node has left the cluster (one driver of the deployment reports)")
 	fs.StringVar(&o.transferEndpoint, "transfer-endpoint", ":9470", "in a cluster, the address that serves this node's snapshots and volumes to the other nodes' drivers (mutual TLS), so a restore or clone on any node can pull its source; the port must be reachable at each node's internal IP (a hostPort); off when empty")
-	fs.StringVar(&o.transferSecret, "transfer-secret", "hostpath-csi-transfer-authority", "the Secret, in the driver's namespace, where the drivers keep the authority they authenticate each other with (made and rotated by them)")
-	fs.StringVar(&o.transferAuthority, "transfer-authority", "signer", "where this node's transfer certificate comes from: signer (it asks the Kubernetes CSR API, and the transfer signer, --mode=transfer-signer, grants a node only its own name; its key never leaves it) or secret (every node signs its own with the key in --transfer-secret, as before the signer: any node can then speak for any other)")
+	var transferAuthority string
+	fs.StringVar(&transferAuthority, "transfer-authority", "signer", "accepted for compatibility: signer, the only mode (a node asks the Kubernetes CSR API for its transfer certificate, and the transfer signer, --mode=transfer-signer, grants a node only its own name)")
 	fs.StringVar(&o.transferTrust, "transfer-trust", "hostpath-csi-transfer-trust", "the ConfigMap, in the driver's namespace, in which the transfer signer publishes the authorities the nodes trust")
 	fs.StringVar(&o.mode, "mode", "driver", "driver (the CSI driver of a node) or transfer-signer (the approver and signer of the nodes' transfer certificates: one small Deployment, the only holder of the signing key)")
 	fs.StringVar(&o.signer.requester, "transfer-requester", "hostpath-csi-node", "transfer-signer mode: the service account, in the signer's namespace, of the drivers whose requests are granted (each only for the node its token is bound to)")
@@ -241,8 +237,8 @@ func parseFlags(args []string) (options, error) {
 	default:
 		return o, fmt.Errorf("--mode=%q: want driver or transfer-signer", o.mode)
 	}
-	if o.transferAuthority != "signer" && o.transferAuthority != "secret" {
-		return o, fmt.Errorf("--transfer-authority=%q: want signer or secret", o.transferAuthority)
+	if transferAuthority != "signer" {
+		return o, fmt.Errorf("--transfer-authority=%q: signer is the only mode (a shared Secret, in which any node could speak for any other, is not offered)", transferAuthority)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

@@ -410,9 +410,6 @@ func (m manifests) may(account, verb, group, resource, name string) bool {
 // service account it grants.
 func checkTransferRBAC(t *testing.T, m manifests, node string, o options) {
 	t.Helper()
-	if o.transferAuthority != "signer" {
-		t.Errorf("the DaemonSet's --transfer-authority is %q: deploy/ runs the signer", o.transferAuthority)
-	}
 	for _, c := range []struct{ verb, group, resource, name string }{
 		{"create", "certificates.k8s.io", "certificatesigningrequests", ""},
 		{"get", "certificates.k8s.io", "certificatesigningrequests", "x"},
@@ -423,7 +420,7 @@ func checkTransferRBAC(t *testing.T, m manifests, node string, o options) {
 		}
 	}
 	for _, verb := range []string{"get", "list", "update"} {
-		if m.may(node, verb, "", "secrets", "hostpath-csi-transfer-signer") || m.may(node, verb, "", "secrets", o.transferSecret) {
+		if m.may(node, verb, "", "secrets", "hostpath-csi-transfer-signer") {
 			t.Errorf("the drivers may %s a transfer authority's Secret: a node would hold a key that speaks for every other", verb)
 		}
 	}
@@ -454,8 +451,6 @@ func checkTransferRBAC(t *testing.T, m manifests, node string, o options) {
 		{"get", "", "secrets", so.signer.keySecret},
 		{"update", "", "secrets", so.signer.keySecret},
 		{"create", "", "secrets", ""},
-		{"update", "", "secrets", so.transferSecret},
-		{"delete", "", "secrets", so.transferSecret},
 		{"update", "", "configmaps", so.transferTrust},
 		{"create", "", "configmaps", ""},
 	} {
@@ -465,6 +460,15 @@ func checkTransferRBAC(t *testing.T, m manifests, node string, o options) {
 	}
 	if m.may(signer, "approve", "certificates.k8s.io", "signers", "kubernetes.io/kube-apiserver-client") {
 		t.Error("the signer may approve for other signers")
+	}
+	// It checks the pod a request's token is bound to.
+	if !m.may(signer, "get", "", "pods", "driver-pod") {
+		t.Error("the signer may not get the requester's pod")
+	}
+	for _, verb := range []string{"get", "update", "delete"} {
+		if m.may(signer, verb, "", "secrets", "hostpath-csi-transfer-authority") {
+			t.Errorf("the signer may still %s the shared Secret of the mode that was removed", verb)
+		}
 	}
 }
 

@@ -21,8 +21,8 @@ import (
 )
 
 // servePeers joins this node to the deployment's node-to-node transfer
-// when the driver runs in a cluster: credentials from the transfer signer
-// (or, with --transfer-authority=secret, the shared Secret), a server for
+// when the driver runs in a cluster: credentials from the transfer signer,
+// a server for
 // this node's sources (each served only to the node a claim for it waits
 // on), and peers for restores and clones whose source is on another node.
 // Outside a cluster (by hand, csi-sanity) it does nothing, and such a
@@ -43,31 +43,18 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 		klog.ErrorS(err, "no node-to-node transfer: --transfer-endpoint is not host:port", "endpoint", o.transferEndpoint)
 		return
 	}
-	creds := &transfer.Credentials{Driver: o.cfg.DriverName, Node: o.cfg.NodeID}
-	if o.transferAuthority == "signer" {
-		// This node's key stays here; the transfer signer grants its
-		// request only for the node the pod's token is bound to.
-		csrs := &kubepeers.CSRAuthority{Client: client, Signer: signerName(o.cfg.DriverName), Namespace: namespace(), Bundle: o.transferTrust}
-		if csrs.Owner, err = kubepeers.CSIDriverOwner(ctx, client, o.cfg.DriverName); err != nil {
-			klog.ErrorS(err, "this node's certificate requests get no owner: uninstalling the driver leaves those the signer has not swept yet")
-		}
-		creds.Authority = csrs
-		creds.LeafLifetime = transfer.DefaultSignedLifetime
-	} else {
-		store := &kubepeers.SecretStore{Client: client, Namespace: namespace(), Name: o.transferSecret}
-		if pod := os.Getenv("POD_NAME"); pod != "" {
-			if store.Owner, err = kubepeers.ControllerOf(ctx, client, namespace(), pod); err != nil {
-				klog.ErrorS(err, "the transfer authority's Secret gets no owner, so deleting the deployment leaves it", "pod", pod)
-			}
-		}
-		creds.Store = store
-		klog.InfoS("node-to-node transfer certificates from the shared Secret (--transfer-authority=secret): every node holds the key, so a node taken can speak for any other; the transfer signer (--transfer-authority=signer) closes that", "secret", o.transferSecret)
+	// This node's key stays here; the transfer signer grants its request
+	// only for the node the pod's token is bound to.
+	csrs := &kubepeers.CSRAuthority{Client: client, Signer: signerName(o.cfg.DriverName), Namespace: namespace(), Bundle: o.transferTrust}
+	if csrs.Owner, err = kubepeers.CSIDriverOwner(ctx, client, o.cfg.DriverName); err != nil {
+		klog.ErrorS(err, "this node's certificate requests get no owner: uninstalling the driver leaves those the signer has not swept yet")
 	}
+	creds := &transfer.Credentials{Driver: o.cfg.DriverName, Node: o.cfg.NodeID, Authority: csrs, LeafLifetime: transfer.DefaultSignedLifetime}
 	for backoff := time.Second; ; backoff = min(2*backoff, time.Minute) {
 		if err = creds.Refresh(ctx); err == nil {
 			break
 		}
-		klog.ErrorS(err, "node-to-node transfer credentials; retrying", "authority", o.transferAuthority, "in", backoff)
+		klog.ErrorS(err, "node-to-node transfer credentials; retrying", "in", backoff)
 		select {
 		case <-ctx.Done():
 			return

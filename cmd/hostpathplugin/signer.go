@@ -50,10 +50,9 @@ func runSigner(o options) int {
 	s := &kubepeers.Signer{
 		Client: client, Name: signerName(o.cfg.DriverName), Driver: o.cfg.DriverName,
 		Namespace: ns, ServiceAccount: o.signer.requester,
-		Authority: &transfer.StoreAuthority{Store: own, Driver: o.cfg.DriverName},
+		Authority: &transfer.StoreAuthority{Store: own, Driver: o.cfg.DriverName, RetireAfter: kubepeers.RetireAfter(o.signer.maxLifetime)},
 		Bundle:    o.transferTrust, BundleOwner: own.Owner,
 		MaxLifetime: o.signer.maxLifetime,
-		Legacy:      &kubepeers.SecretStore{Client: client, Namespace: ns, Name: o.transferSecret},
 		OnDecision: func(csr, node string, granted bool, reason string) {
 			if granted {
 				klog.InfoS("transfer certificate signed", "request", csr, "node", node, "detail", reason)
