@@ -710,3 +710,60 @@ func TestSparseBombRestoresFast(t *testing.T) {
 	}
 	t.Logf("256 GiB file, %d bytes archived, restored in %v", buf.Len(), took)
 }
+
+// TestExtractUntrusted: an archive another node serves restores without
+// its device nodes, setuid and setgid bits and file capabilities (a node
+// taken could plant them for another tenant); Extract of the driver's
+// own keeps them all.
+func TestExtractUntrusted(t *testing.T) {
+	testutil.RequireRoot(t)
+	base := t.TempDir()
+	src := filepath.Join(base, "src")
+	os.Mkdir(src, 0o755)
+	if err := unix.Mknod(filepath.Join(src, "sda"), unix.S_IFBLK|0o600, int(unix.Mkdev(8, 0))); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(src, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	prog := filepath.Join(src, "su")
+	os.WriteFile(prog, []byte("#!/bin/sh\n"), 0o755)
+	if err := os.Chmod(prog, 0o755|os.ModeSetuid|os.ModeSetgid); err != nil {
+		t.Fatal(err)
+	}
+	// cap_setuid+ep, as setcap writes it (VFS_CAP_REVISION_2).
+	capv := []byte{0x01, 0x00, 0x00, 0x02, 0x80, 0x00, 0x00, 0x00, 0x80, 0x00, 0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0}
+	capOK := unix.Setxattr(prog, "security.capability", capv, 0) == nil
+	var buf bytes.Buffer
+	if _, err := Write(ctx, src, &buf, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name    string
+		extract func(context.Context, io.Reader, string) (Stats, error)
+		kept    bool
+	}{{"own", Extract, true}, {"untrusted", ExtractUntrusted, false}} {
+		dst := filepath.Join(base, c.name)
+		os.Mkdir(dst, 0o755)
+		st, err := c.extract(ctx, bytes.NewReader(buf.Bytes()), dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, derr := os.Lstat(filepath.Join(dst, "sda"))
+		fi, err := os.Stat(filepath.Join(dst, "su"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		suid := fi.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0
+		n, _ := unix.Getxattr(filepath.Join(dst, "su"), "security.capability", make([]byte, 64))
+		if (derr == nil) != c.kept || suid != c.kept || (capOK && (n > 0) != c.kept) {
+			t.Fatalf("%s: device node kept %v, setuid kept %v, capability %d bytes; want kept=%v", c.name, derr == nil, suid, n, c.kept)
+		}
+		if _, err := os.Lstat(filepath.Join(dst, "fifo")); err != nil {
+			t.Fatalf("%s: the fifo was left out: %v", c.name, err)
+		}
+		if !c.kept && st.SkippedDevices != 1 {
+			t.Fatalf("untrusted: %d devices skipped, want 1", st.SkippedDevices)
+		}
+	}
+}

@@ -30,6 +30,20 @@ import (
 // are refused, so nothing is written outside dir whatever the archive
 // holds. A corrupt or truncated stream gives an error wrapping ErrFormat.
 func Extract(ctx context.Context, r io.Reader, dir string) (Stats, error) {
+	return extract(ctx, r, dir, false)
+}
+
+// ExtractUntrusted is Extract of an archive that another node served: a
+// node taken could plant, in a volume restored for another tenant, a
+// device node of the host's disk or a setuid-root program. So device
+// nodes are left out (counted in SkippedDevices), setuid and setgid bits
+// are cleared, and file capabilities (the security.capability extended
+// attribute) are not restored.
+func ExtractUntrusted(ctx context.Context, r io.Reader, dir string) (Stats, error) {
+	return extract(ctx, r, dir, true)
+}
+
+func extract(ctx context.Context, r io.Reader, dir string, untrusted bool) (Stats, error) {
 	gz, err := decompressor(r)
 	if err != nil {
 		return Stats{}, err
@@ -42,6 +56,7 @@ func Extract(ctx context.Context, r io.Reader, dir string) (Stats, error) {
 	defer unix.Close(root)
 	x := newExtractor(root)
 	x.ctx = ctx
+	x.untrusted = untrusted
 	x.progress = fsops.ProgressFrom(ctx)
 	x.tap = &sparseTap{r: fsops.ProgressReader{R: gz, P: x.progress}}
 	err = x.run(ctx, tar.NewReader(x.tap))
@@ -135,6 +150,9 @@ type extractor struct {
 	// another tar, whose holes the tar reader hands over as zeros, may be
 	// terabytes of them.
 	ctx context.Context
+	// untrusted: no device nodes, setuid or setgid bits, or file
+	// capabilities (ExtractUntrusted).
+	untrusted bool
 	// tap is the stream under the tar reader: sparse entries the writer
 	// mapped are read from it directly (sparse_read_linux.go).
 	tap *sparseTap
@@ -205,6 +223,26 @@ func (x *extractor) parent(rel string) (int, string, error) {
 	return fd, base, nil
 }
 
+// metaOf is an entry's owner, mode and times; untrusted, without setuid
+// and setgid.
+func (x *extractor) metaOf(h *tar.Header) fsops.Meta {
+	m := metaOf(h)
+	if x.untrusted {
+		m.Mode &^= unix.S_ISUID | unix.S_ISGID
+	}
+	return m
+}
+
+// xattrsOf is an entry's extended attributes; untrusted, without file
+// capabilities.
+func (x *extractor) xattrsOf(h *tar.Header) map[string][]byte {
+	m := xattrsOf(h)
+	if x.untrusted {
+		delete(m, "security.capability")
+	}
+	return m
+}
+
 func metaOf(h *tar.Header) fsops.Meta {
 	ts := func(t time.Time) unix.Timespec {
 		if t.IsZero() {
@@ -233,12 +271,12 @@ func (x *extractor) entry(h *tar.Header, r io.Reader) error {
 	if err != nil {
 		return err
 	}
-	meta := metaOf(h)
+	meta := x.metaOf(h)
 	if rel == "." {
 		if h.Typeflag != tar.TypeDir {
 			return fmt.Errorf("%w: root entry is not a directory", ErrFormat)
 		}
-		if err := fsops.SetXattrs(x.root, xattrsOf(h)); err != nil {
+		if err := fsops.SetXattrs(x.root, x.xattrsOf(h)); err != nil {
 			return err
 		}
 		x.dirs = append(x.dirs, dirMeta{rel: ".", meta: meta})
@@ -257,7 +295,7 @@ func (x *extractor) entry(h *tar.Header, r io.Reader) error {
 		if err != nil {
 			return err
 		}
-		err = fsops.SetXattrs(fd, xattrsOf(h))
+		err = fsops.SetXattrs(fd, x.xattrsOf(h))
 		unix.Close(fd)
 		if err != nil {
 			return err
@@ -301,6 +339,10 @@ func (x *extractor) entry(h *tar.Header, r io.Reader) error {
 		x.stats.Hardlinks++
 		return nil
 	case tar.TypeFifo, tar.TypeChar, tar.TypeBlock:
+		if x.untrusted && h.Typeflag != tar.TypeFifo {
+			x.stats.SkippedDevices++
+			return nil
+		}
 		mode := map[byte]uint32{tar.TypeFifo: unix.S_IFIFO, tar.TypeChar: unix.S_IFCHR, tar.TypeBlock: unix.S_IFBLK}[h.Typeflag]
 		if err := x.replace(pfd, base); err != nil {
 			return err
@@ -346,7 +388,7 @@ func (x *extractor) file(pfd int, base, rel string, h *tar.Header, r io.Reader, 
 			return formatErr(err)
 		}
 		x.parentRef.refs.Add(1)
-		x.jobs.submit(fileJob{parent: x.parentRef, base: base, rel: rel, data: data, buf: bp, meta: meta, xattrs: xattrsOf(h)})
+		x.jobs.submit(fileJob{parent: x.parentRef, base: base, rel: rel, data: data, buf: bp, meta: meta, xattrs: x.xattrsOf(h)})
 		return nil
 	}
 	// A large file: this goroutine only moves data from the stream into
@@ -355,7 +397,7 @@ func (x *extractor) file(pfd int, base, rel string, h *tar.Header, r io.Reader, 
 	if err != nil {
 		return err
 	}
-	f := &bigFile{fd: fd, rel: rel, size: h.Size, meta: meta, xattrs: xattrsOf(h)}
+	f := &bigFile{fd: fd, rel: rel, size: h.Size, meta: meta, xattrs: x.xattrsOf(h)}
 	f.refs.Store(1)
 	defer x.jobs.releaseFile(f)
 	for off := int64(0); off < h.Size; off += smallFile {

@@ -118,7 +118,7 @@ func (x *extractor) sparseFile(pfd int, base, rel string, h *tar.Header, exts []
 	if err != nil {
 		return err
 	}
-	f := &bigFile{fd: fd, rel: rel, size: h.Size, meta: meta, xattrs: xattrsOf(h)}
+	f := &bigFile{fd: fd, rel: rel, size: h.Size, meta: meta, xattrs: x.xattrsOf(h)}
 	f.refs.Store(1)
 	defer x.jobs.releaseFile(f)
 	for _, e := range exts {

@@ -23,6 +23,8 @@ const DefaultLevel = 6
 type Stats struct {
 	Files, Dirs, Symlinks, Special, Hardlinks int64
 	SkippedSockets                            int64
+	// SkippedDevices are the device nodes ExtractUntrusted left out.
+	SkippedDevices int64
 	Bytes                                     int64 // regular file content, holes included
 	// DataBytes is the content without holes: the room a restore needs.
 	DataBytes int64

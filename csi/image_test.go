@@ -126,6 +126,9 @@ func TestImageVolume(t *testing.T) {
 				if err != nil || mp == nil || mp.FSType != "ext4" || mp.Dev != dev.Rdev {
 					t.Fatalf("%s: mount %+v (%v), want the ext4 on %s", p, mp, err, dev.Path())
 				}
+				if !mp.HasOption("nosuid") || !mp.HasOption("nodev") {
+					t.Fatalf("%s: options %v, want nosuid and nodev", p, mp.Options)
+				}
 			}
 			if st, err := os.Stat(target); err != nil || st.Mode().Perm() != 0o777 {
 				t.Fatalf("the volume's root: %v (%v), want 0777 as a directory volume's", st.Mode(), err)

@@ -32,6 +32,11 @@ func TestEphemeralInlineVolume(t *testing.T) {
 	if !ok || v.CapacityBytes != 10<<20 || mountOf(t, target) == nil {
 		t.Fatalf("inline volume %+v mounted=%v", v, mountOf(t, target) != nil)
 	}
+	// A directory volume is data: its device nodes and setuid programs
+	// are inert.
+	if opts := mountOf(t, target).Options; !strings.Contains(","+opts+",", ",nosuid,") || !strings.Contains(","+opts+",", ",nodev,") {
+		t.Fatalf("inline volume mounted %q, want nosuid and nodev", opts)
+	}
 	os.WriteFile(filepath.Join(target, "f"), []byte("x"), 0o644)
 	if l, _ := d.ListVolumes(ctx, &csi.ListVolumesRequest{}); len(l.GetEntries()) != 0 {
 		t.Fatal("inline volume listed to the CO")

@@ -310,7 +310,10 @@ func (d *Engine) stageImage(v VolumeRecord, staging string) error {
 	if err != nil {
 		return fmt.Errorf("attaching the image of volume %s: %w", v.ID, err)
 	}
-	fs, err := mountImage(dev, staging, 0)
+	// nosuid, nodev: what a pod (or a restore from another node) put in
+	// the file system is data, never a device of this host or a program
+	// that runs as someone else.
+	fs, err := mountImage(dev, staging, unix.MS_NOSUID|unix.MS_NODEV)
 	if err != nil {
 		return fmt.Errorf("mounting the file system of volume %s (%s) at %s: %w", v.ID, dev.Path(), staging, err)
 	}

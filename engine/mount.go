@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/fsops"
@@ -55,8 +56,14 @@ func (d *Engine) inspectMount(path string, v VolumeRecord) (*fsops.MountPoint, b
 
 // bindVolume mounts the volume at path unless it is already there. A
 // different mount at path is FailedPrecondition; path is created (a
-// directory, or a file for a block volume) if it does not exist.
+// directory, or a file for a block volume) if it does not exist. A mount
+// volume's tree is mounted nosuid and nodev: a device node or setuid
+// program in it (a pod's, or a restore's from another node) is inert. A
+// block volume's bind is of a device node, which nodev would break.
 func (d *Engine) bindVolume(v VolumeRecord, path string, flags uintptr, dir bool) error {
+	if dir {
+		flags |= unix.MS_NOSUID | unix.MS_NODEV
+	}
 	mp, ours, err := d.inspectMount(path, v)
 	if err != nil {
 		return err

@@ -208,8 +208,13 @@ func treeFormat(m transfer.Meta) error {
 func (d *Engine) extractTree(ctx context.Context, m transfer.Meta, body io.Reader, path string) error {
 	var h hash.Hash = sha256.New()
 	in := io.TeeReader(body, h)
-	st, err := archive.Extract(ctx, in, path)
+	// What another node serves is untrusted: no device nodes, setuid or
+	// file capabilities (a node taken could plant them for a tenant).
+	st, err := archive.ExtractUntrusted(ctx, in, path)
 	d.moved("restore", st.Bytes)
+	if st.SkippedDevices > 0 {
+		klog.InfoS("a restore from another node left out device nodes", "path", path, "devices", st.SkippedDevices)
+	}
 	if err != nil {
 		return err
 	}
