@@ -25,7 +25,7 @@ type Stats struct {
 	SkippedSockets                            int64
 	// SkippedDevices are the device nodes ExtractUntrusted left out.
 	SkippedDevices int64
-	Bytes                                     int64 // regular file content, holes included
+	Bytes          int64 // regular file content, holes included
 	// DataBytes is the content without holes: the room a restore needs.
 	DataBytes int64
 }
