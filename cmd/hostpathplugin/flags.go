@@ -52,6 +52,9 @@ type options struct {
 	// reportLostNodes runs lostnodes' Watcher when the driver runs in a
 	// cluster.
 	reportLostNodes bool
+	// metricsAuth guards /metrics with the API server's reviews when the
+	// driver runs in a cluster.
+	metricsAuth bool
 	// transferEndpoint serves this node's snapshots and volumes to the
 	// other nodes' drivers (package transfer) and lets restores and clones
 	// pull from them, when the driver runs in a cluster.
@@ -179,6 +182,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.pluginRegistrationPath, "plugin-registration-path", "", "kubelet's plugins_registry dir as mounted here; with --kubelet-registration-path, register with kubelet in-process")
 	fs.StringVar(&o.kubeletRegistrationPath, "kubelet-registration-path", "", "the CSI socket path as kubelet sees it on the host")
 	fs.BoolVar(&o.labelImported, "label-imported-snapshots", true, "in a cluster, give imported VolumeSnapshotContents of this driver whose snapshot is on this node the managed-by label naming it, so the node's csi-snapshotter handles them")
+	fs.BoolVar(&o.metricsAuth, "metrics-auth", true, "in a cluster, /metrics answers only a bearer token whose user may get /metrics (TokenReview and SubjectAccessReview, as kube-rbac-proxy does): its series name volumes and host paths; false serves it to anyone who reaches the port")
 	fs.BoolVar(&o.reportLostNodes, "report-lost-nodes", true, "in a cluster, put a Warning event naming the node on each Pending pod (and its claim) that waits for a volume of this driver whose node has left the cluster (one driver of the deployment reports)")
 	fs.StringVar(&o.transferEndpoint, "transfer-endpoint", ":9470", "in a cluster, the address that serves this node's snapshots and volumes to the other nodes' drivers (mutual TLS), so a restore or clone on any node can pull its source; the port must be reachable at each node's internal IP (a hostPort); off when empty")
 	var transferAuthority string

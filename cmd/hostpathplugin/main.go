@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/hostpath-csi/hostpath/csi"
+	"github.com/hostpath-csi/hostpath/kubeauth"
 	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/registrar"
 	"github.com/hostpath-csi/hostpath/snapimport"
@@ -116,7 +117,7 @@ func run(o options) int {
 		if err != nil {
 			cancel(fmt.Errorf("http endpoint %s: %w", o.httpEndpoint, err))
 		} else {
-			srv := newHTTPServer(httpHandler(d, reg))
+			srv := newHTTPServer(httpHandler(d, reg, metricsGuard(o)))
 			go func() {
 				if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 					cancel(fmt.Errorf("http endpoint %s: %w", o.httpEndpoint, err))
@@ -142,10 +143,15 @@ func run(o options) int {
 }
 
 // httpHandler serves /healthz (the CSI socket answers and, when
-// registering, the registration socket is in place) and /metrics.
-func httpHandler(d *csi.Driver, reg *registrar.Registrar) http.Handler {
+// registering, the registration socket is in place) and /metrics, behind
+// guard when there is one.
+func httpHandler(d *csi.Driver, reg *registrar.Registrar, guard *kubeauth.Guard) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(d.Registry(), promhttp.HandlerOpts{}))
+	var metrics http.Handler = promhttp.HandlerFor(d.Registry(), promhttp.HandlerOpts{})
+	if guard != nil {
+		metrics = guard.Wrap(metrics)
+	}
+	mux.Handle("/metrics", metrics)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		err := d.Healthy()
 		if err == nil && reg != nil {
@@ -158,6 +164,20 @@ func httpHandler(d *csi.Driver, reg *registrar.Registrar) http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	return mux
+}
+
+// metricsGuard is what guards /metrics: the API server's reviews in a
+// cluster (unless --metrics-auth=false), nothing outside one (a driver run
+// by hand or by csi-sanity has no API server to ask).
+func metricsGuard(o options) *kubeauth.Guard {
+	if !o.metricsAuth {
+		return nil
+	}
+	_, client, ok := inClusterClient("/metrics is served to anyone who reaches the port")
+	if !ok {
+		return nil
+	}
+	return &kubeauth.Guard{Client: client}
 }
 
 // labelImported runs the labeler of imported snapshots (see snapimport)
