@@ -336,7 +336,7 @@ func crossNode(t *testing.T, k *kube, node, web0Node string) {
 		takeSnapshot(k, "ximgsnap", "ximg")
 	})
 	snapContent := k.jsonpath(ns, "volumesnapshot/xsnap", "{.status.boundVolumeSnapshotContentName}")
-	peerAttempts(t, k, node, k.jsonpath("", "volumesnapshotcontent/"+snapContent, "{.status.snapshotHandle}"), volumeHandle(k, "pinned"))
+	peerAttempts(t, k, node, snapContent, k.jsonpath("", "volumesnapshotcontent/"+snapContent, "{.status.snapshotHandle}"), volumeHandle(k, "pinned"))
 	rollOver(t, k)
 	cases := []struct{ name, class, size, mode, source, read, want string }{
 		{"x-restore", "hostpath", "256Mi", "Filesystem", "{kind: VolumeSnapshot, name: xsnap, apiGroup: snapshot.storage.k8s.io}", "sha256sum /data/random", fileSum},

@@ -239,7 +239,7 @@ func askPeer(t *testing.T, k *kube, roots *x509.CertPool, node string, cert tls.
 // into the old shared Secret by hand, and a certificate made to last a
 // year, are refused too. Real restores and clones of the same sources
 // follow (the caller's), and work.
-func peerAttempts(t *testing.T, k *kube, node, snapshot, volume string) {
+func peerAttempts(t *testing.T, k *kube, node, snapContent, snapshot, volume string) {
 	var as string
 	for _, n := range strings.Fields(k.must("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}")) {
 		if n != node {
@@ -249,8 +249,8 @@ func peerAttempts(t *testing.T, k *kube, node, snapshot, volume string) {
 	}
 	roots, cas := trusted(t, k)
 	var cert *tls.Certificate
+	cfg := asDriverOn(t, k, as)
 	step(t, "the transfer signer: a driver token bound to "+as+" gets a certificate for "+as+", not for "+node, func() {
-		cfg := asDriverOn(t, k, as)
 		if c, msg := requestCertificate(t, k, cfg, node); c != nil || !strings.Contains(msg, "not node") {
 			t.Fatalf("a token bound to %s asking for %s: certificate %v, decision %q", as, node, c != nil, msg)
 		}
@@ -274,6 +274,63 @@ func peerAttempts(t *testing.T, k *kube, node, snapshot, volume string) {
 				t.Fatalf("%s asked %s for %s %s: HTTP %d %s %v, want 403", as, node, src.kind, src.id, code, body, err)
 			}
 		}
+	})
+	step(t, "the admission policies confine "+as+"'s account to its own node; a restore it tries to redirect is not served", func() {
+		taken := &kube{t: t, bin: k.bin, cfg: cfg}
+		pv := k.jsonpath(ns, "pvc/pinned", "{.spec.volumeName}")
+		// A restore of the snapshot waiting to be scheduled: the claim a
+		// taken node would move to itself to be served the snapshot.
+		k.apply(pvc("victim", "256Mi", "Filesystem", "{kind: VolumeSnapshot, name: xsnap, apiGroup: snapshot.storage.k8s.io}"))
+		defer k.run("", "delete", "pvc", "victim", "-n", ns, "--ignore-not-found", "--wait=false")
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: "system:admin", Organization: []string{"system:masters"}}}, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		csr := fmt.Sprintf(`apiVersion: certificates.k8s.io/v1
+kind: CertificateSigningRequest
+metadata: {name: e2e-taken-%d}
+spec:
+  signerName: kubernetes.io/kube-apiserver-client
+  usages: [client auth]
+  request: %s
+`, time.Now().UnixNano(), base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: req})))
+		for _, c := range []struct {
+			what, stdin, says string
+			args            []string
+		}{
+			{"release a PV of " + node, "", "only PersistentVolumes whose node affinity is its own node",
+				[]string{"patch", "pv", pv, "--type=merge", "-p", `{"spec":{"claimRef":null}}`}},
+			{"delete a PV of " + node, "", "only PersistentVolumes whose node affinity is its own node",
+				[]string{"delete", "pv", pv}},
+			{"move a pending claim to itself", "", "only remove a claim's volume.kubernetes.io/selected-node",
+				[]string{"annotate", "pvc", "victim", "-n", ns, "volume.kubernetes.io/selected-node=" + as}},
+			{"remove the protection finalizer of a claim in use", "", "only the provisioner's cloning-protection finalizer",
+				[]string{"patch", "pvc", "pinned", "-n", ns, "--type=json", "-p", `[{"op":"remove","path":"/metadata/finalizers"}]`}},
+			{"patch the status handle of " + node + "'s snapshot content", "", "may write the status only of snapshot contents managed by itself",
+				[]string{"patch", "volumesnapshotcontent", snapContent, "--subresource=status", "--type=merge", "-p", `{"status":{"snapshotHandle":"snap-000000000000000000000000"}}`}},
+			{"ask another signer for a certificate", csr, "only the transfer signer",
+				[]string{"create", "-f", "-"}},
+		} {
+			// Dry runs: admission judges them as it would the real
+			// request, and a policy that failed to deny destroys nothing.
+			_, err := taken.run(c.stdin, append(c.args, "--dry-run=server")...)
+			if err == nil || !strings.Contains(err.Error(), c.says) {
+				t.Fatalf("%s's account tried to %s: %v, want the admission policy's refusal saying %q", as, c.what, err, c.says)
+			}
+			fmt.Printf("e2e      %s's account tried to %s: refused (%s)\n", as, c.what, c.says)
+		}
+		if sel := k.jsonpath(ns, "pvc/victim", `{.metadata.annotations.volume\.kubernetes\.io/selected-node}`); sel != "" {
+			t.Fatalf("the claim was moved to %q", sel)
+		}
+		code, body, err := askPeer(t, k, roots, node, *cert, "snapshot", snapshot)
+		if err != nil || code != http.StatusForbidden {
+			t.Fatalf("%s asked %s for the snapshot whose restore it tried to redirect: HTTP %d %s %v, want 403", as, node, code, body, err)
+		}
+		fmt.Printf("e2e      %s asked %s for the snapshot whose restore it tried to redirect: refused (403)\n", as, node)
 	})
 	step(t, "an authority written into the old Secret by hand is not trusted, nor a year-long certificate", func() {
 		planted, crt, key := newAuthority(t)
