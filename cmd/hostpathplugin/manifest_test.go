@@ -319,16 +319,17 @@ func isTestDriver(f string) bool {
 }
 
 // deploy/test-driver*.yaml tell the Kubernetes e2e suite what the driver
-// does (test-driver.yaml of deploy/'s default class, image volumes;
+// does (test-driver.yaml of deploy/'s default class, ext4 image volumes;
+// test-driver-image-xfs.yaml of XFS image volumes;
 // test-driver-directory.yaml of directory volumes); each must name this
 // driver, its topology key and classes deploy/ creates, and only
 // capabilities the suite knows.
 func TestE2EDriverDefinition(t *testing.T) {
 	files, _ := filepath.Glob("../../deploy/test-driver*.yaml")
-	if len(files) != 2 {
-		t.Fatalf("claims to the e2e suite: %v, want test-driver.yaml and test-driver-directory.yaml", files)
+	if len(files) != 3 {
+		t.Fatalf("claims to the e2e suite: %v, want test-driver.yaml, test-driver-image-xfs.yaml and test-driver-directory.yaml", files)
 	}
-	want := map[string]string{"test-driver.yaml": "hostpath", "test-driver-directory.yaml": "hostpath-directory"}
+	want := map[string]string{"test-driver.yaml": "hostpath", "test-driver-image-xfs.yaml": "hostpath-image-xfs", "test-driver-directory.yaml": "hostpath-directory"}
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) { checkE2EDriver(t, f, want[filepath.Base(f)]) })
 	}
