@@ -374,12 +374,14 @@ func (x *extractor) replace(pfd int, base string) error {
 const smallFile = 1 << 20
 
 func (x *extractor) file(pfd int, base, rel string, h *tar.Header, r io.Reader, meta fsops.Meta) error {
-	if exts, ok := sparseMapOf(h); ok && x.tap != nil {
-		return x.sparseFile(pfd, base, rel, h, exts, meta)
-	}
 	x.stats.Files++
 	x.stats.Bytes += h.Size
 	x.progress.AddFiles(1)
+	if exts, ok := sparseMapOf(h); ok && x.tap != nil {
+		// A sparse file the writer mapped: its extents read past the tar
+		// reader, its holes never made (sparse_read_linux.go).
+		return x.bigFile(pfd, base, rel, h, meta, exts, x.tap.take)
+	}
 	if h.Size <= smallFile {
 		bp := x.jobs.buffer()
 		data := (*bp)[:h.Size]
@@ -391,8 +393,18 @@ func (x *extractor) file(pfd int, base, rel string, h *tar.Header, r io.Reader, 
 		x.jobs.submit(fileJob{parent: x.parentRef, base: base, rel: rel, data: data, buf: bp, meta: meta, xattrs: x.xattrsOf(h)})
 		return nil
 	}
-	// A large file: this goroutine only moves data from the stream into
-	// buffers; workers write the chunks.
+	whole := []fsops.Extent{{Offset: 0, Length: h.Size}}
+	return x.bigFile(pfd, base, rel, h, meta, whole, func(b []byte) error {
+		_, err := io.ReadFull(r, b)
+		return err
+	})
+}
+
+// bigFile writes a large file's data ranges, each filled by read in
+// chunks: this goroutine only moves data from the stream into buffers;
+// workers write the chunks. The file is cut to its size at the end (a
+// sparse file's last hole).
+func (x *extractor) bigFile(pfd int, base, rel string, h *tar.Header, meta fsops.Meta, ranges []fsops.Extent, read func([]byte) error) error {
 	fd, err := createFile(pfd, base, rel, meta.Mode)
 	if err != nil {
 		return err
@@ -400,18 +412,20 @@ func (x *extractor) file(pfd int, base, rel string, h *tar.Header, r io.Reader, 
 	f := &bigFile{fd: fd, rel: rel, size: h.Size, meta: meta, xattrs: x.xattrsOf(h)}
 	f.refs.Store(1)
 	defer x.jobs.releaseFile(f)
-	for off := int64(0); off < h.Size; off += smallFile {
-		if err := x.ctx.Err(); err != nil {
-			return err
+	for _, e := range ranges {
+		for off := int64(0); off < e.Length; off += smallFile {
+			if err := x.ctx.Err(); err != nil {
+				return err
+			}
+			bp := x.jobs.buffer()
+			data := (*bp)[:min(smallFile, e.Length-off)]
+			if err := read(data); err != nil {
+				x.jobs.put(bp)
+				return formatErr(err)
+			}
+			f.refs.Add(1)
+			x.jobs.submit(fileJob{file: f, off: e.Offset + off, data: data, buf: bp})
 		}
-		bp := x.jobs.buffer()
-		data := (*bp)[:min(smallFile, h.Size-off)]
-		if _, err := io.ReadFull(r, data); err != nil {
-			x.jobs.put(bp)
-			return formatErr(err)
-		}
-		f.refs.Add(1)
-		x.jobs.submit(fileJob{file: f, off: off, data: data, buf: bp})
 	}
 	return nil
 }

@@ -107,31 +107,3 @@ func (t *sparseTap) take(p []byte) error {
 	t.owe += int64(n)
 	return err
 }
-
-// sparseFile restores a sparse entry from its extents: each read from
-// the stream and written at its offset, the holes never made.
-func (x *extractor) sparseFile(pfd int, base, rel string, h *tar.Header, exts []fsops.Extent, meta fsops.Meta) error {
-	x.stats.Files++
-	x.stats.Bytes += h.Size
-	x.progress.AddFiles(1)
-	fd, err := createFile(pfd, base, rel, meta.Mode)
-	if err != nil {
-		return err
-	}
-	f := &bigFile{fd: fd, rel: rel, size: h.Size, meta: meta, xattrs: x.xattrsOf(h)}
-	f.refs.Store(1)
-	defer x.jobs.releaseFile(f)
-	for _, e := range exts {
-		for off := int64(0); off < e.Length; off += smallFile {
-			bp := x.jobs.buffer()
-			data := (*bp)[:min(smallFile, e.Length-off)]
-			if err := x.tap.take(data); err != nil {
-				x.jobs.put(bp)
-				return formatErr(err)
-			}
-			f.refs.Add(1)
-			x.jobs.submit(fileJob{file: f, off: e.Offset + off, data: data, buf: bp})
-		}
-	}
-	return nil
-}
