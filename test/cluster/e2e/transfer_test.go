@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -310,14 +311,21 @@ spec:
 				[]string{"annotate", "pvc", "victim", "-n", ns, "volume.kubernetes.io/selected-node=" + as}},
 			{"remove the protection finalizer of a claim in use", "", "only the provisioner's cloning-protection finalizer",
 				[]string{"patch", "pvc", "pinned", "-n", ns, "--type=json", "-p", `[{"op":"remove","path":"/metadata/finalizers"}]`}},
+			// An update of the status subresource sent as is (kubectl
+			// patch would first get the subresource, which the nodes'
+			// RBAC does not grant): dryRun=All in its query.
 			{"patch the status handle of " + node + "'s snapshot content", "", "may write the status only of snapshot contents managed by itself",
-				[]string{"patch", "volumesnapshotcontent", snapContent, "--subresource=status", "--type=merge", "-p", `{"status":{"snapshotHandle":"snap-000000000000000000000000"}}`}},
+				[]string{"replace", "--raw", "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/" + snapContent + "/status?dryRun=All", "-f", forgedStatus(t, k, snapContent)}},
 			{"ask another signer for a certificate", csr, "only the transfer signer",
 				[]string{"create", "-f", "-"}},
 		} {
 			// Dry runs: admission judges them as it would the real
 			// request, and a policy that failed to deny destroys nothing.
-			_, err := taken.run(c.stdin, append(c.args, "--dry-run=server")...)
+			args := c.args
+			if args[0] != "replace" {
+				args = append(args, "--dry-run=server")
+			}
+			_, err := taken.run(c.stdin, args...)
 			if err == nil || !strings.Contains(err.Error(), c.says) {
 				t.Fatalf("%s's account tried to %s: %v, want the admission policy's refusal saying %q", as, c.what, err, c.says)
 			}
@@ -353,6 +361,28 @@ spec:
 		}
 		fmt.Printf("e2e      %s refused a planted authority's certificate and a year-long one\n", node)
 	})
+}
+
+// forgedStatus writes the content named with its status handle changed
+// to another snapshot's, as a taken node would send it, and returns the
+// file.
+func forgedStatus(t *testing.T, k *kube, content string) string {
+	t.Helper()
+	var obj map[string]any
+	if err := json.Unmarshal([]byte(k.must("get", "volumesnapshotcontent", content, "-o", "json")), &obj); err != nil {
+		t.Fatal(err)
+	}
+	status, _ := obj["status"].(map[string]any)
+	if status == nil {
+		t.Fatalf("content %s has no status", content)
+	}
+	status["snapshotHandle"] = "snap-000000000000000000000000"
+	b, _ := json.Marshal(obj)
+	f := filepath.Join(t.TempDir(), "forged.json")
+	if err := os.WriteFile(f, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 // rollOver asks the signer for a new authority, as an operator does, and
