@@ -287,7 +287,7 @@ func peerAttempts(t *testing.T, k *kube, node, snapContent, snapshot, volume str
 		if err != nil {
 			t.Fatal(err)
 		}
-		req, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: "system:admin", Organization: []string{"system:masters"}}}, key)
+		req, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: "cluster-reader"}}, key)
 		if err != nil {
 			t.Fatal(err)
 		}
