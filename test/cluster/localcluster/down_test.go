@@ -42,11 +42,21 @@ func (c *cluster) down() error {
 		}
 	}
 	exec.Command("ip", "link", "delete", bridgeDevice).Run()
-	detachLoops(driverData)
-	detachLoops(c.path("hdd.img"))
 	// The nodes' disks are loop-mounted with autoclear and go with their
-	// mount namespaces; any still bound is let go here.
-	detachLoops(c.path("nodes"))
+	// mount namespaces; any still bound is let go here. A volume's device
+	// still mounted in a node that is going away is only marked to clear
+	// when its last opener closes, and one whose last opener closed before
+	// the mark stays bound (its image file then holds its node's disk
+	// busy too): so again, until none is left or 10 s have passed.
+	for try := 0; try < 20; try++ {
+		detachLoops(driverData)
+		detachLoops(c.path("hdd.img"))
+		detachLoops(c.path("nodes"))
+		if len(loopsUnder(driverData))+len(loopsUnder(c.path("nodes")))+len(loopsUnder(c.path("hdd.img"))) == 0 {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 	removeCgroups()
 	if _, err := os.Stat(c.path("root-was-private")); err == nil {
 		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
