@@ -307,7 +307,7 @@ spec:
 				[]string{"patch", "pv", pv, "--type=merge", "-p", `{"spec":{"claimRef":null}}`}},
 			{"delete a PV of " + node, "", "only PersistentVolumes whose node affinity is its own node",
 				[]string{"delete", "pv", pv}},
-			{"move a pending claim to itself", "", "only remove a claim's volume.kubernetes.io/selected-node",
+			{"move a pending claim to itself", "", "only on a claim of an Immediate class",
 				[]string{"annotate", "pvc", "victim", "-n", ns, "volume.kubernetes.io/selected-node=" + as}},
 			{"remove the protection finalizer of a claim in use", "", "only the provisioner's cloning-protection finalizer",
 				[]string{"patch", "pvc", "pinned", "-n", ns, "--type=json", "-p", `[{"op":"remove","path":"/metadata/finalizers"}]`}},
