@@ -19,8 +19,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/hostpath-csi/hostpath/csi"
-	"github.com/hostpath-csi/hostpath/kubeauth"
 	"github.com/hostpath-csi/hostpath/engine"
+	"github.com/hostpath-csi/hostpath/kubeauth"
 	"github.com/hostpath-csi/hostpath/registrar"
 	"github.com/hostpath-csi/hostpath/snapimport"
 )

@@ -301,7 +301,7 @@ spec:
 `, time.Now().UnixNano(), base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: req})))
 		for _, c := range []struct {
 			what, stdin, says string
-			args            []string
+			args              []string
 		}{
 			{"release a PV of " + node, "", "only PersistentVolumes whose node affinity is its own node",
 				[]string{"patch", "pv", pv, "--type=merge", "-p", `{"spec":{"claimRef":null}}`}},
