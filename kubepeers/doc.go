@@ -1,14 +1,21 @@
 // Package kubepeers finds what the node-to-node transfer (package transfer)
-// needs in the Kubernetes API, and nothing else: the Secret in the driver's
-// namespace that holds the deployment's transfer authority; the node a
-// key names, through the CSINode objects (whose names are their kubelets'
-// own) and the Node objects (which give its internal address); and which
-// node may have which source, through the claims pending on each node and
-// their data sources (Pending, the server's Authorizer). It needs get,
-// create and update of that one Secret and read access to CSINodes, Nodes,
-// claims, volumes, VolumeSnapshots and their contents, which the node's
-// sidecars need already.
+// needs in the Kubernetes API, and nothing else:
+//
+//   - the transfer signer (Signer): it approves and signs the nodes'
+//     certificate requests for its signer name, each only for the node,
+//     pod and service account the API server records for the requester's
+//     token, keeps its key in a Secret of its own (SecretStore), and
+//     publishes the authorities to trust in a ConfigMap;
+//   - a node's side of it (CSRAuthority): its key stays in its process,
+//     its request goes through the CSR API;
+//   - the node an id's tag names, through the CSINode objects (whose names
+//     are their kubelets' own) and the Node objects (Resolver);
+//   - which node may have which source (Pending, the server's
+//     Authorizer): a claim pending on the asking node for the object the
+//     serving node's own record says the source was made for, with a
+//     ReferenceGrant (Grants) for a source in another namespace.
 //
 // It knows nothing of CSI beyond a driver name, and is handed how a key is
-// made from a node id and the transfer's names of its kinds of source.
+// made from a node id, the serving node's records, and the transfer's
+// names of its kinds of source.
 package kubepeers

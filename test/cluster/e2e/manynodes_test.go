@@ -655,10 +655,10 @@ func rollingUpgrade(t *testing.T, k *kube, nodes []string) {
 			t.Fatalf("the previous release's snapshot restores to %s, want %s", got, sums["up-0"])
 		}
 	})
-	// The previous release has no node-to-node transfer (it came after
-	// it, with the shared Secret the signer adopts from, which no release
-	// had): the signer makes its own authority, and a restore across
-	// nodes works right after the upgrade.
+	// The previous release has no node-to-node transfer: the signer makes
+	// its own authority (it adopts none: no release had the shared Secret
+	// of the development builds, and that mode is gone), and a restore
+	// across nodes works right after the upgrade.
 	step(t, "after the upgrade the transfer signer's certificates serve a restore of the previous release's snapshot on another node", func() {
 		if a := k.jsonpath(driverNS, "secret/"+signerSecret, `{.data.adopted\.crt}`); a != "" {
 			t.Fatal("the signer adopted an authority, but the previous release kept none")
