@@ -32,11 +32,11 @@ const maxSparseMapRecord = 256 << 10
 // sparseMapRecord is the record's value for exts, or "" if it is too long.
 func sparseMapRecord(exts []fsops.Extent) string {
 	var b strings.Builder
-	for i, e := range exts {
+	for _, e := range exts {
 		if e.Length == 0 {
 			continue
 		}
-		if i > 0 && b.Len() > 0 {
+		if b.Len() > 0 {
 			b.WriteByte(',')
 		}
 		b.WriteString(strconv.FormatInt(e.Offset, 10))

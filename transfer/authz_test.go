@@ -134,22 +134,10 @@ func TestTransferAuthorizes(t *testing.T) {
 func TestLifetimeCapsFollowTheNodesOwn(t *testing.T) {
 	store := &MemoryStore{}
 	blob := &fakeSource{blobs: map[string][]byte{"x": []byte("x's data")}}
-	signed := func(s *Server) {
-		c := &Credentials{Store: store, Driver: driver, Node: "node-a", LeafLifetime: DefaultSignedLifetime}
-		if err := c.Refresh(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		s.Creds = c
-	}
+	signed := func(s *Server) { s.Creds = nodeCreds(t, store, "node-a", DefaultSignedLifetime) }
 	a6 := startNode(t, store, "node-a", blob, signed)
 	a24 := startNode(t, store, "node-a", blob, nil)
-	creds := func(life time.Duration) *Client {
-		c := &Credentials{Store: store, Driver: driver, Node: "node-b", LeafLifetime: life}
-		if err := c.Refresh(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		return &Client{Creds: c}
-	}
+	creds := func(life time.Duration) *Client { return &Client{Creds: nodeCreds(t, store, "node-b", life)} }
 	for _, c := range []struct {
 		name   string
 		client *Client

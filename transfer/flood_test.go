@@ -78,11 +78,7 @@ func TestTransferIdlePodBehindThePeersAddress(t *testing.T) {
 	a := startNode(t, store, "node-a", &fakeSource{blobs: map[string][]byte{"x": payload}}, func(s *Server) {
 		s.HandshakeTimeout = 10 * time.Second
 	})
-	good := &Credentials{Store: store, Driver: driver, Node: "node-b"}
-	if err := good.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	client := &Client{Creds: good}
+	client := &Client{Creds: nodeCreds(t, store, "node-b", 0)}
 	for range 8 {
 		c, err := net.Dial("tcp", a.addr) // from 127.0.0.1, as the client
 		if err != nil {
@@ -109,13 +105,7 @@ func TestTransferOneNodeCannotHoldEverySlot(t *testing.T) {
 	a := startNode(t, store, "node-a", &fakeSource{blobs: map[string][]byte{"x": payload}}, func(s *Server) {
 		s.HandshakeTimeout = 2 * time.Second
 	})
-	hog := &Credentials{Store: store, Driver: driver, Node: "node-c"}
-	good := &Credentials{Store: store, Driver: driver, Node: "node-b"}
-	for _, c := range []*Credentials{hog, good} {
-		if err := c.Refresh(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	hog, good := nodeCreds(t, store, "node-c", 0), nodeCreds(t, store, "node-b", 0)
 	roots, leaf, err := hog.current()
 	if err != nil {
 		t.Fatal(err)
@@ -158,11 +148,7 @@ func TestTransferClosesRefusedConnections(t *testing.T) {
 	a := startNode(t, store, "node-a", &fakeSource{blobs: map[string][]byte{"x": []byte("x")}}, func(s *Server) {
 		s.Authorizer = AuthorizerFunc(func(context.Context, string, string, string) error { return ErrRefused })
 	})
-	peer := &Credentials{Store: store, Driver: driver, Node: "node-b"}
-	if err := peer.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	roots, leaf, err := peer.current()
+	roots, leaf, err := nodeCreds(t, store, "node-b", 0).current()
 	if err != nil {
 		t.Fatal(err)
 	}

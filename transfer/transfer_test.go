@@ -90,6 +90,17 @@ func startNode(t *testing.T, store Store, name string, src *fakeSource, tune fun
 	return &node{creds: c, addr: ln.Addr().String(), src: src, srv: srv}
 }
 
+// nodeCreds are node's credentials from store, refreshed, made for life
+// (zero: the default).
+func nodeCreds(t *testing.T, store Store, node string, life time.Duration) *Credentials {
+	t.Helper()
+	c := &Credentials{Store: store, Driver: driver, Node: node, LeafLifetime: life}
+	if err := c.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func fetch(c *Client, n *node, server, id string) ([]byte, Meta, error) {
 	m, rc, err := c.Open(context.Background(), n.addr, server, "blob", id, false)
 	if err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"net"
 	"net/http"
 	"sync"
@@ -27,6 +28,22 @@ const (
 func newHTTPServer(h http.Handler) *http.Server {
 	return &http.Server{Handler: h, ReadHeaderTimeout: httpHeaderTimeout, ReadTimeout: httpReadTimeout,
 		WriteTimeout: httpWriteTimeout, IdleTimeout: httpIdleTimeout, MaxHeaderBytes: httpMaxHeader}
+}
+
+// serveHTTP serves h on addr with those bounds until stop is called;
+// onErr is told if serving ends otherwise.
+func serveHTTP(addr string, h http.Handler, onErr func(error)) (stop func(), err error) {
+	ln, err := listenHTTP(addr, httpMaxConns)
+	if err != nil {
+		return nil, err
+	}
+	srv := newHTTPServer(h)
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			onErr(err)
+		}
+	}()
+	return func() { srv.Close() }, nil
 }
 
 // listenHTTP listens on addr and accepts at most max connections at a time.

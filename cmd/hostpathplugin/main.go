@@ -113,17 +113,11 @@ func run(o options) int {
 		go servePeers(ctx, d, o)
 	}
 	if o.httpEndpoint != "" {
-		ln, err := listenHTTP(o.httpEndpoint, httpMaxConns)
-		if err != nil {
-			cancel(fmt.Errorf("http endpoint %s: %w", o.httpEndpoint, err))
+		fail := func(err error) { cancel(fmt.Errorf("http endpoint %s: %w", o.httpEndpoint, err)) }
+		if stop, err := serveHTTP(o.httpEndpoint, httpHandler(d, reg, metricsGuard(o)), fail); err != nil {
+			fail(err)
 		} else {
-			srv := newHTTPServer(httpHandler(d, reg, metricsGuard(o)))
-			go func() {
-				if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-					cancel(fmt.Errorf("http endpoint %s: %w", o.httpEndpoint, err))
-				}
-			}()
-			defer srv.Close()
+			defer stop()
 		}
 	}
 	<-ctx.Done()

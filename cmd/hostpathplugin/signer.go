@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -71,16 +70,11 @@ func runSigner(o options) int {
 			}
 			fmt.Fprintln(w, "ok")
 		})
-		if ln, err := listenHTTP(o.httpEndpoint, httpMaxConns); err != nil {
-			klog.ErrorS(err, "http endpoint", "address", o.httpEndpoint)
+		fail := func(err error) { klog.ErrorS(err, "http endpoint", "address", o.httpEndpoint) }
+		if stop, err := serveHTTP(o.httpEndpoint, mux, fail); err != nil {
+			fail(err)
 		} else {
-			srv := newHTTPServer(mux)
-			go func() {
-				if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-					klog.ErrorS(err, "http endpoint", "address", o.httpEndpoint)
-				}
-			}()
-			defer srv.Close()
+			defer stop()
 		}
 	}
 	klog.InfoS("transfer signer starting", "signer", s.Name, "requester", "system:serviceaccount:"+ns+":"+o.signer.requester, "maxLifetime", o.signer.maxLifetime, "trust", o.transferTrust)
