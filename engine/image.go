@@ -310,6 +310,11 @@ func (d *Engine) stageImage(v VolumeRecord, staging string) error {
 	if err != nil {
 		return fmt.Errorf("attaching the image of volume %s: %w", v.ID, err)
 	}
+	if from, to, err := growUnmounted(dev); err != nil {
+		klog.V(2).InfoS("an image volume's file system not grown before its mount; the growth after it will try", "volume_id", v.ID, "device", dev.Path(), "err", err)
+	} else if to > from {
+		klog.InfoS("grew an image volume's file system before its mount", "volume_id", v.ID, "device", dev.Path(), "from_blocks", from, "to_blocks", to)
+	}
 	// nosuid, nodev: what a pod (or a restore from another node) put in
 	// the file system is data, never a device of this host or a program
 	// that runs as someone else.

@@ -61,6 +61,34 @@ func (d *Engine) NotGrown(id string) error {
 	return nil
 }
 
+// growUnmounted grows the ext4 file system on an image volume's device,
+// not mounted, to the device's size where format/ext4 can do it offline
+// (its own layout, unmounted cleanly, within its descriptor blocks; see
+// ext4.Grow): the kernel grows a mounted ext4 only for CAP_SYS_RESOURCE,
+// and this needs nothing but the device. The device is opened O_EXCL,
+// which the kernel refuses while anything has it mounted. What it does
+// not grow (another file system or layout, a journal to replay, a growth
+// past its descriptor blocks) is left to the growth after the mount
+// (growImage), and so is one it could not finish: its writes leave the
+// file system whole wherever they stop. It returns the file system's
+// blocks before and after.
+func growUnmounted(dev loop.Device) (from, to uint64, err error) {
+	f, err := os.OpenFile(dev.Path(), os.O_RDWR|unix.O_EXCL|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	before, err := ext4.ReadSize(f)
+	if err != nil {
+		return 0, 0, err
+	}
+	after, err := ext4.Grow(f)
+	if err != nil {
+		return before.Blocks, before.Blocks, err
+	}
+	return before.Blocks, after.Blocks, nil
+}
+
 // growImageFS grows the file system fs mounted at path to the size of its
 // device (devBytes), online, if it is smaller. An ext4 grows to the blocks a file
 // system made at that size spans (ext4.Blocks), so a tail too short for
@@ -84,17 +112,20 @@ func growImageFS(dev loop.Device, devBytes int64, path, fs string) error {
 	if err != nil {
 		return err
 	}
+	defer f.Close()
 	size, err := ext4.ReadSize(f)
-	f.Close()
 	if err != nil {
 		return err
 	}
 	want := uint64(devBytes) / uint64(size.BlockSize)
 	if size.BlockSize == ext4.BlockSize && devBytes >= ext4.MinSize {
-		// Made by format/ext4 (or alike): its geometry says how far it
-		// can grow. (One of another block size, a block volume's mkfs,
-		// grows to its device.)
-		if want, err = ext4.Blocks(devBytes); err != nil {
+		// Made by format/ext4: as far as its offline growth reaches (what
+		// the stage's growUnmounted made of it), else as far as a file
+		// system it would make there. (One of another block size, a
+		// block volume's mkfs, grows to its device.)
+		if t, terr := ext4.GrowTarget(f, devBytes); terr == nil {
+			want = t
+		} else if want, err = ext4.Blocks(devBytes); err != nil {
 			return err
 		}
 	}
