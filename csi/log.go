@@ -19,6 +19,13 @@ import (
 // and the request with every csi_secret field replaced. Probe and the
 // capability calls are chatty, so they log at verbosity 5. A panic in a
 // handler becomes Internal here instead of killing the driver.
+// LogInterceptor logs each call as the driver's socket does (method,
+// outcome, time; a panic becomes Internal): the controller's socket uses
+// it too.
+func LogInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	return logInterceptor(ctx, req, info, handler)
+}
+
 func logInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 	start := time.Now()
 	defer func() {

@@ -45,6 +45,17 @@ func NewID(prefix, tag string) string {
 func (d *Engine) NewVolumeID() string   { return NewID(VolumeIDPrefix, d.Tag) }
 func (d *Engine) newSnapshotID() string { return NewID(SnapshotIDPrefix, d.Tag) }
 
+// KeyOf is the node tag a well-formed volume, snapshot or group id
+// carries (NodeTag of the node that made it), and whether it is one.
+func KeyOf(id string) (string, bool) {
+	for _, p := range []string{VolumeIDPrefix, SnapshotIDPrefix, GroupIDPrefix} {
+		if validID(p, id) {
+			return id[len(p) : len(p)+nodeTagLen], true
+		}
+	}
+	return "", false
+}
+
 // OtherNode reports whether a well-formed id was made by another node,
 // and that node's tag.
 func (d *Engine) OtherNode(id string) (string, bool) {

@@ -76,7 +76,11 @@ func (a *CSRAuthority) Issue(ctx context.Context, node string, csr []byte, life 
 	defer cancel()
 	secs := int32(max(life, 10*time.Minute) / time.Second) // the API's floor
 	csrs := a.Client.CertificatesV1().CertificateSigningRequests()
-	meta := metav1.ObjectMeta{GenerateName: "hostpath-transfer-" + node + "-",
+	who := node
+	if node == transfer.ControllerPeer {
+		who = "controller" // an object's name takes no '@'
+	}
+	meta := metav1.ObjectMeta{GenerateName: "hostpath-transfer-" + who + "-",
 		Labels: map[string]string{"app.kubernetes.io/managed-by": "hostpath-csi"}}
 	if a.Owner != nil {
 		meta.OwnerReferences = []metav1.OwnerReference{*a.Owner}

@@ -127,6 +127,24 @@ type Resolver struct {
 	KeyOf func(nodeID string) string
 }
 
+// Keys are the keys of every node that runs the driver, as Resolve trusts
+// them (a CSINode whose driver id is its own name).
+func (r *Resolver) Keys(ctx context.Context) ([]string, error) {
+	list, err := r.Client.StorageV1().CSINodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing CSINodes: %w", err)
+	}
+	var keys []string
+	for _, cn := range list.Items {
+		for _, d := range cn.Spec.Drivers {
+			if d.Name == r.Driver && d.NodeID == cn.Name {
+				keys = append(keys, r.KeyOf(cn.Name))
+			}
+		}
+	}
+	return keys, nil
+}
+
 // Resolve implements transfer.Peers' Resolve. A node that is gone (its
 // CSINode deleted with it) or has no internal address is an error.
 //

@@ -3,6 +3,7 @@ package kubepeers
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -86,6 +87,11 @@ func TestResolver(t *testing.T) {
 		if addr != c.addr || node != c.node || (c.addr == "") != (err != nil) || (err != nil && !strings.Contains(err.Error(), c.inErr)) {
 			t.Errorf("%s: %q %q %v", c.key, addr, node, err)
 		}
+	}
+	// The nodes a list of every snapshot goes to: those Resolve trusts.
+	keys, err := r.Keys(context.Background())
+	if slices.Sort(keys); err != nil || !slices.Equal(keys, []string{"k-n1", "k-n2"}) {
+		t.Errorf("Keys: %v %v, want k-n1 and k-n2 (no impostor, no driver id that is not its node's name)", keys, err)
 	}
 }
 

@@ -269,10 +269,11 @@ func (p *Pending) allows(ctx context.Context, c pendingClaim, id string, owner O
 }
 
 // allowsSnapshot: the claim restores the VolumeSnapshot the record names,
-// bound to the recorded content; else (no owner recorded, or a
-// pre-provisioned content of the same snapshot) a content of this
-// driver bound both ways to the claim's VolumeSnapshot, labelled
-// managed-by this node, whose handle is id.
+// bound to the recorded content; else (no owner recorded: a group
+// snapshot's member, a pre-provisioned content, a snapshot of an older
+// release) a content of this driver bound both ways to the claim's
+// VolumeSnapshot, whose handle is id: in its spec, or in its status where
+// it is labelled managed-by this node.
 func (p *Pending) allowsSnapshot(ctx context.Context, c pendingClaim, id string, owner Owner, known bool) (bool, error) {
 	vs, err := p.Snapshots.SnapshotV1().VolumeSnapshots(c.namespace).Get(ctx, c.name, metav1.GetOptions{})
 	if err != nil {
@@ -292,8 +293,15 @@ func (p *Pending) allowsSnapshot(ctx context.Context, c pendingClaim, id string,
 	// The content must be bound to that snapshot both ways (a content made
 	// by hand cannot claim a snapshot it was not bound to), and be this
 	// node's: only this node's account may write a content labelled so.
-	if p.Node == "" || vsc.Labels[ManagedByLabel] != p.Node || vsc.Spec.Driver != p.Driver ||
+	// Or its handle is in its spec: such a content is made by the
+	// snapshot-controller (a group snapshot's member, whose snapshot this
+	// node made knowing only the group's name) or by a cluster admin (a
+	// pre-provisioned one); no node may make a content or change a spec.
+	if p.Node == "" || vsc.Spec.Driver != p.Driver ||
 		vsc.Spec.VolumeSnapshotRef.Namespace != c.namespace || vsc.Spec.VolumeSnapshotRef.Name != c.name {
+		return false, nil
+	}
+	if vsc.Labels[ManagedByLabel] != p.Node && vsc.Spec.Source.SnapshotHandle == nil {
 		return false, nil
 	}
 	if vsc.Spec.Source.SnapshotHandle != nil {

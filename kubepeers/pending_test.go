@@ -107,6 +107,8 @@ func TestPendingAuthorizes(t *testing.T) {
 		claim("granted", "granted", "n10", corev1.ClaimPending, across("app", "VolumeSnapshot", "snapshot.storage.k8s.io", "snap")),
 		claim("app", "legacy", "n2", corev1.ClaimPending, fromSnapshot("old-snap")),
 		claim("app", "legacy-foreign", "n9", corev1.ClaimPending, fromSnapshot("old-snap-9")),
+		claim("app", "member-restore", "n2", corev1.ClaimPending, fromSnapshot("member")),
+		claim("app", "member-status", "n2", corev1.ClaimPending, fromSnapshot("member-status")),
 		claim("app", "clone", "n3", corev1.ClaimPending, fromClaim("src")),
 		bound("app", "src", "pv-src"), volume("pv-src", d, "vol-1", "app", "src", "n1"),
 		claim("evil", "clone-stolen", "n9", corev1.ClaimPending, fromClaim("src2")),
@@ -124,6 +126,17 @@ func TestPendingAuthorizes(t *testing.T) {
 	objs = append(objs, snapshot("evil", "evil-snap", "content-evil", d, "snap-1", "evil", "evil-snap", "n9")...)
 	objs = append(objs, snapshot("app", "old-snap", "content-old", d, "snap-old", "app", "old-snap", "n1")...)
 	objs = append(objs, snapshot("app", "old-snap-9", "content-old-9", d, "snap-old", "app", "old-snap-9", "n9")...)
+	// A group snapshot's member: its content made by the
+	// snapshot-controller with the handle in its spec (no node may make or
+	// change one), unlabelled (no distributed snapshotting), no owner
+	// recorded (the node saw only the group's name). And one whose handle
+	// is only in its status, unlabelled: not enough.
+	member := snapshot("app", "member", "content-member", d, "", "app", "member", "")
+	member[1].(*snapv1.VolumeSnapshotContent).Spec.Source.SnapshotHandle = ptr("snap-member")
+	member[1].(*snapv1.VolumeSnapshotContent).Status = nil
+	objs = append(objs, member...)
+	objs = append(objs, snapshot("app", "member-status", "content-member-status", d, "snap-member-status", "app", "member-status", "")...)
+	legacyMembers := map[string]bool{"snap-member": true, "snap-member-status": true}
 	owners := map[string]Owner{
 		"snap-1": {"app", "snap", "content-1"}, "snap-2": {"app", "foreign-snap", "content-x"}, "snap-3": {"app", "misbound-snap", "content-x"},
 		"vol-1": {"app", "src", "pv-src"},
@@ -133,7 +146,7 @@ func TestPendingAuthorizes(t *testing.T) {
 		SnapshotKind: "snapshot", VolumeKind: "volume",
 		Owners: func(kind, id string) (Owner, bool, bool) {
 			o, ok := owners[id]
-			return o, ok || legacy[id], ok
+			return o, ok || legacy[id] || legacyMembers[id], ok
 		},
 		Grants: func(_ context.Context, from, ns, group, kind, name string) (bool, error) {
 			return from == "granted" && ns == "app" && group == "snapshot.storage.k8s.io" && kind == "VolumeSnapshot" && name == "snap", nil
@@ -143,26 +156,29 @@ func TestPendingAuthorizes(t *testing.T) {
 		peer, kind, id string
 		want           error // nil: allowed
 	}{
-		{"n2", "snapshot", "snap-1", nil},                   // its restore waits on n2
-		{"n3", "snapshot", "snap-1", transfer.ErrRefused},   // nothing of it waits on n3
-		{"n2", "snapshot", "snap-9", transfer.ErrRefused},   // not a snapshot of this node
-		{"n2", "volume", "snap-1", transfer.ErrRefused},     // the kind must match too
-		{"n4", "snapshot", "snap-1", transfer.ErrRefused},   // its claim is bound already
-		{"", "snapshot", "snap-1", transfer.ErrRefused},     // a claim not yet scheduled names no node
-		{"n5", "snapshot", "snap-2", transfer.ErrRefused},   // not the snapshot recorded
-		{"n6", "snapshot", "snap-3", transfer.ErrRefused},   // not the content recorded
-		{"n7", "snapshot", "snap-1", nil},                   // a dataSourceRef naming its own namespace
-		{"n9", "snapshot", "snap-1", transfer.ErrRefused},   // a content whose status handle n9 wrote
-		{"n9", "snapshot", "snap-1", transfer.ErrRefused},   // from another namespace, no grant
-		{"n10", "snapshot", "snap-1", nil},                  // from another namespace, granted
-		{"n2", "snapshot", "snap-old", nil},                 // no owner recorded: a content managed by n1
-		{"n9", "snapshot", "snap-old", transfer.ErrRefused}, // no owner recorded: a content managed by n9
-		{"n3", "volume", "vol-1", nil},                      // a clone waits on n3
-		{"n2", "volume", "vol-1", transfer.ErrRefused},      // not on n2
-		{"n9", "volume", "vol-1", transfer.ErrRefused},      // a PV n9 made naming vol-1
-		{"n3", "volume", "vol-old", nil},                    // no owner recorded: a PV of n1
-		{"n9", "volume", "vol-old", transfer.ErrRefused},    // no owner recorded: a PV of n9
-		{"n3", "archive", "vol-1", transfer.ErrRefused},     // a kind not served
+		{"n2", "snapshot", "snap-1", nil},                             // its restore waits on n2
+		{"n3", "snapshot", "snap-1", transfer.ErrRefused},             // nothing of it waits on n3
+		{"n2", "snapshot", "snap-9", transfer.ErrRefused},             // not a snapshot of this node
+		{"n2", "volume", "snap-1", transfer.ErrRefused},               // the kind must match too
+		{"n4", "snapshot", "snap-1", transfer.ErrRefused},             // its claim is bound already
+		{"", "snapshot", "snap-1", transfer.ErrRefused},               // a claim not yet scheduled names no node
+		{"n5", "snapshot", "snap-2", transfer.ErrRefused},             // not the snapshot recorded
+		{"n6", "snapshot", "snap-3", transfer.ErrRefused},             // not the content recorded
+		{"n7", "snapshot", "snap-1", nil},                             // a dataSourceRef naming its own namespace
+		{"n9", "snapshot", "snap-1", transfer.ErrRefused},             // a content whose status handle n9 wrote
+		{"n9", "snapshot", "snap-1", transfer.ErrRefused},             // from another namespace, no grant
+		{"n10", "snapshot", "snap-1", nil},                            // from another namespace, granted
+		{"n2", "snapshot", "snap-old", nil},                           // no owner recorded: a content managed by n1
+		{"n9", "snapshot", "snap-old", transfer.ErrRefused},           // no owner recorded: a content managed by n9
+		{"n3", "volume", "vol-1", nil},                                // a clone waits on n3
+		{"n2", "volume", "vol-1", transfer.ErrRefused},                // not on n2
+		{"n9", "volume", "vol-1", transfer.ErrRefused},                // a PV n9 made naming vol-1
+		{"n3", "volume", "vol-old", nil},                              // no owner recorded: a PV of n1
+		{"n9", "volume", "vol-old", transfer.ErrRefused},              // no owner recorded: a PV of n9
+		{"n3", "archive", "vol-1", transfer.ErrRefused},               // a kind not served
+		{"n2", "snapshot", "snap-member", nil},                        // a group member: its handle in the content's spec
+		{"n2", "snapshot", "snap-member-status", transfer.ErrRefused}, // unlabelled, its handle only in the status
+		{"n9", "snapshot", "snap-member", transfer.ErrRefused},        // nothing of it waits on n9
 	} {
 		err := p.Authorize(context.Background(), c.peer, c.kind, c.id)
 		if (c.want == nil) != (err == nil) || (c.want != nil && !errors.Is(err, c.want)) {

@@ -58,8 +58,13 @@ type Signer struct {
 	Name   string
 	Driver string
 	// Namespace and ServiceAccount are the drivers' service account: the
-	// only requester granted.
+	// only requester granted a node's certificate.
 	Namespace, ServiceAccount string
+	// ControllerServiceAccount, in Namespace, is the controller's
+	// (--mode=controller): the only requester granted the controller's
+	// certificate (transfer.ControllerPeer), and only from a pod of a
+	// ReplicaSet (its Deployment's). Empty: none is granted.
+	ControllerServiceAccount string
 	// Authority holds the signing key and rolls it over.
 	Authority *transfer.StoreAuthority
 	// Bundle is the ConfigMap, in Namespace, where the authorities to
@@ -87,6 +92,9 @@ var allowedUsages = []certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.Usage
 // it may not (refused); err is a failure to look (the request is
 // retried).
 func (s *Signer) decide(ctx context.Context, csr *certv1.CertificateSigningRequest) (node string, refused, err error) {
+	if s.ControllerServiceAccount != "" && csr.Spec.Username == "system:serviceaccount:"+s.Namespace+":"+s.ControllerServiceAccount {
+		return s.decideController(ctx, csr)
+	}
 	if csr.Spec.Username != s.requester() {
 		return "", fmt.Errorf("asked by %q, not by the drivers' service account %s", csr.Spec.Username, s.requester()), nil
 	}
@@ -129,6 +137,45 @@ func (s *Signer) decide(ctx context.Context, csr *certv1.CertificateSigningReque
 		return node, fmt.Errorf("the token's pod %s is not a driver pod (a DaemonSet's)", names[0]), nil
 	}
 	return node, nil, nil
+}
+
+// decideController decides a request of the controller's service
+// account: for the controller's certificate, from a token bound to a pod
+// of that account that a ReplicaSet owns.
+func (s *Signer) decideController(ctx context.Context, csr *certv1.CertificateSigningRequest) (string, error, error) {
+	const who = transfer.ControllerPeer
+	for _, u := range csr.Spec.Usages {
+		if !slices.Contains(allowedUsages, u) {
+			return who, fmt.Errorf("it asks for usage %q", u), nil
+		}
+	}
+	if csr.Spec.Request == nil {
+		return who, fmt.Errorf("its request is larger than the %d bytes the controller's is", transfer.MaxRequestBytes), nil
+	}
+	if _, err := transfer.CheckRequest(csr.Spec.Request, s.Driver, who); err != nil {
+		return who, fmt.Errorf("asked by the controller's account: %w", err), nil
+	}
+	names, uids := csr.Spec.Extra[PodNameExtra], csr.Spec.Extra[PodUIDExtra]
+	if len(names) != 1 || len(uids) != 1 || names[0] == "" || uids[0] == "" {
+		return who, fmt.Errorf("the requester's token is bound to no pod (%s %v, %s %v): only a controller pod's own token is granted", PodNameExtra, names, PodUIDExtra, uids), nil
+	}
+	pod, err := s.Client.CoreV1().Pods(s.Namespace).Get(ctx, names[0], metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return who, fmt.Errorf("the token's pod %s/%s does not exist", s.Namespace, names[0]), nil
+	}
+	if err != nil {
+		return who, nil, fmt.Errorf("looking up the requester's pod %s/%s: %w", s.Namespace, names[0], err)
+	}
+	owner := metav1.GetControllerOf(pod)
+	switch {
+	case string(pod.UID) != uids[0]:
+		return who, fmt.Errorf("the token's pod %s is not the pod of that name now (uid %s, not %s)", names[0], pod.UID, uids[0]), nil
+	case pod.Spec.ServiceAccountName != s.ControllerServiceAccount:
+		return who, fmt.Errorf("the token's pod %s runs as %q, not %s", names[0], pod.Spec.ServiceAccountName, s.ControllerServiceAccount), nil
+	case owner == nil || owner.Kind != "ReplicaSet" || !strings.HasPrefix(owner.APIVersion, "apps/"):
+		return who, fmt.Errorf("the token's pod %s is not a controller pod (a Deployment's)", names[0]), nil
+	}
+	return who, nil, nil
 }
 
 func condition(csr *certv1.CertificateSigningRequest, t certv1.RequestConditionType) bool {

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -111,6 +112,7 @@ func publish(t *testing.T, s *Signer, now time.Time) []*x509.Certificate {
 // never leaves it; the lifetime is capped; what nodes trust is what the
 // signer publishes from its own record.
 func TestSignerGrantsOnlyTheTokensNode(t *testing.T) {
+	const ctrlSA = "system:serviceaccount:csi:ctrl-sa"
 	client := fake.NewClientset()
 	who := &requesters{}
 	client.PrependReactor("create", "certificatesigningrequests", who.react)
@@ -118,8 +120,10 @@ func TestSignerGrantsOnlyTheTokensNode(t *testing.T) {
 	pod(t, client, "bare", "n1", "node-sa", "")
 	pod(t, client, "elsewhere", "n2", "node-sa", "DaemonSet")
 	pod(t, client, "other-sa", "n1", "other", "DaemonSet")
+	pod(t, client, "ctrl", "n2", "ctrl-sa", "ReplicaSet")
+	pod(t, client, "ctrl-ds", "n1", "ctrl-sa", "DaemonSet")
 	var decisions sync.Map
-	s := &Signer{Client: client, Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa",
+	s := &Signer{Client: client, Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa", ControllerServiceAccount: "ctrl-sa",
 		Authority: &transfer.StoreAuthority{Store: &SecretStore{Client: client, Namespace: "csi", Name: "signer-key"}, Driver: "d"},
 		Bundle:    "trust", MaxLifetime: 6 * time.Hour,
 		OnDecision: func(csr, node string, granted bool, reason string) { decisions.Store(csr, reason) }}
@@ -169,6 +173,11 @@ func TestSignerGrantsOnlyTheTokensNode(t *testing.T) {
 		{"a token of a bare pod", driverSA, "", boundTo("n1", "bare", "uid-bare"), "n1", false, "not a driver pod"},
 		{"a token whose pod runs elsewhere", driverSA, "", boundTo("n1", "elsewhere", "uid-elsewhere"), "n1", false, "runs on"},
 		{"a token of a pod of another account", driverSA, "", boundTo("n1", "other-sa", "uid-other-sa"), "n1", false, "runs as"},
+		{"the controller's token, for the controller", ctrlSA, "", boundTo("n2", "ctrl", "uid-ctrl"), transfer.ControllerPeer, true, ""},
+		{"the controller's token, for its pod's node", ctrlSA, "", boundTo("n2", "ctrl", "uid-ctrl"), "n2", false, "asked by the controller's account"},
+		{"a driver's token, for the controller", driverSA, "n1", nil, transfer.ControllerPeer, false, "not node"},
+		{"the controller's account in a DaemonSet's pod", ctrlSA, "", boundTo("n1", "ctrl-ds", "uid-ctrl-ds"), transfer.ControllerPeer, false, "not a controller pod"},
+		{"the controller's account, a token of another pod", ctrlSA, "n2", nil, transfer.ControllerPeer, false, "does not exist"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -205,6 +214,9 @@ func TestSignerGrantsOnlyTheTokensNode(t *testing.T) {
 	for _, csr := range list.Items {
 		if strings.Contains(string(csr.Spec.Request), "PRIVATE KEY") {
 			t.Fatalf("%s carries a private key", csr.Name)
+		}
+		if errs := validation.IsDNS1123Subdomain(csr.Name); len(errs) > 0 {
+			t.Fatalf("request name %q, which the API server refuses: %v", csr.Name, errs)
 		}
 	}
 

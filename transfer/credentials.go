@@ -96,10 +96,22 @@ func (c *Credentials) authority() Authority {
 }
 
 // Identity is the URI a certificate of driver's node carries, and what a
-// server checks the driver name against.
+// server checks the driver name against; the controller's
+// (ControllerPeer) is the driver's /controller.
 func Identity(driver, node string) *url.URL {
+	if node == ControllerPeer {
+		return &url.URL{Scheme: "csi-transfer", Host: driver, Path: "/controller"}
+	}
 	return &url.URL{Scheme: "csi-transfer", Host: driver, Path: "/node/" + node}
 }
+
+// ControllerPeer is the name in the certificate of the deployment's
+// controller (--mode=controller), which asks nodes for snapshots and
+// expansions of the volumes they hold and is served nothing else: no
+// Kubernetes node can have it ('@' is not allowed in a node name), so a
+// node's certificate is never the controller's, nor the controller's a
+// node's.
+const ControllerPeer = "@controller"
 
 // Refresh asks the authority whom to trust and gets this node a new
 // certificate when it has none, when half of its life is gone, or when

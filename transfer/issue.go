@@ -33,11 +33,7 @@ func NewRequest(driver, node string) (crypto.Signer, []byte, error) {
 		return nil, nil, err
 	}
 	tmpl := &x509.CertificateRequest{Subject: pkix.Name{CommonName: node}, URIs: []*url.URL{Identity(driver, node)}}
-	if ip := net.ParseIP(node); ip != nil {
-		tmpl.IPAddresses = []net.IP{ip}
-	} else {
-		tmpl.DNSNames = []string{node}
-	}
+	tmpl.DNSNames, tmpl.IPAddresses = serverNames(node)
 	der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
 	return key, der, err
 }
@@ -78,16 +74,16 @@ func CheckRequest(der []byte, driver, node string) (*x509.CertificateRequest, er
 		return nil, fmt.Errorf("%w: the key is not ECDSA P-256", ErrBadRequest)
 	}
 	want := Identity(driver, node).String()
-	names := len(req.DNSNames) + len(req.IPAddresses)
+	dns, ips := serverNames(node)
 	switch {
 	case node == "" || req.Subject.CommonName != node:
 		return nil, fmt.Errorf("%w: it names %q, not node %q", ErrBadRequest, req.Subject.CommonName, node)
 	case len(req.URIs) != 1 || req.URIs[0].String() != want:
 		return nil, fmt.Errorf("%w: its URIs are %v, not [%s]", ErrBadRequest, req.URIs, want)
-	case len(req.EmailAddresses) > 0 || names != 1:
+	case len(req.EmailAddresses) > 0 || len(req.DNSNames) != len(dns) || len(req.IPAddresses) != len(ips):
 		return nil, fmt.Errorf("%w: it asks for names beyond the node's (%v %v %v)", ErrBadRequest, req.DNSNames, req.IPAddresses, req.EmailAddresses)
-	case len(req.DNSNames) == 1 && req.DNSNames[0] != node,
-		len(req.IPAddresses) == 1 && !req.IPAddresses[0].Equal(net.ParseIP(node)):
+	case len(dns) == 1 && req.DNSNames[0] != dns[0],
+		len(ips) == 1 && !req.IPAddresses[0].Equal(ips[0]):
 		return nil, fmt.Errorf("%w: its name is not the node's", ErrBadRequest)
 	case len(req.Subject.Organization)+len(req.Subject.OrganizationalUnit) > 0:
 		return nil, fmt.Errorf("%w: it asks for more than a node's name", ErrBadRequest)
@@ -121,14 +117,27 @@ func SignRequest(ca *x509.Certificate, caKey crypto.Signer, pub crypto.PublicKey
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
-	// The client checks the server's name as it dials it: a node named by
-	// an IP address (some clusters name their Nodes so) needs an IP SAN.
-	if ip := net.ParseIP(node); ip != nil {
-		tmpl.IPAddresses = []net.IP{ip}
-	} else {
-		tmpl.DNSNames = []string{node}
+	tmpl.DNSNames, tmpl.IPAddresses = serverNames(node)
+	if node == ControllerPeer {
+		// The controller only asks: it is never a server.
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	}
 	return x509.CreateCertificate(rand.Reader, tmpl, ca, pub, caKey)
+}
+
+// serverNames are the names a node's certificate carries, which a client
+// checks as it dials the node: its name, as an IP address where the node
+// is named by one (some clusters name their Nodes so). The controller,
+// never dialled, has none.
+func serverNames(node string) ([]string, []net.IP) {
+	switch ip := net.ParseIP(node); {
+	case node == ControllerPeer:
+		return nil, nil
+	case ip != nil:
+		return nil, []net.IP{ip}
+	default:
+		return []string{node}, nil
+	}
 }
 
 // IssueLeaf makes a key and a certificate for node of driver, signed by

@@ -190,9 +190,12 @@ func (s *Server) tlsConfig() *tls.Config {
 }
 
 // peerNode returns the node a verified client certificate names for this
-// driver, or "" if it names none.
+// driver (ControllerPeer for the controller's), or "" if it names none.
 func peerNode(cert *x509.Certificate, driver string) string {
 	for _, u := range cert.URIs {
+		if u.Scheme == "csi-transfer" && u.Host == driver && u.Path == "/controller" && cert.Subject.CommonName == ControllerPeer {
+			return ControllerPeer
+		}
 		node, ok := strings.CutPrefix(u.Path, "/node/")
 		if u.Scheme == "csi-transfer" && u.Host == driver && ok && node != "" && node == cert.Subject.CommonName {
 			return node
@@ -210,7 +213,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	peer := peerNode(r.TLS.PeerCertificates[0], s.Creds.Driver)
-	if peer == "" {
+	if peer == "" || peer == ControllerPeer {
 		refuse(w, "the certificate names no node of driver "+s.Creds.Driver, http.StatusForbidden)
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -59,6 +60,10 @@ type options struct {
 	// other nodes' drivers (package transfer) and lets restores and clones
 	// pull from them, when the driver runs in a cluster.
 	transferEndpoint string
+	// controlEndpoint serves, on a node, the controller's calls about the
+	// node's volumes (package route); in controller mode its port is the
+	// one dialled at each node.
+	controlEndpoint string
 	// transferTrust is the ConfigMap in which the transfer signer
 	// publishes the authorities to trust; a node's own certificate comes
 	// from that signer through the CSR API.
@@ -188,7 +193,9 @@ func parseFlags(args []string) (options, error) {
 	var transferAuthority string
 	fs.StringVar(&transferAuthority, "transfer-authority", "signer", "accepted for compatibility: signer, the only mode (a node asks the Kubernetes CSR API for its transfer certificate, and the transfer signer, --mode=transfer-signer, grants a node only its own name)")
 	fs.StringVar(&o.transferTrust, "transfer-trust", "hostpath-csi-transfer-trust", "the ConfigMap, in the driver's namespace, in which the transfer signer publishes the authorities the nodes trust")
-	fs.StringVar(&o.mode, "mode", "driver", "driver (the CSI driver of a node) or transfer-signer (the approver and signer of the nodes' transfer certificates: one small Deployment, the only holder of the signing key)")
+	fs.StringVar(&o.mode, "mode", "driver", "driver (the CSI driver of a node), controller (one Deployment beside the csi-snapshotter and csi-resizer: forwards their calls to the node that holds each volume, over the transfer's mutual TLS) or transfer-signer (the approver and signer of the transfer certificates: one small Deployment, the only holder of the signing key)")
+	fs.StringVar(&o.controlEndpoint, "control-endpoint", ":9471", "in a cluster, the address at which a node takes the controller's calls (snapshots, expansion) about its volumes, mutual TLS, only from the controller; controller mode dials this port at each node's internal IP; off when empty")
+	fs.StringVar(&o.signer.controller, "controller-requester", "hostpath-csi-controller", "transfer-signer mode: the service account, in the signer's namespace, of the controller (--mode=controller), whose requests are granted the controller's certificate, from a Deployment's pod only; empty grants none")
 	fs.StringVar(&o.signer.requester, "transfer-requester", "hostpath-csi-node", "transfer-signer mode: the service account, in the signer's namespace, of the drivers whose requests are granted (each only for the node its token is bound to)")
 	fs.StringVar(&o.signer.keySecret, "transfer-signer-secret", "hostpath-csi-transfer-signer", "transfer-signer mode: the Secret, in its namespace, where the signer keeps its authority's key (only its own service account may read it)")
 	fs.DurationVar(&o.signer.maxLifetime, "transfer-max-cert-lifetime", 6*time.Hour, "transfer-signer mode: the longest a node's certificate is signed for (renewed at half of it)")
@@ -232,14 +239,14 @@ func parseFlags(args []string) (options, error) {
 		return o, nil
 	}
 	switch o.mode {
-	case "driver":
+	case "driver", "controller":
 	case "transfer-signer":
 		if o.signer.maxLifetime < 10*time.Minute {
 			return o, fmt.Errorf("--transfer-max-cert-lifetime=%s: the CSR API signs for 10 minutes at least", o.signer.maxLifetime)
 		}
 		return o, nil // the driver's flags are not used
 	default:
-		return o, fmt.Errorf("--mode=%q: want driver or transfer-signer", o.mode)
+		return o, fmt.Errorf("--mode=%q: want driver, controller or transfer-signer", o.mode)
 	}
 	if transferAuthority != "signer" {
 		return o, fmt.Errorf("--transfer-authority=%q: signer is the only mode (a shared Secret, in which any node could speak for any other, is not offered)", transferAuthority)
@@ -295,7 +302,7 @@ func parseFlags(args []string) (options, error) {
 	}
 	o.cfg.LocalRoots = localRoots
 	switch {
-	case o.cfg.NodeID == "" && o.markPool == "":
+	case o.cfg.NodeID == "" && o.markPool == "" && o.mode != "controller":
 		return o, errors.New("--nodeid is required: give the Kubernetes node name (for example --nodeid=$(hostname))")
 	case o.cfg.StateDir == "":
 		return o, errors.New("--statedir must not be empty")
@@ -308,6 +315,14 @@ func parseFlags(args []string) (options, error) {
 	}
 	if _, err := csi.SocketPath(o.cfg.Endpoint); err != nil {
 		return o, fmt.Errorf("--endpoint: %v", err)
+	}
+	if o.mode == "controller" {
+		if o.cfg.NodeID != "" || o.pluginRegistrationPath != "" || len(pools) > 0 {
+			return o, errors.New("--mode=controller serves no node: --nodeid, --plugin-registration-path and --pool are a node's driver's")
+		}
+		if _, port, err := net.SplitHostPort(o.controlEndpoint); err != nil || port == "" {
+			return o, fmt.Errorf("--control-endpoint=%q: controller mode dials each node at this port (host:port, e.g. :9471)", o.controlEndpoint)
+		}
 	}
 	if (o.pluginRegistrationPath == "") != (o.kubeletRegistrationPath == "") {
 		return o, errors.New("--plugin-registration-path and --kubelet-registration-path go together: give both to register with kubelet, or neither to use the registrar sidecar")

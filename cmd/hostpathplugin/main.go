@@ -35,8 +35,11 @@ func main() {
 		fmt.Println(o.cfg.Version)
 		return
 	}
-	if o.mode == "transfer-signer" {
+	switch o.mode {
+	case "transfer-signer":
 		os.Exit(runSigner(o))
+	case "controller":
+		os.Exit(runController(o))
 	}
 	if o.markPool != "" {
 		msg, err := engine.MarkPool(o.cfg, o.markPool)

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
+	groupv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumegroupsnapshot/v1"
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -24,6 +27,8 @@ import (
 type manifests struct {
 	daemonSets  []appsv1.DaemonSet
 	deployments []appsv1.Deployment
+	// groupClasses are the VolumeGroupSnapshotClasses.
+	groupClasses []groupv1.VolumeGroupSnapshotClass
 	// roleRules are each Role's and ClusterRole's rules, by kind/name;
 	// roleBindings each binding's role (kind/name) by the service
 	// accounts it binds (namespace/name).
@@ -136,6 +141,10 @@ func load(t *testing.T) manifests {
 				var c snapv1.VolumeSnapshotClass
 				strict(&c)
 				m.snapClasses = append(m.snapClasses, c)
+			case "VolumeGroupSnapshotClass":
+				var c groupv1.VolumeGroupSnapshotClass
+				strict(&c)
+				m.groupClasses = append(m.groupClasses, c)
 			case "VolumeSnapshot":
 				var s snapv1.VolumeSnapshot
 				strict(&s)
@@ -236,6 +245,9 @@ func TestManifests(t *testing.T) {
 		if c.Driver != o.cfg.DriverName {
 			t.Errorf("VolumeSnapshotClass %s names driver %q", c.Name, c.Driver)
 		}
+	}
+	if len(m.groupClasses) != 1 || m.groupClasses[0].Driver != o.cfg.DriverName {
+		t.Errorf("want one VolumeGroupSnapshotClass of driver %s: %+v", o.cfg.DriverName, m.groupClasses)
 	}
 	if drv.Name != o.cfg.DriverName {
 		t.Errorf("CSIDriver %q, driver runs as %q", drv.Name, o.cfg.DriverName)
@@ -425,10 +437,7 @@ func checkTransferRBAC(t *testing.T, m manifests, node string, o options) {
 			t.Errorf("the drivers may %s a transfer authority's Secret: a node would hold a key that speaks for every other", verb)
 		}
 	}
-	if len(m.deployments) != 1 {
-		t.Fatalf("want one Deployment (the transfer signer), got %d", len(m.deployments))
-	}
-	dep := m.deployments[0]
+	dep := m.deployment(t, "transfer-signer")
 	spec := dep.Spec.Template.Spec
 	signer := dep.Namespace + "/" + spec.ServiceAccountName
 	if !m.accounts[signer] || signer == node {
@@ -473,6 +482,110 @@ func checkTransferRBAC(t *testing.T, m manifests, node string, o options) {
 	}
 }
 
+// deployment is the one Deployment of deploy/ whose driver runs in mode.
+func (m manifests) deployment(t *testing.T, mode string) appsv1.Deployment {
+	t.Helper()
+	var found []appsv1.Deployment
+	for _, d := range m.deployments {
+		if flagValue(d.Spec.Template.Spec.Containers[0].Args, "mode") == mode {
+			found = append(found, d)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("want one Deployment of --mode=%s, got %d", mode, len(found))
+	}
+	return found[0]
+}
+
+// TestControllerDeployment: the controller takes its flags as the nodes'
+// drivers set them (driver, trust, the control port each node exposes at
+// its internal IP), runs the snapshotter and resizer in controller mode
+// with leader election on its socket, as an account the signer grants
+// the controller's certificate and that may do what the sidecars and the
+// routing need and no more; no node runs a snapshotter or a resizer.
+func TestControllerDeployment(t *testing.T) {
+	m := load(t)
+	ds := m.daemonSets[0]
+	var node options
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		switch c.Name {
+		case "hostpath":
+			var args []string
+			for _, a := range c.Args {
+				args = append(args, envRef.ReplaceAllString(a, "node-1"))
+			}
+			var err error
+			if node, err = parseFlags(args); err != nil {
+				t.Fatal(err)
+			}
+			_, port, _ := strings.Cut(node.controlEndpoint, ":")
+			exposed := false
+			for _, p := range c.Ports {
+				exposed = exposed || (fmt.Sprint(p.HostPort) == port && fmt.Sprint(p.ContainerPort) == port)
+			}
+			if port == "" || !exposed {
+				t.Errorf("the node's control endpoint %q is not a hostPort of its pod: the controller dials the node's internal IP", node.controlEndpoint)
+			}
+		case "csi-snapshotter", "csi-resizer":
+			t.Errorf("the DaemonSet runs %s on every node; the controller runs it once", c.Name)
+		}
+	}
+	dep := m.deployment(t, "controller")
+	spec := dep.Spec.Template.Spec
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas < 2 {
+		t.Error("the controller runs one replica: while it is rescheduled nothing is snapshotted")
+	}
+	o, err := parseFlags(spec.Containers[0].Args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.cfg.DriverName != node.cfg.DriverName || o.transferTrust != node.transferTrust || o.controlEndpoint != node.controlEndpoint {
+		t.Errorf("the controller: driver %s, trust %s, control %s; the nodes: %s, %s, %s", o.cfg.DriverName, o.transferTrust, o.controlEndpoint, node.cfg.DriverName, node.transferTrust, node.controlEndpoint)
+	}
+	sock := strings.TrimPrefix(o.cfg.Endpoint, "unix://")
+	sidecars := map[string]bool{}
+	for _, c := range spec.Containers[1:] {
+		sidecars[c.Name] = true
+		if flagValue(c.Args, "csi-address") != sock {
+			t.Errorf("%s dials %s, the controller listens on %s", c.Name, flagValue(c.Args, "csi-address"), sock)
+		}
+		if !slices.Contains(c.Args, "--leader-election") || slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--node-deployment") }) {
+			t.Errorf("%s: %v, want leader election and no node deployment", c.Name, c.Args)
+		}
+	}
+	if !sidecars["csi-snapshotter"] || !sidecars["csi-resizer"] {
+		t.Errorf("the controller runs %v, want the snapshotter and the resizer", sidecars)
+	}
+	account := dep.Namespace + "/" + spec.ServiceAccountName
+	signer := m.deployment(t, "transfer-signer")
+	so, _ := parseFlags(signer.Spec.Template.Spec.Containers[0].Args)
+	if dep.Namespace+"/"+so.signer.controller != account || account == dep.Namespace+"/"+ds.Spec.Template.Spec.ServiceAccountName {
+		t.Errorf("the controller runs as %s; the signer grants the controller's certificate to %s", account, so.signer.controller)
+	}
+	for _, c := range []struct{ verb, group, resource, name string }{
+		{"create", "certificates.k8s.io", "certificatesigningrequests", ""},
+		{"get", "", "configmaps", o.transferTrust},
+		{"list", "storage.k8s.io", "csinodes", ""},
+		{"get", "", "nodes", "node-1"},
+		{"update", "coordination.k8s.io", "leases", "x"},
+		{"update", "snapshot.storage.k8s.io", "volumesnapshotcontents/status", "x"},
+		{"update", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents/status", "x"},
+		{"patch", "", "persistentvolumes", "x"},
+		{"patch", "", "persistentvolumeclaims/status", "x"},
+	} {
+		if !m.may(account, c.verb, c.group, c.resource, c.name) {
+			t.Errorf("the controller may not %s %s %q", c.verb, c.resource, c.name)
+		}
+	}
+	for _, c := range []struct{ verb, group, resource string }{
+		{"get", "", "secrets"}, {"create", "", "pods"}, {"delete", "", "persistentvolumes"}, {"create", "snapshot.storage.k8s.io", "volumesnapshotcontents"},
+	} {
+		if m.may(account, c.verb, c.group, c.resource, "x") {
+			t.Errorf("the controller may %s %s", c.verb, c.resource)
+		}
+	}
+}
+
 // TestAdmissionPolicies: every admission policy of deploy/ is bound to
 // deny, applies to the nodes' service account as the DaemonSet runs it
 // (a renamed account or namespace would silently lift them), fails
@@ -507,10 +620,11 @@ func TestAdmissionPolicies(t *testing.T) {
 	}
 }
 
-// TestNetworkPolicies: the driver's pods and the signer each have an
-// ingress policy; the driver's admits the transfer port from anywhere (it
-// authenticates) and its metrics port only from selected namespaces, and
-// nothing else; the signer's admits nothing.
+// TestNetworkPolicies: the driver's pods, the signer and the controller
+// each have an ingress policy; the driver's admits the transfer and
+// control ports from anywhere (they authenticate) and its metrics port
+// only from selected namespaces, and nothing else; the signer's and the
+// controller's admit nothing.
 func TestNetworkPolicies(t *testing.T) {
 	m := load(t)
 	by := map[string]networkingv1.NetworkPolicy{}
@@ -527,10 +641,12 @@ func TestNetworkPolicies(t *testing.T) {
 			ports[p.Port.IntValue()] = len(r.From) == 0
 		}
 	}
-	if len(ports) != 2 || !ports[9470] || ports[9808] {
-		t.Errorf("the driver's ingress: %v, want 9470 from anywhere and 9808 from selected namespaces only", ports)
+	if len(ports) != 3 || !ports[9470] || !ports[9471] || ports[9808] {
+		t.Errorf("the driver's ingress: %v, want 9470 and 9471 from anywhere and 9808 from selected namespaces only", ports)
 	}
-	if s, ok := by["hostpath-csi-transfer-signer"]; !ok || len(s.Spec.Ingress) != 0 || len(s.Spec.PolicyTypes) != 1 {
-		t.Errorf("the signer's policy: %+v, want all ingress denied", s.Spec)
+	for _, app := range []string{"hostpath-csi-transfer-signer", "hostpath-csi-controller"} {
+		if s, ok := by[app]; !ok || len(s.Spec.Ingress) != 0 || len(s.Spec.PolicyTypes) != 1 {
+			t.Errorf("%s's policy: %+v, want all ingress denied", app, s.Spec)
+		}
 	}
 }

@@ -95,6 +95,9 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 		}
 		return err
 	})
+	if o.controlEndpoint != "" {
+		go serveControl(ctx, d, creds, o.controlEndpoint)
+	}
 	srv := &transfer.Server{Creds: creds, Source: d.TransferSource(), Authorizer: authz}
 	if err := srv.Serve(ctx, ln); err != nil {
 		klog.ErrorS(err, "node-to-node transfer stopped")

@@ -18,8 +18,8 @@ import (
 
 // signerOptions are the transfer-signer mode's.
 type signerOptions struct {
-	requester, keySecret string
-	maxLifetime          time.Duration
+	requester, keySecret, controller string
+	maxLifetime                      time.Duration
 }
 
 // signerName is the CSR API signer name of a driver's transfer.
@@ -48,7 +48,7 @@ func runSigner(o options) int {
 	}
 	s := &kubepeers.Signer{
 		Client: client, Name: signerName(o.cfg.DriverName), Driver: o.cfg.DriverName,
-		Namespace: ns, ServiceAccount: o.signer.requester,
+		Namespace: ns, ServiceAccount: o.signer.requester, ControllerServiceAccount: o.signer.controller,
 		Authority: &transfer.StoreAuthority{Store: own, Driver: o.cfg.DriverName, RetireAfter: kubepeers.RetireAfter(o.signer.maxLifetime)},
 		Bundle:    o.transferTrust, BundleOwner: own.Owner,
 		MaxLifetime: o.signer.maxLifetime,

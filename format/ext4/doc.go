@@ -15,6 +15,11 @@
 // compact images (no journal, RO_COMPAT_READONLY, no UUID) from an
 // internal package. Neither makes what a volume needs cheaply.
 //
+// Grow grows such a file system offline, while nothing has it mounted,
+// for hosts where the kernel's online resize is not allowed (it needs
+// CAP_SYS_RESOURCE); grow.go says what it takes and what a power cut in
+// the middle leaves.
+//
 // What is not made yet: metadata_csum and 64bit (so at most 16 TiB),
 // flex_bg and a resize inode. Like loop and fsops, the package knows
 // nothing of CSI, never logs, and returns errors that unwrap to the errno.

@@ -37,22 +37,9 @@ func TestKubernetes(t *testing.T) {
 	k := &kube{t: t, bin: filepath.Join(cache, "bin", "kubectl"), cfg: filepath.Join(cache, "cluster", "admin.kubeconfig")}
 	total := time.Now()
 
-	step(t, "snapshot CRDs and snapshot-controller (external-snapshotter v8.7.0)", func() {
+	step(t, "snapshot CRDs and snapshot-controller (external-snapshotter v8.7.0) as upstream ships it", func() {
 		k.must("apply", "-k", filepath.Join(moduleDir(t, snapshots+"/client/v8@v8.7.0"), "config", "crd"))
-		// Its manifest still names v8.6.0; the controller built here is
-		// v8.7.0. deploy/ runs the snapshotter next to each node's driver,
-		// which needs distributed snapshotting (the controller labels each
-		// snapshot content with its volume's node), as its RBAC comment says.
-		applyOverlay(t, k, filepath.Join(moduleDir(t, snapshots+"/v8@v8.7.0"), "deploy", "kubernetes", "snapshot-controller"),
-			"registry.k8s.io/sig-storage/snapshot-controller", "v8.7.0", `patches:
-- target: {kind: Deployment, name: snapshot-controller}
-  patch: |-
-    - {op: add, path: /spec/template/spec/containers/0/args/-, value: --enable-distributed-snapshotting}
-- target: {kind: ClusterRole, name: snapshot-controller-runner}
-  patch: |-
-    - {op: add, path: /rules/-, value: {apiGroups: [""], resources: [nodes], verbs: [get, list, watch]}}
-`)
-		k.must("rollout", "status", "-n", "kube-system", "deployment/snapshot-controller", "--timeout=180s")
+		snapshotController(t, k, false)
 	})
 	withHelm := os.Getenv("HOSTPATH_E2E_INSTALL") == "helm"
 	if withHelm {
@@ -449,6 +436,12 @@ func deployFrom(t *testing.T, k *kube, dir, ref string) {
 	if _, err := k.run("", "rollout", "status", "-n", driverNS, "daemonset/hostpath-csi-node", "--timeout=300s"); err != nil {
 		t.Fatalf("%v\n%s\n%s", err, k.describe(driverNS, "pods"), k.events(driverNS))
 	}
+	// Releases since the controller have one (the previous may not).
+	if _, err := os.Stat(filepath.Join(dir, "controller.yaml")); err == nil {
+		if _, err := k.run("", "rollout", "status", "-n", driverNS, "deployment/hostpath-csi-controller", "--timeout=300s"); err != nil {
+			t.Fatalf("%v\n%s\n%s", err, k.describe(driverNS, "pods"), k.events(driverNS))
+		}
+	}
 }
 
 // sameBytes makes a PVC from source, reads it in a pod and compares the
@@ -461,6 +454,31 @@ func sameBytes(k *kube, name, source, want string) {
 	if got := strings.Fields(k.exec(ns, "reader-"+name, "sha256sum", "/data/random"))[0]; got != want {
 		k.t.Fatalf("%s data differs: %s vs %s", name, got, want)
 	}
+}
+
+// snapshotController deploys external-snapshotter's snapshot-controller
+// from its own manifests: as upstream ships it (no flag), or with
+// distributed snapshotting on, as the releases before the controller
+// asked for (each node's snapshotter then handles the contents the
+// controller labels with their volume's node).
+func snapshotController(t *testing.T, k *kube, distributed bool) {
+	t.Helper()
+	// Its manifest still names v8.6.0; the controller built here is
+	// v8.7.0.
+	patches := ""
+	if distributed {
+		patches = `patches:
+- target: {kind: Deployment, name: snapshot-controller}
+  patch: |-
+    - {op: add, path: /spec/template/spec/containers/0/args/-, value: --enable-distributed-snapshotting}
+- target: {kind: ClusterRole, name: snapshot-controller-runner}
+  patch: |-
+    - {op: add, path: /rules/-, value: {apiGroups: [""], resources: [nodes], verbs: [get, list, watch]}}
+`
+	}
+	applyOverlay(t, k, filepath.Join(moduleDir(t, snapshots+"/v8@v8.7.0"), "deploy", "kubernetes", "snapshot-controller"),
+		"registry.k8s.io/sig-storage/snapshot-controller", "v8.7.0", patches)
+	k.must("rollout", "status", "-n", "kube-system", "deployment/snapshot-controller", "--timeout=180s")
 }
 
 // applyOverlay applies the kustomization in base with one image's tag

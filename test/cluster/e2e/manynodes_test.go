@@ -217,6 +217,7 @@ func manyNodes(t *testing.T, k *kube, nodes []string) {
 		}
 	})
 	crossNode(t, k, first, placed["web-0"])
+	groupSnapshots(t, k, nodes)
 	bigPull(t, k, largest, nodes[1])
 	lost := placed["web-1"]
 	step(t, "node "+lost+" lost: its CSINode and capacity go, its PV stays, its pod waits for it", func() {
@@ -593,6 +594,12 @@ func rollingUpgrade(t *testing.T, k *kube, nodes []string) {
 		k.must("wait", "--for=delete", "pod", "-l", "app=hostpath-csi-transfer-signer", "-n", driverNS, "--timeout=120s")
 		k.must("delete", "clusterrole,clusterrolebinding", "hostpath-csi-transfer-signer", "--ignore-not-found")
 		k.must("delete", "secret/"+signerSecret, "configmap/"+trustConfigMap, "-n", driverNS, "--ignore-not-found")
+		// Nor a controller: its nodes' snapshotters need the
+		// snapshot-controller's distributed snapshotting, as its README
+		// asked.
+		k.must("delete", "deployment,serviceaccount,role,rolebinding", "hostpath-csi-controller", "-n", driverNS, "--ignore-not-found", "--wait=true")
+		k.must("wait", "--for=delete", "pod", "-l", "app=hostpath-csi-controller", "-n", driverNS, "--timeout=120s")
+		snapshotController(t, k, true)
 		deployFrom(t, k, prevDeploy, prevRef)
 		runsImage(t, k, prevRef)
 		for i, n := range nodes {
@@ -635,6 +642,14 @@ func rollingUpgrade(t *testing.T, k *kube, nodes []string) {
 			if out, err := k.run("", "exec", "-n", ns, name, "--", "awk", "NR-1 != $1 {print NR; exit 1}", "/data/log"); err != nil {
 				t.Fatalf("%s's log is not the lines it wrote (at line %s): %v", name, out, err)
 			}
+		}
+	})
+	step(t, "after the upgrade, with distributed snapshotting still on: a snapshot through the controller", func() {
+		// The contents the snapshot-controller labels with a node are
+		// the controller's snapshotter's too: it is not a node's.
+		takeSnapshot(k, "up-snap-after", "up-1")
+		if l := k.jsonpath("", "volumesnapshotcontent/"+k.jsonpath(ns, "volumesnapshot/up-snap-after", "{.status.boundVolumeSnapshotContentName}"), "{.metadata.labels}"); !strings.Contains(l, "managed-by") {
+			t.Logf("the content carries no managed-by label (%s): distributed snapshotting did not label it", l)
 		}
 	})
 	step(t, "the previous release's volumes, snapshot and publications served by the current one", func() {
@@ -744,4 +759,102 @@ spec:
 	k.must("delete", "pvc", "from-imported", "-n", ns)
 	k.must("delete", "volumesnapshot", "imported", "-n", ns)
 	k.must("delete", "volumesnapshotcontent", "imported-"+ns)
+}
+
+// withLabels puts labels on a manifest made by pvc or pod.
+func withLabels(manifest, labels string) string {
+	return strings.Replace(manifest, "namespace: "+ns+"}", "namespace: "+ns+", labels: {"+labels+"}}", 1)
+}
+
+// groupSnapshot asks for a VolumeGroupSnapshot of the claims labelled
+// group=name, in deploy/'s VolumeGroupSnapshotClass.
+func groupSnapshot(k *kube, name string) {
+	k.apply(fmt.Sprintf(`apiVersion: groupsnapshot.storage.k8s.io/v1
+kind: VolumeGroupSnapshot
+metadata: {name: %s, namespace: %s}
+spec:
+  volumeGroupSnapshotClassName: hostpath
+  source: {selector: {matchLabels: {group: %s}}}
+`, name, ns, name))
+}
+
+// groupSnapshots: a VolumeGroupSnapshot through Kubernetes, with
+// upstream's snapshot-controller as shipped, of two claims on one node
+// while both are written, each member restored on another node with the
+// bytes its claim held; and one of claims on two nodes refused, its error
+// naming both.
+func groupSnapshots(t *testing.T, k *kube, nodes []string) {
+	on, to := nodes[0], nodes[1]
+	claims := []string{"g1-data", "g1-wal"}
+	step(t, "a VolumeGroupSnapshot of two claims on "+on+" (upstream's snapshot-controller, no flag): ready, each member restored on "+to, func() {
+		for _, c := range claims {
+			k.apply(withLabels(pvc(c, "64Mi", "Filesystem", ""), "group: g1"))
+			k.apply(onNode(pod(c, c, "", "head -c 4194304 /dev/urandom > /data/random && sync && sha256sum /data/random > /data/sum && sync"), on))
+		}
+		sums := map[string]string{}
+		for _, c := range claims {
+			k.waitPod(ns, c, "Running", 180*time.Second)
+			k.waitFor("sum in "+c, 60*time.Second, func() (bool, string) {
+				out, err := k.run("", "exec", "-n", ns, c, "--", "cat", "/data/sum")
+				if err != nil || len(strings.Fields(out)) == 0 {
+					return false, out
+				}
+				sums[volumeHandle(k, c)] = strings.Fields(out)[0]
+				return true, ""
+			})
+		}
+		start := time.Now()
+		groupSnapshot(k, "g1")
+		k.waitFor("group snapshot g1 ready", 180*time.Second, func() (bool, string) {
+			r := k.jsonpath(ns, "volumegroupsnapshot/g1", "{.status.readyToUse}")
+			return r == "true", r + " " + k.jsonpath(ns, "volumegroupsnapshot/g1", "{.status.error.message}")
+		})
+		members := strings.Fields(k.must("get", "volumesnapshot", "-n", ns, "-l", "groupsnapshot.storage.k8s.io/volumeGroupSnapshotName=g1", "-o", "jsonpath={.items[*].metadata.name}"))
+		if len(members) != len(claims) {
+			t.Fatalf("the group snapshot has %d member snapshots (%v), want %d", len(members), members, len(claims))
+		}
+		fmt.Printf("e2e      VolumeGroupSnapshot g1 of %v ready in %.1fs, members %v\n", claims, time.Since(start).Seconds(), members)
+		for i, m := range members {
+			content := k.jsonpath(ns, "volumesnapshot/"+m, "{.status.boundVolumeSnapshotContentName}")
+			handle := k.jsonpath("", "volumesnapshotcontent/"+content, "{.spec.source.volumeHandle}")
+			want, ok := sums[handle]
+			if !ok {
+				t.Fatalf("member %s is of volume %q, none of the group's claims", m, handle)
+			}
+			name := fmt.Sprintf("g1-restored-%d", i)
+			k.apply(pvc(name, "64Mi", "Filesystem", "{kind: VolumeSnapshot, name: "+m+", apiGroup: snapshot.storage.k8s.io}"))
+			k.apply(onNode(pod(name, name, "", "true"), to))
+			k.waitPod(ns, name, "Running", 240*time.Second)
+			if got := strings.Fields(k.exec(ns, name, "sha256sum", "/data/random"))[0]; got != want {
+				t.Fatalf("member %s restored on %s reads %s, its claim held %s", m, to, got, want)
+			}
+		}
+	})
+	step(t, "a VolumeGroupSnapshot of claims on two nodes is refused, its error naming both", func() {
+		for i, c := range []string{"g2-a", "g2-b"} {
+			k.apply(withLabels(pvc(c, "32Mi", "Filesystem", ""), "group: g2"))
+			k.apply(onNode(pod(c, c, "", "true"), nodes[i]))
+		}
+		for _, c := range []string{"g2-a", "g2-b"} {
+			k.waitPod(ns, c, "Running", 180*time.Second)
+		}
+		groupSnapshot(k, "g2")
+		var msg string
+		k.waitFor("group snapshot g2 refused", 120*time.Second, func() (bool, string) {
+			msg = k.jsonpath(ns, "volumegroupsnapshot/g2", "{.status.error.message}")
+			if msg == "" {
+				// The snapshot-controller copies the content's error.
+				c := k.jsonpath(ns, "volumegroupsnapshot/g2", "{.status.boundVolumeGroupSnapshotContentName}")
+				if c != "" {
+					msg = k.jsonpath("", "volumegroupsnapshotcontent/"+c, "{.status.error.message}")
+				}
+			}
+			return strings.Contains(msg, "must all be on one node") && strings.Contains(msg, nodes[0]) && strings.Contains(msg, nodes[1]), msg
+		})
+		if r := k.jsonpath(ns, "volumegroupsnapshot/g2", "{.status.readyToUse}"); r == "true" {
+			t.Fatal("a group across nodes is ready")
+		}
+		fmt.Printf("e2e      VolumeGroupSnapshot g2 across %s and %s refused: %s\n", nodes[0], nodes[1], msg)
+		k.must("delete", "volumegroupsnapshot", "g2", "-n", ns, "--timeout=120s")
+	})
 }

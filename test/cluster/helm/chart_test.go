@@ -25,7 +25,7 @@ import (
 const namespace = "hostpath-csi"
 
 // clusterScoped are the kinds of deploy/ that have no namespace.
-var clusterScoped = map[string]bool{"Namespace": true, "CSIDriver": true, "StorageClass": true, "VolumeSnapshotClass": true, "ClusterRole": true, "ClusterRoleBinding": true}
+var clusterScoped = map[string]bool{"Namespace": true, "CSIDriver": true, "StorageClass": true, "VolumeSnapshotClass": true, "VolumeGroupSnapshotClass": true, "ClusterRole": true, "ClusterRoleBinding": true}
 
 func repo(t *testing.T) string {
 	r, err := filepath.Abs("../../..")
@@ -150,6 +150,7 @@ func TestChartValues(t *testing.T) {
 		{"sidecar versions", []string{"--set", "sidecars.provisioner.tag=v9.0.0"}, []string{`"registry.k8s.io/sig-storage/csi-provisioner:v9.0.0"`}, ""},
 		{"metrics port", []string{"--set", "metrics.port=9999"}, []string{`"--http-endpoint=:9999"`, `"containerPort":9999`}, ""},
 		{"transfer port", []string{"--set", "transfer.port=9999"}, []string{`"--transfer-endpoint=:9999"`, `"hostPort":9999`, `"port":9999`}, ""},
+		{"control port and controller replicas", []string{"--set", "control.port=9998", "--set", "controller.replicas=3"}, []string{`"--control-endpoint=:9998"`, `"hostPort":9998`, `"port":9998`, `"replicas":3`}, ""},
 		{"release namespace in the admission policies", []string{"--namespace", "storage"}, []string{`system:serviceaccount:storage:hostpath-csi-node`}, ""},
 		{"snapshot class", []string{"--set", "snapshotClass.parameters.compression=zstd"}, []string{`"compression":"zstd"`}, ""},
 		{"no classes", []string{"--set", "storageClass.create=false", "--set", "imageStorageClass.create=false", "--set", "xfsImageStorageClass.create=false", "--set", "directoryStorageClass.create=false", "--set", "snapshotClass.create=false", "--set", "pools=null"}, nil, ""},

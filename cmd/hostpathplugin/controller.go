@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"k8s.io/klog/v2"
+
+	hcsi "github.com/hostpath-csi/hostpath/csi"
+	"github.com/hostpath-csi/hostpath/engine"
+	"github.com/hostpath-csi/hostpath/kubepeers"
+	"github.com/hostpath-csi/hostpath/route"
+	"github.com/hostpath-csi/hostpath/transfer"
+)
+
+// serveControl takes the controller's calls about this node's volumes at
+// endpoint, with the node's transfer credentials, until ctx ends.
+func serveControl(ctx context.Context, d *hcsi.Driver, creds *transfer.Credentials, endpoint string) {
+	ln, err := net.Listen("tcp", endpoint)
+	if err != nil {
+		klog.ErrorS(err, "no control endpoint: the controller cannot snapshot or expand this node's volumes", "endpoint", endpoint)
+		return
+	}
+	klog.InfoS("taking the controller's calls about this node's volumes", "endpoint", endpoint)
+	if err := route.ServeNode(ctx, ln, creds, d, d.UnaryInterceptor()); err != nil {
+		klog.ErrorS(err, "control endpoint stopped", "endpoint", endpoint)
+	}
+}
+
+// controllerCaps are the controller capabilities that route to the nodes,
+// as the flags set them for the nodes' drivers too.
+func controllerCaps(cfg engine.Config) []csi.ControllerServiceCapability_RPC_Type {
+	caps := []csi.ControllerServiceCapability_RPC_Type{
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
+	}
+	if !cfg.DisableListSnapshots {
+		caps = append(caps, csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS)
+	}
+	if cfg.EnableVolumeExpansion && !cfg.DisableControllerExpansion {
+		caps = append(caps, csi.ControllerServiceCapability_RPC_EXPAND_VOLUME)
+	}
+	if cfg.EnableModifyVolume {
+		caps = append(caps, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME)
+	}
+	return caps
+}
+
+// runController serves the controller side of CSI (package route) on the
+// CSI socket, for the csi-snapshotter and csi-resizer beside it, until
+// SIGTERM (exit 0) or a failure (exit 1). It runs in a cluster only: its
+// certificate comes from the transfer signer, and the nodes from the
+// CSINodes.
+func runController(o options) int {
+	_, client, ok := inClusterClient("the controller runs only in a cluster")
+	if !ok {
+		fmt.Fprintln(os.Stderr, "hostpathplugin: --mode=controller runs only in a cluster (no in-cluster service account here)")
+		return 1
+	}
+	_, portStr, err := net.SplitHostPort(o.controlEndpoint)
+	port, perr := strconv.Atoi(portStr)
+	if err != nil || perr != nil {
+		fmt.Fprintf(os.Stderr, "hostpathplugin: --control-endpoint=%q: want host:port, whose port each node's control endpoint listens on\n", o.controlEndpoint)
+		return 2
+	}
+	path, err := hcsi.SocketPath(o.cfg.Endpoint)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hostpathplugin: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	csrs := &kubepeers.CSRAuthority{Client: client, Signer: signerName(o.cfg.DriverName), Namespace: namespace(), Bundle: o.transferTrust}
+	if csrs.Owner, err = kubepeers.CSIDriverOwner(ctx, client, o.cfg.DriverName); err != nil {
+		klog.ErrorS(err, "the controller's certificate requests get no owner: uninstalling the driver leaves those the signer has not swept yet")
+	}
+	creds := &transfer.Credentials{Driver: o.cfg.DriverName, Node: transfer.ControllerPeer, Authority: csrs, LeafLifetime: transfer.DefaultSignedLifetime}
+	go func() {
+		for backoff := time.Second; ctx.Err() == nil; backoff = min(2*backoff, time.Minute) {
+			if err := creds.Refresh(ctx); err == nil {
+				klog.InfoS("the controller holds its certificate", "until", creds.Expiry())
+				break
+			} else {
+				klog.ErrorS(err, "the controller's certificate; retrying", "in", backoff)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+		}
+		creds.Run(ctx, time.Minute, func(err error) {
+			klog.ErrorS(err, "refreshing the controller's certificate (the current one stays in use)")
+		})
+	}()
+
+	c := &route.Controller{Name: o.cfg.DriverName, Version: o.cfg.Version, Creds: creds, KeyOf: engine.KeyOf,
+		Resolver: &kubepeers.Resolver{Client: client, Driver: o.cfg.DriverName, Port: port, KeyOf: engine.NodeTag},
+		Caps:     controllerCaps(o.cfg)}
+	defer c.Close()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		fmt.Fprintf(os.Stderr, "hostpathplugin: %v\n", err)
+		return 1
+	}
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		fmt.Fprintf(os.Stderr, "hostpathplugin: removing the stale socket %s: %v\n", path, err)
+		return 1
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hostpathplugin: %v\n", err)
+		return 1
+	}
+	defer os.Remove(path)
+	srv := grpc.NewServer(grpc.UnaryInterceptor(hcsi.LogInterceptor))
+	csi.RegisterIdentityServer(srv, c)
+	csi.RegisterControllerServer(srv, c)
+	csi.RegisterGroupControllerServer(srv, c)
+	if o.httpEndpoint != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+			if creds.Expiry().IsZero() {
+				http.Error(w, "no certificate from the transfer signer yet", http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ok")
+		})
+		fail := func(err error) { klog.ErrorS(err, "http endpoint", "address", o.httpEndpoint) }
+		if stopHTTP, err := serveHTTP(o.httpEndpoint, mux, fail); err != nil {
+			fail(err)
+		} else {
+			defer stopHTTP()
+		}
+	}
+	go func() {
+		<-ctx.Done()
+		done := make(chan struct{})
+		go func() { srv.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(o.cfg.ShutdownGrace):
+			srv.Stop()
+		}
+	}()
+	klog.InfoS("controller serving CSI: each call goes to the node that holds its volume", "endpoint", path, "driver", o.cfg.DriverName, "controlPort", port)
+	if err := srv.Serve(ln); err != nil {
+		klog.ErrorS(err, "serving CSI")
+		return 1
+	}
+	klog.InfoS("stopped")
+	klog.Flush()
+	return 0
+}

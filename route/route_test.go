@@ -1,0 +1,260 @@
+package route
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	hcsi "github.com/hostpath-csi/hostpath/csi"
+	"github.com/hostpath-csi/hostpath/engine"
+	"github.com/hostpath-csi/hostpath/transfer"
+)
+
+const driverName = "route.test.csi"
+
+var ctx = context.Background()
+
+// testNode is one node's driver and its control endpoint.
+type testNode struct {
+	name string
+	d    *hcsi.Driver
+	addr string
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+func creds(t *testing.T, store transfer.Store, who string) *transfer.Credentials {
+	t.Helper()
+	c := &transfer.Credentials{Store: store, Driver: driverName, Node: who}
+	if err := c.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func startNode(t *testing.T, store transfer.Store, name string) *testNode {
+	t.Helper()
+	d, err := hcsi.New(engine.Config{DriverName: driverName, Version: "test", NodeID: name,
+		StateDir: filepath.Join(t.TempDir(), "state"), MaxVolumeSize: 1 << 40, EnableVolumeExpansion: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, cancel := context.WithCancel(ctx)
+	n := &testNode{name: name, d: d, addr: ln.Addr().String(), stop: cancel, done: make(chan struct{})}
+	nc := creds(t, store, name)
+	go func() { defer close(n.done); ServeNode(c, ln, nc, d, d.UnaryInterceptor()) }()
+	t.Cleanup(func() { cancel(); <-n.done })
+	return n
+}
+
+// resolver is a Resolver over fixed nodes.
+type resolver map[string]*testNode
+
+func (r resolver) Resolve(_ context.Context, key string) (string, string, error) {
+	n, ok := r[key]
+	if !ok {
+		return "", "", status.Error(codes.NotFound, "no node of the cluster runs the driver with key "+key)
+	}
+	return n.addr, n.name, nil
+}
+
+func (r resolver) Keys(context.Context) ([]string, error) {
+	var keys []string
+	for k := range r {
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+func volume(t *testing.T, n *testNode, name string) string {
+	t.Helper()
+	mount := &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+	r, err := n.d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{mount},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 16 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.GetVolume().GetVolumeId()
+}
+
+// TestControllerRoutes: the controller's calls land on the node that
+// holds what they name, over the control channel, and come back as the
+// node answered; a group across nodes is refused naming them; a node
+// down is Unavailable; the endpoint takes nothing but the routed calls
+// and nobody but the controller.
+func TestControllerRoutes(t *testing.T) {
+	store := &transfer.MemoryStore{}
+	a, b := startNode(t, store, "node-a"), startNode(t, store, "node-b")
+	nodes := resolver{engine.NodeTag("node-a"): a, engine.NodeTag("node-b"): b}
+	ctrlCreds := creds(t, store, transfer.ControllerPeer)
+	c := &Controller{Name: driverName, Version: "test", Creds: ctrlCreds, Resolver: nodes, KeyOf: engine.KeyOf,
+		Caps: []csi.ControllerServiceCapability_RPC_Type{csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT, csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS, csi.ControllerServiceCapability_RPC_EXPAND_VOLUME}}
+	defer c.Close()
+	if r, err := c.Probe(ctx, &csi.ProbeRequest{}); err != nil || !r.GetReady().GetValue() {
+		t.Fatalf("probe: %v %v", r, err)
+	}
+	unready := &Controller{Creds: &transfer.Credentials{Store: store, Driver: driverName, Node: transfer.ControllerPeer}}
+	if r, err := unready.Probe(ctx, &csi.ProbeRequest{}); err != nil || r.GetReady().GetValue() {
+		t.Fatalf("probe without a certificate: %v %v, want not ready", r, err)
+	}
+	va, va2, vb := volume(t, a, "pvc-a"), volume(t, a, "pvc-a2"), volume(t, b, "pvc-b")
+
+	snaps := map[string]string{}
+	for _, tc := range []struct{ name, vol, node string }{{"snap-of-a", va, "node-a"}, {"snap-of-a2", va2, "node-a"}, {"snap-of-b", vb, "node-b"}} {
+		r, err := c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: tc.name, SourceVolumeId: tc.vol})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		id := r.GetSnapshot().GetSnapshotId()
+		if key, _ := engine.KeyOf(id); key != engine.NodeTag(tc.node) || !r.GetSnapshot().GetReadyToUse() {
+			t.Fatalf("%s: snapshot %s, ready %v: want one made on %s", tc.name, id, r.GetSnapshot().GetReadyToUse(), tc.node)
+		}
+		snaps[tc.name] = id
+	}
+	// The same name again: the node's own idempotence.
+	if r, err := c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "snap-of-b", SourceVolumeId: vb}); err != nil || r.GetSnapshot().GetSnapshotId() != snaps["snap-of-b"] {
+		t.Fatalf("snap-of-b again: %v %v", r, err)
+	}
+
+	t.Run("list", func(t *testing.T) {
+		r, err := c.ListSnapshots(ctx, &csi.ListSnapshotsRequest{SnapshotId: snaps["snap-of-b"]})
+		if err != nil || len(r.GetEntries()) != 1 || r.GetEntries()[0].GetSnapshot().GetSourceVolumeId() != vb {
+			t.Fatalf("by id: %v %v", r, err)
+		}
+		r, err = c.ListSnapshots(ctx, &csi.ListSnapshotsRequest{SourceVolumeId: va2})
+		if err != nil || len(r.GetEntries()) != 1 || r.GetEntries()[0].GetSnapshot().GetSnapshotId() != snaps["snap-of-a2"] {
+			t.Fatalf("by source: %v %v", r, err)
+		}
+		if r, err := c.ListSnapshots(ctx, &csi.ListSnapshotsRequest{SnapshotId: "not-ours"}); err != nil || len(r.GetEntries()) != 0 {
+			t.Fatalf("an id of no node: %v %v", r, err)
+		}
+		for _, max := range []int32{0, 1, 2, 3, 5} {
+			var got []string
+			token := ""
+			for pages := 0; ; pages++ {
+				if pages > 10 {
+					t.Fatalf("max %d: more pages than snapshots", max)
+				}
+				r, err := c.ListSnapshots(ctx, &csi.ListSnapshotsRequest{MaxEntries: max, StartingToken: token})
+				if err != nil {
+					t.Fatalf("max %d, token %q: %v", max, token, err)
+				}
+				if max > 0 && int32(len(r.GetEntries())) > max {
+					t.Fatalf("max %d: a page of %d", max, len(r.GetEntries()))
+				}
+				for _, e := range r.GetEntries() {
+					got = append(got, e.GetSnapshot().GetSnapshotId())
+				}
+				if token = r.GetNextToken(); token == "" {
+					break
+				}
+			}
+			want := []string{snaps["snap-of-a"], snaps["snap-of-a2"], snaps["snap-of-b"]}
+			slices.Sort(got)
+			slices.Sort(want)
+			if !slices.Equal(got, want) {
+				t.Fatalf("max %d: listed %v, want every node's %v", max, got, want)
+			}
+		}
+	})
+
+	t.Run("expand", func(t *testing.T) {
+		r, err := c.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vb, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}})
+		if err != nil || r.GetCapacityBytes() < 64<<20 {
+			t.Fatalf("%v %v", r, err)
+		}
+		if _, err := c.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: "vol-nothing", CapacityRange: &csi.CapacityRange{RequiredBytes: 1}}); status.Code(err) != codes.NotFound {
+			t.Fatalf("a volume id of no node: %v, want NotFound", err)
+		}
+	})
+
+	t.Run("groups", func(t *testing.T) {
+		_, err := c.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "across", SourceVolumeIds: []string{va, vb}})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "must all be on one node") || !strings.Contains(err.Error(), "node node-a") || !strings.Contains(err.Error(), "node node-b") {
+			t.Fatalf("a group across two nodes: %v, want InvalidArgument naming both", err)
+		}
+		r, err := c.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "one-node", SourceVolumeIds: []string{va, va2}})
+		if err != nil || len(r.GetGroupSnapshot().GetSnapshots()) != 2 {
+			t.Fatalf("a group on one node: %v %v", r, err)
+		}
+		id := r.GetGroupSnapshot().GetGroupSnapshotId()
+		var ids []string
+		for _, s := range r.GetGroupSnapshot().GetSnapshots() {
+			ids = append(ids, s.GetSnapshotId())
+		}
+		if g, err := c.GetVolumeGroupSnapshot(ctx, &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: id, SnapshotIds: ids}); err != nil || g.GetGroupSnapshot().GetGroupSnapshotId() != id {
+			t.Fatalf("get: %v %v", g, err)
+		}
+		for i := 0; i < 2; i++ {
+			if _, err := c.DeleteVolumeGroupSnapshot(ctx, &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: id, SnapshotIds: ids}); err != nil {
+				t.Fatalf("delete %d: %v", i, err)
+			}
+		}
+	})
+
+	t.Run("delete", func(t *testing.T) {
+		for i := 0; i < 2; i++ {
+			if _, err := c.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snaps["snap-of-a"]}); err != nil {
+				t.Fatalf("delete %d: %v", i, err)
+			}
+		}
+		if r, _ := a.d.ListSnapshots(ctx, &csi.ListSnapshotsRequest{SnapshotId: snaps["snap-of-a"]}); len(r.GetEntries()) != 0 {
+			t.Fatal("the snapshot is still on its node")
+		}
+		if _, err := c.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: "garbage"}); err != nil {
+			t.Fatalf("an id this driver never makes: %v, want success", err)
+		}
+	})
+
+	t.Run("only the routed calls, only from the controller", func(t *testing.T) {
+		dial := func(cr *transfer.Credentials) csi.ControllerClient {
+			cc, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(credentials.NewTLS(cr.ControlClientConfig("node-a"))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cc.Close() })
+			return csi.NewControllerClient(cc)
+		}
+		_, err := dial(ctrlCreds).DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: va})
+		if status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("DeleteVolume on the control endpoint: %v, want PermissionDenied", err)
+		}
+		if _, err := a.d.ListSnapshots(ctx, &csi.ListSnapshotsRequest{SourceVolumeId: va}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = dial(creds(t, store, "node-b")).ListSnapshots(ctx, &csi.ListSnapshotsRequest{})
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("a node calling another's control endpoint: %v, want its connection refused", err)
+		}
+	})
+
+	t.Run("a node down", func(t *testing.T) {
+		b.stop()
+		<-b.done
+		_, err := c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "while-down", SourceVolumeId: vb})
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "node-b") {
+			t.Fatalf("a snapshot of a volume whose node is down: %v, want Unavailable naming it", err)
+		}
+		delete(nodes, engine.NodeTag("node-b"))
+		c.ResolveTTL = 1 // look it up again: it has left
+		_, err = c.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snaps["snap-of-b"]})
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("deleting a snapshot whose node has left: %v, want Unavailable", err)
+		}
+	})
+}
