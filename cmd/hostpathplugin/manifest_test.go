@@ -353,9 +353,10 @@ func checkE2EDriver(t *testing.T, file, class string) {
 		t.Fatal(err)
 	}
 	var def struct {
-		StorageClass  struct{ FromExistingClassName string }
-		SnapshotClass struct{ FromExistingClassName string }
-		DriverInfo    struct {
+		StorageClass       struct{ FromExistingClassName string }
+		SnapshotClass      struct{ FromExistingClassName string }
+		GroupSnapshotClass struct{ FromExistingClassName string }
+		DriverInfo         struct {
 			Name               string
 			SupportedSizeRange struct{ Min, Max string }
 			TopologyKeys       []string
@@ -383,9 +384,12 @@ func checkE2EDriver(t *testing.T, file, class string) {
 	if def.SnapshotClass.FromExistingClassName != m.snapClasses[0].Name {
 		t.Errorf("snapshot class %q is not deploy/'s", def.SnapshotClass.FromExistingClassName)
 	}
+	if def.DriverInfo.Capabilities["groupSnapshot"] && def.GroupSnapshotClass.FromExistingClassName != m.groupClasses[0].Name {
+		t.Errorf("group snapshot class %q is not deploy/'s", def.GroupSnapshotClass.FromExistingClassName)
+	}
 	known := []string{"persistence", "block", "fsGroup", "exec", "snapshotDataSource", "pvcDataSource", "multipods",
 		"controllerExpansion", "nodeExpansion", "offlineExpansion", "onlineExpansion", "singleNodeVolume", "topology", "capacity",
-		"FSResizeFromSourceNotSupported"}
+		"FSResizeFromSourceNotSupported", "groupSnapshot"}
 	for c := range def.DriverInfo.Capabilities {
 		if !contains(known, c) {
 			t.Errorf("capability %q is not one this driver has been shown to have", c)
