@@ -3,6 +3,8 @@ package csi
 import (
 	"testing"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
 	"github.com/hostpath-csi/hostpath/engine"
 )
 
@@ -29,6 +31,13 @@ func TestSourceOwnerRecorded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A group's members keep the VolumeGroupSnapshot and its content.
+	g, err := d.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "group-1", SourceVolumeIds: []string{bare},
+		Parameters: map[string]string{engine.MetaGroupNS: "app", engine.MetaGroupName: "db", engine.MetaGroupContent: "groupcontent-1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	member := g.GetGroupSnapshot().GetSnapshots()[0].GetSnapshotId()
 	for _, c := range []struct {
 		kind, id string
 		here, ok bool
@@ -38,6 +47,7 @@ func TestSourceOwnerRecorded(t *testing.T) {
 		{engine.SourceVolume, bare, true, false, engine.Owner{}},
 		{engine.SourceSnapshot, s.GetSnapshot().GetSnapshotId(), true, true, engine.Owner{Namespace: "app", Name: "nightly", Content: "snapcontent-1"}},
 		{engine.SourceSnapshot, anon.GetSnapshot().GetSnapshotId(), true, false, engine.Owner{}},
+		{engine.SourceSnapshot, member, true, true, engine.Owner{Namespace: "app", Name: "db", Content: "groupcontent-1", Group: true}},
 		{engine.SourceSnapshot, "snap-000000000000000000000000", false, false, engine.Owner{}},
 	} {
 		o, here, ok := d.SourceOwner(c.kind, c.id)

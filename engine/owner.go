@@ -15,6 +15,9 @@ const (
 	MetaSnapshotName    = CoParamPrefix + "volumesnapshot/name"
 	MetaSnapshotNS      = CoParamPrefix + "volumesnapshot/namespace"
 	MetaSnapshotContent = CoParamPrefix + "volumesnapshotcontent/name"
+	MetaGroupName       = CoParamPrefix + "volumegroupsnapshot/name"
+	MetaGroupNS         = CoParamPrefix + "volumegroupsnapshot/namespace"
+	MetaGroupContent    = CoParamPrefix + "volumegroupsnapshotcontent/name"
 )
 
 // Owner is the Kubernetes object a source was made for: for a snapshot
@@ -22,10 +25,14 @@ const (
 // claim (namespace, name) and its PersistentVolume (Content).
 type Owner = store.Owner
 
-// snapshotOwner is the owner a CreateSnapshot's parameters name, or nil
-// when they do not name all three.
-func snapshotOwner(params map[string]string) *Owner {
+// snapshotOwner is the owner a CreateSnapshot's parameters name, or, for
+// a member of a group (group set), the VolumeGroupSnapshot and content a
+// CreateVolumeGroupSnapshot's name; nil when they do not name all three.
+func snapshotOwner(params map[string]string, group string) *Owner {
 	o := Owner{Namespace: params[MetaSnapshotNS], Name: params[MetaSnapshotName], Content: params[MetaSnapshotContent]}
+	if group != "" {
+		o = Owner{Namespace: params[MetaGroupNS], Name: params[MetaGroupName], Content: params[MetaGroupContent], Group: true}
+	}
 	if o.Namespace == "" || o.Name == "" || o.Content == "" {
 		return nil
 	}

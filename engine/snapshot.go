@@ -220,7 +220,7 @@ func (d *Engine) prepareSnapshot(ctx context.Context, name, srcID string, reqPar
 	s := SnapshotRecord{
 		ID: d.newSnapshotID(), Name: name, SourceVolume: srcID, AccessType: v.AccessType,
 		Phase: PhaseCreating, CreatedAt: time.Now().UTC(), VolumeBytes: v.CapacityBytes, Format: format, Group: group,
-		Pool: recordPool(dst), Owner: snapshotOwner(reqParams),
+		Pool: recordPool(dst), Owner: snapshotOwner(reqParams, group),
 	}
 	if err := d.snapshots().begin(&s, nil); err != nil {
 		release()

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	"github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,6 +32,9 @@ const ManagedByLabel = "snapshot.storage.kubernetes.io/managed-by"
 // for and its PersistentVolume (Object).
 type Owner struct {
 	Namespace, Name, Object string
+	// Group: the owner is a VolumeGroupSnapshot (Name) and its content
+	// (Object), and the source one member of it.
+	Group bool
 }
 
 // Pending is the transfer's Authorizer for the CSI driver: a node may have
@@ -283,8 +287,11 @@ func (p *Pending) allowsSnapshot(ctx context.Context, c pendingClaim, id string,
 		return false, nil
 	}
 	bound := *vs.Status.BoundVolumeSnapshotContentName
-	if known && owner.Namespace == c.namespace && owner.Name == c.name && owner.Object == bound {
+	if known && !owner.Group && owner.Namespace == c.namespace && owner.Name == c.name && owner.Object == bound {
 		return true, nil
+	}
+	if known && owner.Group {
+		return p.allowsMember(ctx, c, vs, id, owner)
 	}
 	vsc, err := p.Snapshots.SnapshotV1().VolumeSnapshotContents().Get(ctx, bound, metav1.GetOptions{})
 	if err != nil {
@@ -302,6 +309,37 @@ func (p *Pending) allowsSnapshot(ctx context.Context, c pendingClaim, id string,
 		return false, nil
 	}
 	if vsc.Labels[ManagedByLabel] != p.Node && vsc.Spec.Source.SnapshotHandle == nil {
+		return false, nil
+	}
+	if vsc.Spec.Source.SnapshotHandle != nil {
+		return *vsc.Spec.Source.SnapshotHandle == id, nil
+	}
+	return vsc.Status != nil && vsc.Status.SnapshotHandle != nil && *vsc.Status.SnapshotHandle == id, nil
+}
+
+// allowsMember: the source is a member of the VolumeGroupSnapshot the
+// record names; the claim restores a VolumeSnapshot the snapshot-controller
+// made for a member of that group (it names the group in its status), the
+// group is bound to the recorded group content, and the claim's snapshot
+// is bound both ways to a content of this driver whose handle is id.
+// Neither the group's content nor a content's status can be written by a
+// node.
+func (p *Pending) allowsMember(ctx context.Context, c pendingClaim, vs *snapv1.VolumeSnapshot, id string, owner Owner) (bool, error) {
+	if owner.Namespace != c.namespace || vs.Status.VolumeGroupSnapshotName == nil || *vs.Status.VolumeGroupSnapshotName != owner.Name {
+		return false, nil
+	}
+	g, err := p.Snapshots.GroupsnapshotV1().VolumeGroupSnapshots(owner.Namespace).Get(ctx, owner.Name, metav1.GetOptions{})
+	if err != nil {
+		return false, ignoreNotFound(err)
+	}
+	if g.DeletionTimestamp != nil || g.Status == nil || g.Status.BoundVolumeGroupSnapshotContentName == nil || *g.Status.BoundVolumeGroupSnapshotContentName != owner.Object {
+		return false, nil
+	}
+	vsc, err := p.Snapshots.SnapshotV1().VolumeSnapshotContents().Get(ctx, *vs.Status.BoundVolumeSnapshotContentName, metav1.GetOptions{})
+	if err != nil {
+		return false, ignoreNotFound(err)
+	}
+	if vsc.Spec.Driver != p.Driver || vsc.Spec.VolumeSnapshotRef.Namespace != c.namespace || vsc.Spec.VolumeSnapshotRef.Name != c.name {
 		return false, nil
 	}
 	if vsc.Spec.Source.SnapshotHandle != nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	groupv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumegroupsnapshot/v1"
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snapfake "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned/fake"
 	corev1 "k8s.io/api/core/v1"
@@ -109,6 +110,9 @@ func TestPendingAuthorizes(t *testing.T) {
 		claim("app", "legacy-foreign", "n9", corev1.ClaimPending, fromSnapshot("old-snap-9")),
 		claim("app", "member-restore", "n2", corev1.ClaimPending, fromSnapshot("member")),
 		claim("app", "member-status", "n2", corev1.ClaimPending, fromSnapshot("member-status")),
+		claim("app", "gm-restore", "n2", corev1.ClaimPending, fromSnapshot("gm")),
+		claim("app", "gm-other-restore", "n3", corev1.ClaimPending, fromSnapshot("gm-other")),
+		claim("app", "gm-stale-restore", "n2", corev1.ClaimPending, fromSnapshot("gm-stale")),
 		claim("app", "clone", "n3", corev1.ClaimPending, fromClaim("src")),
 		bound("app", "src", "pv-src"), volume("pv-src", d, "vol-1", "app", "src", "n1"),
 		claim("evil", "clone-stolen", "n9", corev1.ClaimPending, fromClaim("src2")),
@@ -126,20 +130,37 @@ func TestPendingAuthorizes(t *testing.T) {
 	objs = append(objs, snapshot("evil", "evil-snap", "content-evil", d, "snap-1", "evil", "evil-snap", "n9")...)
 	objs = append(objs, snapshot("app", "old-snap", "content-old", d, "snap-old", "app", "old-snap", "n1")...)
 	objs = append(objs, snapshot("app", "old-snap-9", "content-old-9", d, "snap-old", "app", "old-snap-9", "n9")...)
-	// A group snapshot's member: its content made by the
-	// snapshot-controller with the handle in its spec (no node may make or
-	// change one), unlabelled (no distributed snapshotting), no owner
-	// recorded (the node saw only the group's name). And one whose handle
-	// is only in its status, unlabelled: not enough.
+	// A pre-provisioned content (a cluster admin's: no node may make one
+	// or change a spec) with the handle in its spec, unlabelled, no owner
+	// recorded. And one whose handle is only in its status, unlabelled:
+	// not enough.
 	member := snapshot("app", "member", "content-member", d, "", "app", "member", "")
 	member[1].(*snapv1.VolumeSnapshotContent).Spec.Source.SnapshotHandle = ptr("snap-member")
 	member[1].(*snapv1.VolumeSnapshotContent).Status = nil
 	objs = append(objs, member...)
 	objs = append(objs, snapshot("app", "member-status", "content-member-status", d, "snap-member-status", "app", "member-status", "")...)
 	legacyMembers := map[string]bool{"snap-member": true, "snap-member-status": true}
+	// Members of the VolumeGroupSnapshot app/db (bound to groupcontent-1):
+	// each a VolumeSnapshot the snapshot-controller made, naming the group
+	// in its status, bound to an unlabelled content with the handle in its
+	// status; the node recorded the group as their owner.
+	groupMember := func(name, content, handle, group string) []runtime.Object {
+		o := snapshot("app", name, content, d, handle, "app", name, "")
+		o[0].(*snapv1.VolumeSnapshot).Status.VolumeGroupSnapshotName = ptr(group)
+		return o
+	}
+	objs = append(objs, groupMember("gm", "content-gm", "snap-gm", "db")...)
+	objs = append(objs, groupMember("gm-other", "content-gm-other", "snap-gm", "other")...)
+	objs = append(objs, groupMember("gm-stale", "content-gm-stale", "snap-gm-stale", "db")...)
+	objs = append(objs, &groupv1.VolumeGroupSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "db"},
+		Status: &groupv1.VolumeGroupSnapshotStatus{BoundVolumeGroupSnapshotContentName: ptr("groupcontent-1")}})
 	owners := map[string]Owner{
-		"snap-1": {"app", "snap", "content-1"}, "snap-2": {"app", "foreign-snap", "content-x"}, "snap-3": {"app", "misbound-snap", "content-x"},
-		"vol-1": {"app", "src", "pv-src"},
+		"snap-1": {Namespace: "app", Name: "snap", Object: "content-1"}, "snap-2": {Namespace: "app", Name: "foreign-snap", Object: "content-x"},
+		"snap-3":  {Namespace: "app", Name: "misbound-snap", Object: "content-x"},
+		"vol-1":   {Namespace: "app", Name: "src", Object: "pv-src"},
+		"snap-gm": {Namespace: "app", Name: "db", Object: "groupcontent-1", Group: true},
+		// A member of an earlier group of that name, bound elsewhere.
+		"snap-gm-stale": {Namespace: "app", Name: "db", Object: "groupcontent-0", Group: true},
 	}
 	legacy := map[string]bool{"snap-old": true, "vol-old": true}
 	p := &Pending{Client: kube, Snapshots: snapfake.NewSimpleClientset(objs...), Driver: d, Node: "n1", TopologyKey: topologyKey,
@@ -179,6 +200,9 @@ func TestPendingAuthorizes(t *testing.T) {
 		{"n2", "snapshot", "snap-member", nil},                        // a group member: its handle in the content's spec
 		{"n2", "snapshot", "snap-member-status", transfer.ErrRefused}, // unlabelled, its handle only in the status
 		{"n9", "snapshot", "snap-member", transfer.ErrRefused},        // nothing of it waits on n9
+		{"n2", "snapshot", "snap-gm", nil},                            // a member of the group recorded, restored on n2
+		{"n3", "snapshot", "snap-gm", transfer.ErrRefused},            // a snapshot of another group, whose content names the handle
+		{"n2", "snapshot", "snap-gm-stale", transfer.ErrRefused},      // the group is bound to another content than recorded
 	} {
 		err := p.Authorize(context.Background(), c.peer, c.kind, c.id)
 		if (c.want == nil) != (err == nil) || (c.want != nil && !errors.Is(err, c.want)) {

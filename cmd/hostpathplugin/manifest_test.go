@@ -431,6 +431,8 @@ func checkTransferRBAC(t *testing.T, m manifests, node string, o options) {
 		{"create", "certificates.k8s.io", "certificatesigningrequests", ""},
 		{"get", "certificates.k8s.io", "certificatesigningrequests", "x"},
 		{"get", "", "configmaps", o.transferTrust},
+		{"get", "snapshot.storage.k8s.io", "volumesnapshots", "x"},
+		{"get", "groupsnapshot.storage.k8s.io", "volumegroupsnapshots", "x"},
 	} {
 		if !m.may(node, c.verb, c.group, c.resource, c.name) {
 			t.Errorf("the drivers may not %s %s %q", c.verb, c.resource, c.name)

@@ -104,6 +104,9 @@ type Owner struct {
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
 	Content   string `json:"content"`
+	// Group says the owner is a VolumeGroupSnapshot (Name) and its
+	// content: the snapshot is one member of it.
+	Group bool `json:"group,omitempty"`
 }
 
 // Group is a VolumeGroupSnapshot: a set of snapshots made together.

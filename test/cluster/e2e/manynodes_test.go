@@ -779,56 +779,79 @@ spec:
 }
 
 // groupSnapshots: a VolumeGroupSnapshot through Kubernetes, with
-// upstream's snapshot-controller as shipped, of two claims on one node
-// while both are written, each member restored on another node with the
-// bytes its claim held; and one of claims on two nodes refused, its error
-// naming both.
+// upstream's snapshot-controller as shipped, of PostgreSQL's data
+// directory and its pg_wal on two claims on one node while pgbench
+// writes; both members restored on another node, where PostgreSQL starts
+// (crash recovery across the two copies, which only one instant makes
+// consistent), pgbench's invariant holds and pg_amcheck is clean. And one
+// of claims on two nodes refused, its error naming both.
 func groupSnapshots(t *testing.T, k *kube, nodes []string) {
 	on, to := nodes[0], nodes[1]
-	claims := []string{"g1-data", "g1-wal"}
-	step(t, "a VolumeGroupSnapshot of two claims on "+on+" (upstream's snapshot-controller, no flag): ready, each member restored on "+to, func() {
-		for _, c := range claims {
-			k.apply(withLabels(pvc(c, "64Mi", "Filesystem", ""), "group: g1"))
-			k.apply(onNode(pod(c, c, "", "head -c 4194304 /dev/urandom > /data/random && sync && sha256sum /data/random > /data/sum && sync"), on))
+	step(t, "PostgreSQL's data and pg_wal on two claims on "+on+": a VolumeGroupSnapshot while pgbench writes, restored on "+to+", starts with pgbench's invariant and pg_amcheck clean", func() {
+		for _, c := range []string{"g1-data", "g1-wal"} {
+			k.apply(withLabels(pvc(c, "128Mi", "Filesystem", ""), "group: g1"))
 		}
-		sums := map[string]string{}
-		for _, c := range claims {
-			k.waitPod(ns, c, "Running", 180*time.Second)
-			k.waitFor("sum in "+c, 60*time.Second, func() (bool, string) {
-				out, err := k.run("", "exec", "-n", ns, c, "--", "cat", "/data/sum")
-				if err != nil || len(strings.Fields(out)) == 0 {
-					return false, out
-				}
-				sums[volumeHandle(k, c)] = strings.Fields(out)[0]
-				return true, ""
-			})
+		k.apply(onNode(pgPodWAL("g1", "g1-data", "g1-wal", `[ -d /data/pg ] || initdb -D /data/pg --waldir=/wal/wal -U postgres --auth=trust -E UTF8 --locale=C
+`+pgServer+`
+pgbench -h /tmp -U postgres -i -q -s 2 postgres
+pgbench -h /tmp -U postgres -n -c 4 -T 3600 postgres > /tmp/pgbench.log 2>&1`), on))
+		k.waitPod(ns, "g1", "Running", 180*time.Second)
+		rows := func(pod string) int {
+			out, _ := k.run("", "exec", "-n", ns, pod, "--", "psql", "-h", "/tmp", "-U", "postgres", "-Atc", "select count(*) from pgbench_history")
+			n, _ := strconv.Atoi(strings.TrimSpace(out))
+			return n
 		}
-		start := time.Now()
+		k.waitFor("pgbench writing", 240*time.Second, func() (bool, string) {
+			n := rows("g1")
+			return n > 500, fmt.Sprintf("%d history rows", n)
+		})
+		before, start := rows("g1"), time.Now()
 		groupSnapshot(k, "g1")
 		k.waitFor("group snapshot g1 ready", 180*time.Second, func() (bool, string) {
 			r := k.jsonpath(ns, "volumegroupsnapshot/g1", "{.status.readyToUse}")
 			return r == "true", r + " " + k.jsonpath(ns, "volumegroupsnapshot/g1", "{.status.error.message}")
 		})
-		members := strings.Fields(k.must("get", "volumesnapshot", "-n", ns, "-l", "groupsnapshot.storage.k8s.io/volumeGroupSnapshotName=g1", "-o", "jsonpath={.items[*].metadata.name}"))
-		if len(members) != len(claims) {
-			t.Fatalf("the group snapshot has %d member snapshots (%v), want %d", len(members), members, len(claims))
+		took := time.Since(start)
+		if after := rows("g1"); after <= before {
+			t.Fatalf("pgbench did not write across the group snapshot (%d history rows before, %d after)", before, after)
 		}
-		fmt.Printf("e2e      VolumeGroupSnapshot g1 of %v ready in %.1fs, members %v\n", claims, time.Since(start).Seconds(), members)
-		for i, m := range members {
+		// The snapshot-controller makes a VolumeSnapshot of each member,
+		// naming the group in its status.
+		members := strings.Fields(k.must("get", "volumesnapshot", "-n", ns, "-o", `jsonpath={range .items[?(@.status.volumeGroupSnapshotName=="g1")]}{.metadata.name} {end}`))
+		byHandle := map[string]string{}
+		for _, m := range members {
 			content := k.jsonpath(ns, "volumesnapshot/"+m, "{.status.boundVolumeSnapshotContentName}")
-			handle := k.jsonpath("", "volumesnapshotcontent/"+content, "{.spec.source.volumeHandle}")
-			want, ok := sums[handle]
-			if !ok {
-				t.Fatalf("member %s is of volume %q, none of the group's claims", m, handle)
-			}
-			name := fmt.Sprintf("g1-restored-%d", i)
-			k.apply(pvc(name, "64Mi", "Filesystem", "{kind: VolumeSnapshot, name: "+m+", apiGroup: snapshot.storage.k8s.io}"))
-			k.apply(onNode(pod(name, name, "", "true"), to))
-			k.waitPod(ns, name, "Running", 240*time.Second)
-			if got := strings.Fields(k.exec(ns, name, "sha256sum", "/data/random"))[0]; got != want {
-				t.Fatalf("member %s restored on %s reads %s, its claim held %s", m, to, got, want)
-			}
+			byHandle[k.jsonpath("", "volumesnapshotcontent/"+content, "{.spec.source.volumeHandle}")] = m
 		}
+		restored := map[string]string{}
+		for _, c := range []string{"g1-data", "g1-wal"} {
+			m, ok := byHandle[volumeHandle(k, c)]
+			if !ok || len(members) != 2 {
+				t.Fatalf("the group snapshot's members %v name no snapshot of %s", members, c)
+			}
+			restored[c] = "r-" + c
+			k.apply(pvc(restored[c], "128Mi", "Filesystem", "{kind: VolumeSnapshot, name: "+m+", apiGroup: snapshot.storage.k8s.io}"))
+		}
+		fmt.Printf("e2e      VolumeGroupSnapshot of PostgreSQL's data and pg_wal ready in %.1fs while pgbench wrote (%d history rows before)\n", took.Seconds(), before)
+		// The copy holds the running server's postmaster.pid; its pid
+		// means nothing in this pod.
+		k.apply(onNode(pgPodWAL("g1-restored", restored["g1-data"], restored["g1-wal"], `rm -f /data/pg/postmaster.pid
+`+pgServer+`
+[ "$(psql -h /tmp -U postgres -Atc '`+pgInvariant+`')" = t ] || { echo "pgbench's invariant is broken" > /tmp/result; exit 0; }
+pg_amcheck -h /tmp -U postgres --install-missing --heapallindexed --rootdescend -d postgres > /tmp/amcheck.log 2>&1 || { echo "pg_amcheck found corruption" > /tmp/result; exit 0; }
+echo ok > /tmp/result`), to))
+		k.waitPod(ns, "g1-restored", "Running", 240*time.Second)
+		k.waitFor("the restored server's checks", 240*time.Second, func() (bool, string) {
+			out, err := k.run("", "exec", "-n", ns, "g1-restored", "--", "cat", "/tmp/result")
+			out = strings.TrimSpace(out)
+			if err == nil && out != "" && out != "ok" {
+				log, _ := k.run("", "exec", "-n", ns, "g1-restored", "--", "sh", "-c", "cat /tmp/pg.log /tmp/amcheck.log")
+				t.Fatalf("the group snapshot restored on %s: %s\n%s", to, out, log)
+			}
+			return out == "ok", out
+		})
+		fmt.Printf("e2e      restored on %s: PostgreSQL started, pgbench's invariant holds, pg_amcheck clean (%d history rows)\n", to, rows("g1-restored"))
+		k.must("delete", "pod", "-n", ns, "g1", "g1-restored", "--wait=false")
 	})
 	step(t, "a VolumeGroupSnapshot of claims on two nodes is refused, its error naming both", func() {
 		for i, c := range []string{"g2-a", "g2-b"} {
@@ -857,4 +880,12 @@ func groupSnapshots(t *testing.T, k *kube, nodes []string) {
 		fmt.Printf("e2e      VolumeGroupSnapshot g2 across %s and %s refused: %s\n", nodes[0], nodes[1], msg)
 		k.must("delete", "volumegroupsnapshot", "g2", "-n", ns, "--timeout=120s")
 	})
+}
+
+// pgPodWAL is pgPod with PostgreSQL's pg_wal on a claim of its own, at
+// /wal.
+func pgPodWAL(name, data, wal, script string) string {
+	return strings.Replace(strings.Replace(pgPod(name, data, script),
+		"    volumeMounts: [{name: v, mountPath: /data}]", "    volumeMounts: [{name: v, mountPath: /data}, {name: w, mountPath: /wal}]", 1),
+		"    persistentVolumeClaim: {claimName: "+data+"}\n", "    persistentVolumeClaim: {claimName: "+data+"}\n  - name: w\n    persistentVolumeClaim: {claimName: "+wal+"}\n", 1)
 }
