@@ -585,6 +585,7 @@ func rollingUpgrade(t *testing.T, k *kube, nodes []string) {
 		t.Fatalf("the previous release's deploy/: %v (make image-previous exports it)", err)
 	}
 	sums := map[string]string{}
+	var watchesBefore map[string]int
 	step(t, "previous release ("+prevRef[strings.LastIndex(prevRef, ":")+1:]+") deployed with its own manifests on every node, a writer on each", func() {
 		// A cluster on the previous release has no transfer signer: its
 		// nodes keep the authority, key and all, in the shared Secret.
@@ -620,6 +621,8 @@ func rollingUpgrade(t *testing.T, k *kube, nodes []string) {
 			})
 		}
 		takeSnapshot(k, "up-snap", "up-0")
+		time.Sleep(5 * time.Second) // the sidecars' informers settled
+		watchesBefore = watches(t, k)
 	})
 	lines := map[string]int{}
 	step(t, "DaemonSet rolled to the current image while the pods write", func() {
@@ -642,6 +645,17 @@ func rollingUpgrade(t *testing.T, k *kube, nodes []string) {
 			if out, err := k.run("", "exec", "-n", ns, name, "--", "awk", "NR-1 != $1 {print NR; exit 1}", "/data/log"); err != nil {
 				t.Fatalf("%s's log is not the lines it wrote (at line %s): %v", name, out, err)
 			}
+		}
+	})
+	step(t, "watches on the API server: one snapshotter and one resizer for the cluster, not one per node", func() {
+		after := watches(t, k)
+		var report []string
+		for _, r := range []string{"persistentvolumeclaims", "persistentvolumes", "volumesnapshotcontents", "volumesnapshotclasses", "volumegroupsnapshotcontents"} {
+			report = append(report, fmt.Sprintf("%s %d -> %d", r, watchesBefore[r], after[r]))
+		}
+		fmt.Printf("e2e      watches held by the API server, previous release (node snapshotters and resizers) -> this one: %s\n", strings.Join(report, ", "))
+		if after["volumesnapshotcontents"] >= watchesBefore["volumesnapshotcontents"] {
+			t.Fatalf("the API server holds %d watches of snapshot contents after the upgrade, %d before: the nodes still watch them", after["volumesnapshotcontents"], watchesBefore["volumesnapshotcontents"])
 		}
 	})
 	step(t, "after the upgrade, with distributed snapshotting still on: a snapshot through the controller", func() {
@@ -720,8 +734,8 @@ func logLines(t *testing.T, k *kube, pod string) int {
 // importedSnapshot takes a snapshot of the PVC "pinned" (on node), then
 // imports it again as a user does: a VolumeSnapshotContent with its
 // snapshotHandle and no managed-by label, and a VolumeSnapshot naming it.
-// The node's driver labels the content, its snapshotter makes it ready,
-// and a PVC restored from it on that node has the same bytes. (The
+// The controller's snapshotter makes it ready (no node labels it), and a
+// PVC restored from it on that node has the same bytes. (The
 // scheduler does not know where a snapshot is: the restore's pod is kept
 // to the node, as a restore from another node is not served yet.)
 func importedSnapshot(t *testing.T, k *kube, node string) {
@@ -746,8 +760,10 @@ spec:
 `, ns, handle, ns, ns, ns))
 	t.Cleanup(func() { k.run("", "delete", "volumesnapshotcontent", "imported-"+ns, "--ignore-not-found") })
 	waitSnapshot(k, "imported")
-	if got := k.jsonpath("", "volumesnapshotcontent/imported-"+ns, `{.metadata.labels.snapshot\.storage\.kubernetes\.io/managed-by}`); got != node {
-		t.Fatalf("the imported content is labelled for %q, want %s", got, node)
+	// No label: the controller's snapshotter takes every content of the
+	// driver, and no node watches them.
+	if got := k.jsonpath("", "volumesnapshotcontent/imported-"+ns, `{.metadata.labels.snapshot\.storage\.kubernetes\.io/managed-by}`); got != "" {
+		t.Fatalf("the imported content is labelled for %q: no node labels contents any more", got)
 	}
 	k.apply(pvc("from-imported", "256Mi", "Filesystem", "{kind: VolumeSnapshot, name: imported, apiGroup: snapshot.storage.k8s.io}"))
 	k.apply(onNode(pod("from-imported", "from-imported", "", "true"), node))
@@ -888,4 +904,26 @@ func pgPodWAL(name, data, wal, script string) string {
 	return strings.Replace(strings.Replace(pgPod(name, data, script),
 		"    volumeMounts: [{name: v, mountPath: /data}]", "    volumeMounts: [{name: v, mountPath: /data}, {name: w, mountPath: /wal}]", 1),
 		"    persistentVolumeClaim: {claimName: "+data+"}\n", "    persistentVolumeClaim: {claimName: "+data+"}\n  - name: w\n    persistentVolumeClaim: {claimName: "+wal+"}\n", 1)
+}
+
+// watches is how many watches the API server holds now, by resource
+// (apiserver_longrunning_requests, verb WATCH, summed over groups and
+// scopes).
+func watches(t *testing.T, k *kube) map[string]int {
+	t.Helper()
+	out := k.must("get", "--raw", "/metrics")
+	n := map[string]int{}
+	for _, l := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(l, "apiserver_longrunning_requests{") || !strings.Contains(l, `verb="WATCH"`) {
+			continue
+		}
+		_, rest, ok := strings.Cut(l, `resource="`)
+		res, _, ok2 := strings.Cut(rest, `"`)
+		f := strings.Fields(l)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if ok && ok2 && err == nil {
+			n[res] += int(v)
+		}
+	}
+	return n
 }
