@@ -407,7 +407,9 @@ spec:
   volumeSnapshotClassName: hostpath
   source: {persistentVolumeClaimName: %s}
 `, name, ns, claim))
+	start := time.Now()
 	waitSnapshot(k, name)
+	fmt.Printf("e2e      VolumeSnapshot %s of %s ready to use %.1fs after it was made\n", name, claim, time.Since(start).Seconds())
 }
 
 // waitSnapshot waits until a VolumeSnapshot is ready to use.
