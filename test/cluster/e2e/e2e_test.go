@@ -374,6 +374,12 @@ func helmUpgradeUninstall(t *testing.T, k *kube, ref string) {
 			for _, what := range []string{"daemonsets,deployments,pods,secrets,configmaps,roles,rolebindings,serviceaccounts,csistoragecapacities,leases.coordination.k8s.io"} {
 				out, _ := k.run("", "get", what, "-n", driverNS, "-o", "name")
 				for _, l := range strings.Fields(out) {
+					// The controller's sidecars' leader-election Leases are
+					// theirs, not the chart's (as any CSI controller's):
+					// they go with the namespace.
+					if l == "lease.coordination.k8s.io/external-resizer-hostpath-csi-k8s-io" || l == "lease.coordination.k8s.io/external-snapshotter-leader-hostpath-csi-k8s-io" {
+						continue
+					}
 					if !strings.HasPrefix(l, "serviceaccount/default") && !strings.HasPrefix(l, "secret/default-token") && l != "configmap/kube-root-ca.crt" {
 						left = append(left, l)
 					}
@@ -383,7 +389,7 @@ func helmUpgradeUninstall(t *testing.T, k *kube, ref string) {
 			if out, _ := k.run("", "get", "csr", "-o", `jsonpath={range .items[?(@.spec.signerName=="hostpath.csi.k8s.io/transfer")]}{.metadata.name} {end}`); strings.TrimSpace(out) != "" {
 				left = append(left, "certificate requests "+strings.TrimSpace(out))
 			}
-			for _, obj := range []string{"csidriver/hostpath.csi.k8s.io", "storageclass/hostpath", "storageclass/hostpath-hdd", "volumesnapshotclass/hostpath", "clusterrole/hostpath-csi-node", "clusterrolebinding/hostpath-csi-node", "clusterrole/hostpath-csi-transfer-signer", "clusterrolebinding/hostpath-csi-transfer-signer"} {
+			for _, obj := range []string{"csidriver/hostpath.csi.k8s.io", "storageclass/hostpath", "storageclass/hostpath-hdd", "volumesnapshotclass/hostpath", "clusterrole/hostpath-csi-node", "clusterrolebinding/hostpath-csi-node", "clusterrole/hostpath-csi-transfer-signer", "clusterrolebinding/hostpath-csi-transfer-signer", "clusterrole/hostpath-csi-controller", "clusterrolebinding/hostpath-csi-controller", "volumegroupsnapshotclass/hostpath"} {
 				if _, err := k.run("", "get", obj); err == nil {
 					left = append(left, obj)
 				}
