@@ -103,79 +103,67 @@ func (s *Signer) decide(ctx context.Context, csr *certv1.CertificateSigningReque
 		return "", fmt.Errorf("the requester's token is bound to no node (%s is %v): only a driver pod's own token, bound to its pod, is granted", NodeNameExtra, nodes), nil
 	}
 	node = nodes[0]
+	refused, err = s.check(ctx, csr, requesterPod{who: node, node: node, account: s.ServiceAccount, kind: "DaemonSet", what: "a driver"})
+	return node, refused, err
+}
+
+// requesterPod is what a request's token must be bound to: a pod of
+// account, on node (any, when empty), controlled by an apps/ object of
+// kind, for a certificate of who (a node's name or
+// transfer.ControllerPeer).
+type requesterPod struct {
+	who, node, account, kind, what string
+}
+
+// check decides a request for want's certificate: its usages, its size
+// and content (transfer.CheckRequest), and the pod its token is bound to,
+// which must exist now with that UID.
+func (s *Signer) check(ctx context.Context, csr *certv1.CertificateSigningRequest, want requesterPod) (refused, err error) {
 	for _, u := range csr.Spec.Usages {
 		if !slices.Contains(allowedUsages, u) {
-			return node, fmt.Errorf("it asks for usage %q", u), nil
+			return fmt.Errorf("it asks for usage %q", u), nil
 		}
 	}
 	if csr.Spec.Request == nil {
-		return node, fmt.Errorf("its request is larger than the %d bytes a node's is", transfer.MaxRequestBytes), nil
+		return fmt.Errorf("its request is larger than the %d bytes %s's is", transfer.MaxRequestBytes, want.what), nil
 	}
-	if _, err := transfer.CheckRequest(csr.Spec.Request, s.Driver, node); err != nil {
-		return node, fmt.Errorf("asked from node %s: %w", node, err), nil
+	if _, err := transfer.CheckRequest(csr.Spec.Request, s.Driver, want.who); err != nil {
+		if want.node != "" {
+			return fmt.Errorf("asked from node %s: %w", want.node, err), nil
+		}
+		return fmt.Errorf("asked by %s's account: %w", want.what, err), nil
 	}
 	names, uids := csr.Spec.Extra[PodNameExtra], csr.Spec.Extra[PodUIDExtra]
 	if len(names) != 1 || len(uids) != 1 || names[0] == "" || uids[0] == "" {
-		return node, fmt.Errorf("the requester's token is bound to no pod (%s %v, %s %v): only a driver pod's own token is granted", PodNameExtra, names, PodUIDExtra, uids), nil
+		return fmt.Errorf("the requester's token is bound to no pod (%s %v, %s %v): only %s pod's own token is granted", PodNameExtra, names, PodUIDExtra, uids, want.what), nil
 	}
 	pod, err := s.Client.CoreV1().Pods(s.Namespace).Get(ctx, names[0], metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return node, fmt.Errorf("the token's pod %s/%s does not exist", s.Namespace, names[0]), nil
+		return fmt.Errorf("the token's pod %s/%s does not exist", s.Namespace, names[0]), nil
 	}
 	if err != nil {
-		return node, nil, fmt.Errorf("looking up the requester's pod %s/%s: %w", s.Namespace, names[0], err)
+		return nil, fmt.Errorf("looking up the requester's pod %s/%s: %w", s.Namespace, names[0], err)
 	}
 	owner := metav1.GetControllerOf(pod)
 	switch {
 	case string(pod.UID) != uids[0]:
-		return node, fmt.Errorf("the token's pod %s is not the pod of that name now (uid %s, not %s)", names[0], pod.UID, uids[0]), nil
-	case pod.Spec.NodeName != node:
-		return node, fmt.Errorf("the token's pod %s runs on %q, not node %s", names[0], pod.Spec.NodeName, node), nil
-	case pod.Spec.ServiceAccountName != s.ServiceAccount:
-		return node, fmt.Errorf("the token's pod %s runs as %q, not %s", names[0], pod.Spec.ServiceAccountName, s.ServiceAccount), nil
-	case owner == nil || owner.Kind != "DaemonSet" || !strings.HasPrefix(owner.APIVersion, "apps/"):
-		return node, fmt.Errorf("the token's pod %s is not a driver pod (a DaemonSet's)", names[0]), nil
+		return fmt.Errorf("the token's pod %s is not the pod of that name now (uid %s, not %s)", names[0], pod.UID, uids[0]), nil
+	case want.node != "" && pod.Spec.NodeName != want.node:
+		return fmt.Errorf("the token's pod %s runs on %q, not node %s", names[0], pod.Spec.NodeName, want.node), nil
+	case pod.Spec.ServiceAccountName != want.account:
+		return fmt.Errorf("the token's pod %s runs as %q, not %s", names[0], pod.Spec.ServiceAccountName, want.account), nil
+	case owner == nil || owner.Kind != want.kind || !strings.HasPrefix(owner.APIVersion, "apps/"):
+		return fmt.Errorf("the token's pod %s is not %s pod (a %s's)", names[0], want.what, want.kind), nil
 	}
-	return node, nil, nil
+	return nil, nil
 }
 
 // decideController decides a request of the controller's service
 // account: for the controller's certificate, from a token bound to a pod
-// of that account that a ReplicaSet owns.
+// of that account that a ReplicaSet owns (its Deployment's).
 func (s *Signer) decideController(ctx context.Context, csr *certv1.CertificateSigningRequest) (string, error, error) {
-	const who = transfer.ControllerPeer
-	for _, u := range csr.Spec.Usages {
-		if !slices.Contains(allowedUsages, u) {
-			return who, fmt.Errorf("it asks for usage %q", u), nil
-		}
-	}
-	if csr.Spec.Request == nil {
-		return who, fmt.Errorf("its request is larger than the %d bytes the controller's is", transfer.MaxRequestBytes), nil
-	}
-	if _, err := transfer.CheckRequest(csr.Spec.Request, s.Driver, who); err != nil {
-		return who, fmt.Errorf("asked by the controller's account: %w", err), nil
-	}
-	names, uids := csr.Spec.Extra[PodNameExtra], csr.Spec.Extra[PodUIDExtra]
-	if len(names) != 1 || len(uids) != 1 || names[0] == "" || uids[0] == "" {
-		return who, fmt.Errorf("the requester's token is bound to no pod (%s %v, %s %v): only a controller pod's own token is granted", PodNameExtra, names, PodUIDExtra, uids), nil
-	}
-	pod, err := s.Client.CoreV1().Pods(s.Namespace).Get(ctx, names[0], metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return who, fmt.Errorf("the token's pod %s/%s does not exist", s.Namespace, names[0]), nil
-	}
-	if err != nil {
-		return who, nil, fmt.Errorf("looking up the requester's pod %s/%s: %w", s.Namespace, names[0], err)
-	}
-	owner := metav1.GetControllerOf(pod)
-	switch {
-	case string(pod.UID) != uids[0]:
-		return who, fmt.Errorf("the token's pod %s is not the pod of that name now (uid %s, not %s)", names[0], pod.UID, uids[0]), nil
-	case pod.Spec.ServiceAccountName != s.ControllerServiceAccount:
-		return who, fmt.Errorf("the token's pod %s runs as %q, not %s", names[0], pod.Spec.ServiceAccountName, s.ControllerServiceAccount), nil
-	case owner == nil || owner.Kind != "ReplicaSet" || !strings.HasPrefix(owner.APIVersion, "apps/"):
-		return who, fmt.Errorf("the token's pod %s is not a controller pod (a Deployment's)", names[0]), nil
-	}
-	return who, nil, nil
+	refused, err := s.check(ctx, csr, requesterPod{who: transfer.ControllerPeer, account: s.ControllerServiceAccount, kind: "ReplicaSet", what: "a controller"})
+	return transfer.ControllerPeer, refused, err
 }
 
 func condition(csr *certv1.CertificateSigningRequest, t certv1.RequestConditionType) bool {

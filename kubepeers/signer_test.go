@@ -174,7 +174,7 @@ func TestSignerGrantsOnlyTheTokensNode(t *testing.T) {
 		{"a token whose pod runs elsewhere", driverSA, "", boundTo("n1", "elsewhere", "uid-elsewhere"), "n1", false, "runs on"},
 		{"a token of a pod of another account", driverSA, "", boundTo("n1", "other-sa", "uid-other-sa"), "n1", false, "runs as"},
 		{"the controller's token, for the controller", ctrlSA, "", boundTo("n2", "ctrl", "uid-ctrl"), transfer.ControllerPeer, true, ""},
-		{"the controller's token, for its pod's node", ctrlSA, "", boundTo("n2", "ctrl", "uid-ctrl"), "n2", false, "asked by the controller's account"},
+		{"the controller's token, for its pod's node", ctrlSA, "", boundTo("n2", "ctrl", "uid-ctrl"), "n2", false, "asked by a controller's account"},
 		{"a driver's token, for the controller", driverSA, "n1", nil, transfer.ControllerPeer, false, "not node"},
 		{"the controller's account in a DaemonSet's pod", ctrlSA, "", boundTo("n1", "ctrl-ds", "uid-ctrl-ds"), transfer.ControllerPeer, false, "not a controller pod"},
 		{"the controller's account, a token of another pod", ctrlSA, "n2", nil, transfer.ControllerPeer, false, "does not exist"},

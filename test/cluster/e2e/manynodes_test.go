@@ -812,15 +812,8 @@ func groupSnapshots(t *testing.T, k *kube, nodes []string) {
 pgbench -h /tmp -U postgres -i -q -s 2 postgres
 pgbench -h /tmp -U postgres -n -c 4 -T 3600 postgres > /tmp/pgbench.log 2>&1`), on))
 		k.waitPod(ns, "g1", "Running", 180*time.Second)
-		rows := func(pod string) int {
-			out, _ := k.run("", "exec", "-n", ns, pod, "--", "psql", "-h", "/tmp", "-U", "postgres", "-Atc", "select count(*) from pgbench_history")
-			n, _ := strconv.Atoi(strings.TrimSpace(out))
-			return n
-		}
-		k.waitFor("pgbench writing", 240*time.Second, func() (bool, string) {
-			n := rows("g1")
-			return n > 500, fmt.Sprintf("%d history rows", n)
-		})
+		rows := func(pod string) int { return pgRows(k, pod) }
+		waitPgbench(k, "g1")
 		before, start := rows("g1"), time.Now()
 		groupSnapshot(k, "g1")
 		k.waitFor("group snapshot g1 ready", 180*time.Second, func() (bool, string) {

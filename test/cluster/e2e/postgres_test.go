@@ -38,15 +38,8 @@ pgbench -h /tmp -U postgres -i -q -s 2 postgres
 touch /tmp/loaded
 pgbench -h /tmp -U postgres -n -c 4 -T 3600 postgres > /tmp/pgbench.log 2>&1`))
 	k.waitPod(ns, "pg", "Running", 180*time.Second)
-	rows := func(pod string) int {
-		out, _ := k.run("", "exec", "-n", ns, pod, "--", "psql", "-h", "/tmp", "-U", "postgres", "-Atc", "select count(*) from pgbench_history")
-		n, _ := strconv.Atoi(strings.TrimSpace(out))
-		return n
-	}
-	k.waitFor("pgbench writing", 180*time.Second, func() (bool, string) {
-		n := rows("pg")
-		return n > 500, fmt.Sprintf("%d history rows", n)
-	})
+	rows := func(pod string) int { return pgRows(k, pod) }
+	waitPgbench(k, "pg")
 	if mnt := mountType(k, "pg"); mnt != "ext4" {
 		k.t.Fatalf("the database's volume is mounted as %q in the pod, want ext4 (an image volume)", mnt)
 	}
@@ -111,4 +104,22 @@ spec:
   - name: v
     persistentVolumeClaim: {claimName: %s}
 `, name, ns, postgresImage, "set -e\n"+script+"\nsleep 3600", claim)
+}
+
+// pgRows is how many transactions pgbench has committed in the pod's
+// database (its history's rows; 0 when it cannot be asked).
+func pgRows(k *kube, pod string) int {
+	out, _ := k.run("", "exec", "-n", ns, pod, "--", "psql", "-h", "/tmp", "-U", "postgres", "-Atc", "select count(*) from pgbench_history")
+	n, _ := strconv.Atoi(strings.TrimSpace(out))
+	return n
+}
+
+// waitPgbench waits until pgbench has committed 500 transactions in the
+// pod's database.
+func waitPgbench(k *kube, pod string) {
+	k.t.Helper()
+	k.waitFor("pgbench writing in "+pod, 240*time.Second, func() (bool, string) {
+		n := pgRows(k, pod)
+		return n > 500, fmt.Sprintf("%d history rows", n)
+	})
 }
