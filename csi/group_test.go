@@ -65,8 +65,15 @@ func TestGroupSnapshotAllOrNothing(t *testing.T) {
 	if len(entries) != 0 {
 		t.Fatalf("failed group left data: %v", entries)
 	}
-	for _, tc := range []*csi.CreateVolumeGroupSnapshotRequest{{Name: "x"}, {SourceVolumeIds: []string{a}}, {Name: "x", SourceVolumeIds: []string{a, a}}} {
+	for _, tc := range []*csi.CreateVolumeGroupSnapshotRequest{{Name: "x"}, {SourceVolumeIds: []string{a}}, {Name: "x", SourceVolumeIds: []string{a, a}},
+		{Name: "x", SourceVolumeIds: []string{a}, Parameters: map[string]string{"compresion": "zstd"}}} {
 		_, err := d.CreateVolumeGroupSnapshot(ctx, tc)
 		wantCode(t, err, codes.InvalidArgument)
+	}
+	// The Kubernetes e2e framework puts a class's deletionPolicy among its
+	// parameters: taken, and ignored.
+	if _, err := d.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "with-policy", SourceVolumeIds: []string{a},
+		Parameters: map[string]string{"deletionPolicy": "Retain"}}); err != nil {
+		t.Fatalf("a group with the e2e framework's deletionPolicy parameter: %v", err)
 	}
 }

@@ -16,6 +16,10 @@ import (
 	"k8s.io/klog/v2"
 )
 
+// paramDeletionPolicy is a snapshot or group class parameter this driver
+// takes and ignores (see SnapshotOptions).
+const paramDeletionPolicy = "deletionPolicy"
+
 // Snapshot formats.
 const (
 	FormatTarGz   = "tar.gz"  // portable archive of a directory volume
@@ -87,6 +91,10 @@ func (d *Engine) SnapshotOptions(params map[string]string, layout string, src *P
 				return "", false, nil, StorageErr(ErrInvalid, "parameter %s=%q: want fast, compact or zstd", k, v)
 			}
 		case strings.HasPrefix(k, CoParamPrefix):
+		case k == paramDeletionPolicy:
+			// The Kubernetes e2e framework copies a class's deletionPolicy
+			// into its parameters (storageframework's group snapshot
+			// resources do): it is the CO's business, not a choice here.
 		default:
 			return "", false, nil, StorageErr(ErrInvalid, "unknown snapshot parameter %q; this driver accepts %q, %q and %q", k, ParamFormat, ParamCompression, ParamPool)
 		}
