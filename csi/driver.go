@@ -93,20 +93,23 @@ func (d *Driver) Serve(ctx context.Context) error {
 		csi.RegisterSnapshotMetadataServer(srv, d)
 	}
 	klog.InfoS("serving CSI", "endpoint", path, "driver", d.Config.DriverName, "version", d.Config.Version, "node", d.Config.NodeID, "stateDir", d.Paths.Root)
-	go func() {
-		<-ctx.Done()
-		// Stop taking calls, let those in flight finish, but not forever:
-		// kubelet's grace period is 30 s by default.
-		done := make(chan struct{})
-		go func() { srv.GracefulStop(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(d.Config.ShutdownGrace):
-			klog.InfoS("calls still running after the grace period; stopping them", "grace", d.Config.ShutdownGrace)
-			srv.Stop()
-		}
-	}()
+	go StopWhenDone(ctx, srv, d.Config.ShutdownGrace)
 	return srv.Serve(lis)
+}
+
+// StopWhenDone stops srv when ctx ends: it takes no more calls and lets
+// those in flight finish, but not forever (kubelet's grace period is 30 s
+// by default): after grace they are stopped.
+func StopWhenDone(ctx context.Context, srv *grpc.Server, grace time.Duration) {
+	<-ctx.Done()
+	done := make(chan struct{})
+	go func() { srv.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		klog.InfoS("calls still running after the grace period; stopping them", "grace", grace)
+		srv.Stop()
+	}
 }
 
 // SocketPath accepts unix:///abs, unix://abs, unix:abs or a bare path.

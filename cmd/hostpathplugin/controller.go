@@ -143,16 +143,7 @@ func runController(o options) int {
 			defer stopHTTP()
 		}
 	}
-	go func() {
-		<-ctx.Done()
-		done := make(chan struct{})
-		go func() { srv.GracefulStop(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(o.cfg.ShutdownGrace):
-			srv.Stop()
-		}
-	}()
+	go hcsi.StopWhenDone(ctx, srv, o.cfg.ShutdownGrace)
 	klog.InfoS("controller serving CSI: each call goes to the node that holds its volume", "endpoint", path, "driver", o.cfg.DriverName, "controlPort", port)
 	if err := srv.Serve(ln); err != nil {
 		klog.ErrorS(err, "serving CSI")
