@@ -271,7 +271,7 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		}
 		start, inner = i, rest
 	}
-	max := req.GetMaxEntries()
+	limit := req.GetMaxEntries()
 	resp := &csi.ListSnapshotsResponse{}
 	for i := start; i < len(keys); i++ {
 		cc, node, err := c.conn(ctx, "snapshots", keys[i])
@@ -279,8 +279,8 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 			return nil, err
 		}
 		sub := &csi.ListSnapshotsRequest{StartingToken: inner, Secrets: req.GetSecrets()}
-		if max > 0 {
-			sub.MaxEntries = max - int32(len(resp.Entries))
+		if limit > 0 {
+			sub.MaxEntries = limit - int32(len(resp.Entries))
 		}
 		page, err := csi.NewControllerClient(cc).ListSnapshots(ctx, sub)
 		if err != nil {
@@ -288,7 +288,7 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		}
 		inner = ""
 		resp.Entries = append(resp.Entries, page.GetEntries()...)
-		full := max > 0 && int32(len(resp.Entries)) >= max
+		full := limit > 0 && int32(len(resp.Entries)) >= limit
 		switch {
 		case page.GetNextToken() != "":
 			if full {
