@@ -66,17 +66,7 @@ func New(cfg engine.Config) (*Driver, error) {
 // Serve listens on the endpoint (unix://path or a bare path; a stale socket
 // is replaced) and serves until ctx is done, then stops gracefully.
 func (d *Driver) Serve(ctx context.Context) error {
-	path, err := SocketPath(d.Config.Endpoint)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("removing stale socket %s: %w", path, err)
-	}
-	lis, err := net.Listen("unix", path)
+	lis, path, err := ListenSocket(d.Config.Endpoint)
 	if err != nil {
 		return err
 	}
@@ -110,6 +100,24 @@ func StopWhenDone(ctx context.Context, srv *grpc.Server, grace time.Duration) {
 		klog.InfoS("calls still running after the grace period; stopping them", "grace", grace)
 		srv.Stop()
 	}
+}
+
+// ListenSocket listens on the unix socket of endpoint (see SocketPath),
+// making its directory and replacing a stale socket; the caller removes
+// the socket (path) when it stops.
+func ListenSocket(endpoint string) (net.Listener, string, error) {
+	path, err := SocketPath(endpoint)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, "", err
+	}
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		return nil, "", fmt.Errorf("removing stale socket %s: %w", path, err)
+	}
+	lis, err := net.Listen("unix", path)
+	return lis, path, err
 }
 
 // SocketPath accepts unix:///abs, unix://abs, unix:abs or a bare path.

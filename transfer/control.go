@@ -18,36 +18,15 @@ import (
 // ControlServerConfig is the TLS configuration of a node's control
 // endpoint: this node's current certificate, and only a client whose
 // certificate chains to an authority trusted now, names the controller of
-// this driver and is made for no longer than a node's own. Like the
-// transfer server's, it takes no session tickets, so a resumed session
-// never skips the check against the authorities trusted now.
+// this driver and is made for no longer than a node's own (see
+// serverConfig).
 func (c *Credentials) ControlServerConfig() *tls.Config {
-	return &tls.Config{
-		MinVersion:             tls.VersionTLS13,
-		NextProtos:             []string{"h2"},
-		SessionTicketsDisabled: true,
-		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-			roots, leaf, err := c.current()
-			if err != nil {
-				return nil, err
-			}
-			return &tls.Config{
-				Time:                   c.now,
-				MinVersion:             tls.VersionTLS13,
-				NextProtos:             []string{"h2"},
-				Certificates:           []tls.Certificate{*leaf},
-				ClientAuth:             tls.RequireAndVerifyClientCert,
-				ClientCAs:              roots,
-				SessionTicketsDisabled: true,
-				VerifyConnection: func(cs tls.ConnectionState) error {
-					if len(cs.PeerCertificates) == 0 || peerNode(cs.PeerCertificates[0], c.Driver) != ControllerPeer {
-						return fmt.Errorf("%w: the client is not the controller of driver %s", ErrRefused, c.Driver)
-					}
-					return checkLifetime(cs.PeerCertificates[0], c.maxPeerLifetime())
-				},
-			}, nil
-		},
-	}
+	return c.serverConfig("h2", func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 || peerNode(cs.PeerCertificates[0], c.Driver) != ControllerPeer {
+			return fmt.Errorf("%w: the client is not the controller of driver %s", ErrRefused, c.Driver)
+		}
+		return checkLifetime(cs.PeerCertificates[0], c.maxPeerLifetime())
+	})
 }
 
 // ControlClientConfig is the controller's TLS configuration for dialling

@@ -164,26 +164,34 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 }
 
 func (s *Server) tlsConfig() *tls.Config {
-	// No session tickets: a resumed session would skip checking the
-	// client's certificate against the authorities trusted now.
+	// The server checks the peer's certificate per request (ServeHTTP).
+	return s.Creds.serverConfig("http/1.1", nil)
+}
+
+// serverConfig is the TLS configuration of a server of this node's: its
+// current certificate, offering proto, and only clients whose certificate
+// chains to an authority trusted now and passes verify (when set). No
+// session tickets: a resumed session would skip checking the client's
+// certificate against the authorities trusted now.
+func (c *Credentials) serverConfig(proto string, verify func(tls.ConnectionState) error) *tls.Config {
 	return &tls.Config{
 		MinVersion:             tls.VersionTLS13,
-		NextProtos:             []string{"http/1.1"},
+		NextProtos:             []string{proto},
 		SessionTicketsDisabled: true,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-			roots, leaf, err := s.Creds.current()
+			roots, leaf, err := c.current()
 			if err != nil {
 				return nil, err
 			}
 			return &tls.Config{
-				Time:         s.Creds.now,
-				MinVersion:   tls.VersionTLS13,
-				NextProtos:   []string{"http/1.1"},
-				Certificates: []tls.Certificate{*leaf},
-				ClientAuth:   tls.RequireAndVerifyClientCert,
-				ClientCAs:    roots,
-
+				Time:                   c.now,
+				MinVersion:             tls.VersionTLS13,
+				NextProtos:             []string{proto},
+				Certificates:           []tls.Certificate{*leaf},
+				ClientAuth:             tls.RequireAndVerifyClientCert,
+				ClientCAs:              roots,
 				SessionTicketsDisabled: true,
+				VerifyConnection:       verify,
 			}, nil
 		},
 	}

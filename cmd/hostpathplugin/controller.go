@@ -2,15 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"syscall"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -73,51 +71,21 @@ func runController(o options) int {
 		fmt.Fprintf(os.Stderr, "hostpathplugin: --control-endpoint=%q: want host:port, whose port each node's control endpoint listens on\n", o.controlEndpoint)
 		return 2
 	}
-	path, err := hcsi.SocketPath(o.cfg.Endpoint)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "hostpathplugin: %v\n", err)
-		return 2
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	csrs := &kubepeers.CSRAuthority{Client: client, Signer: signerName(o.cfg.DriverName), Namespace: namespace(), Bundle: o.transferTrust}
-	if csrs.Owner, err = kubepeers.CSIDriverOwner(ctx, client, o.cfg.DriverName); err != nil {
-		klog.ErrorS(err, "the controller's certificate requests get no owner: uninstalling the driver leaves those the signer has not swept yet")
-	}
-	creds := &transfer.Credentials{Driver: o.cfg.DriverName, Node: transfer.ControllerPeer, Authority: csrs, LeafLifetime: transfer.DefaultSignedLifetime}
+	creds := signedCredentials(ctx, client, o, transfer.ControllerPeer)
 	go func() {
-		for backoff := time.Second; ctx.Err() == nil; backoff = min(2*backoff, time.Minute) {
-			if err := creds.Refresh(ctx); err == nil {
-				klog.InfoS("the controller holds its certificate", "until", creds.Expiry())
-				break
-			} else {
-				klog.ErrorS(err, "the controller's certificate; retrying", "in", backoff)
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(backoff):
-			}
+		if obtain(ctx, creds, "the controller's certificate") {
+			keepFresh(ctx, creds, "the controller's certificate")
 		}
-		creds.Run(ctx, time.Minute, func(err error) {
-			klog.ErrorS(err, "refreshing the controller's certificate (the current one stays in use)")
-		})
 	}()
 
 	c := &route.Controller{Name: o.cfg.DriverName, Version: o.cfg.Version, Creds: creds, KeyOf: engine.KeyOf,
 		Resolver: &kubepeers.Resolver{Client: client, Driver: o.cfg.DriverName, Port: port, KeyOf: engine.NodeTag},
 		Caps:     controllerCaps(o.cfg)}
 	defer c.Close()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		fmt.Fprintf(os.Stderr, "hostpathplugin: %v\n", err)
-		return 1
-	}
-	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
-		fmt.Fprintf(os.Stderr, "hostpathplugin: removing the stale socket %s: %v\n", path, err)
-		return 1
-	}
-	ln, err := net.Listen("unix", path)
+	ln, path, err := hcsi.ListenSocket(o.cfg.Endpoint)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "hostpathplugin: %v\n", err)
 		return 1
@@ -127,22 +95,12 @@ func runController(o options) int {
 	csi.RegisterIdentityServer(srv, c)
 	csi.RegisterControllerServer(srv, c)
 	csi.RegisterGroupControllerServer(srv, c)
-	if o.httpEndpoint != "" {
-		mux := http.NewServeMux()
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-			if creds.Expiry().IsZero() {
-				http.Error(w, "no certificate from the transfer signer yet", http.StatusServiceUnavailable)
-				return
-			}
-			fmt.Fprintln(w, "ok")
-		})
-		fail := func(err error) { klog.ErrorS(err, "http endpoint", "address", o.httpEndpoint) }
-		if stopHTTP, err := serveHTTP(o.httpEndpoint, mux, fail); err != nil {
-			fail(err)
-		} else {
-			defer stopHTTP()
+	defer serveReady(o.httpEndpoint, func() error {
+		if creds.Expiry().IsZero() {
+			return errors.New("no certificate from the transfer signer yet")
 		}
-	}
+		return nil
+	})()
 	go hcsi.StopWhenDone(ctx, srv, o.cfg.ShutdownGrace)
 	klog.InfoS("controller serving CSI: each call goes to the node that holds its volume", "endpoint", path, "driver", o.cfg.DriverName, "controlPort", port)
 	if err := srv.Serve(ln); err != nil {

@@ -2,10 +2,13 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"sync"
 	"time"
+
+	"k8s.io/klog/v2"
 )
 
 // The driver's and the signer's plain HTTP endpoints (/healthz, /metrics)
@@ -91,4 +94,27 @@ func (c *slotConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.free)
 	return err
+}
+
+// serveReady serves /healthz at addr (nothing when addr is empty): 200
+// while ready says nil, else 503 with its words. It returns the stop.
+func serveReady(addr string, ready func() error) (stop func()) {
+	if addr == "" {
+		return func() {}
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	fail := func(err error) { klog.ErrorS(err, "http endpoint", "address", addr) }
+	stop, err := serveHTTP(addr, mux, fail)
+	if err != nil {
+		fail(err)
+		return func() {}
+	}
+	return stop
 }

@@ -45,30 +45,16 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 	}
 	// This node's key stays here; the transfer signer grants its request
 	// only for the node the pod's token is bound to.
-	csrs := &kubepeers.CSRAuthority{Client: client, Signer: signerName(o.cfg.DriverName), Namespace: namespace(), Bundle: o.transferTrust}
-	if csrs.Owner, err = kubepeers.CSIDriverOwner(ctx, client, o.cfg.DriverName); err != nil {
-		klog.ErrorS(err, "this node's certificate requests get no owner: uninstalling the driver leaves those the signer has not swept yet")
-	}
-	creds := &transfer.Credentials{Driver: o.cfg.DriverName, Node: o.cfg.NodeID, Authority: csrs, LeafLifetime: transfer.DefaultSignedLifetime}
-	for backoff := time.Second; ; backoff = min(2*backoff, time.Minute) {
-		if err = creds.Refresh(ctx); err == nil {
-			break
-		}
-		klog.ErrorS(err, "node-to-node transfer credentials; retrying", "in", backoff)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
+	creds := signedCredentials(ctx, client, o, o.cfg.NodeID)
+	if !obtain(ctx, creds, "node-to-node transfer credentials") {
+		return
 	}
 	ln, err := net.Listen("tcp", o.transferEndpoint)
 	if err != nil {
 		klog.ErrorS(err, "no node-to-node transfer")
 		return
 	}
-	go creds.Run(ctx, time.Minute, func(err error) {
-		klog.ErrorS(err, "refreshing node-to-node transfer credentials (the current ones stay in use)")
-	})
+	go keepFresh(ctx, creds, "node-to-node transfer credentials")
 	res := &kubepeers.Resolver{Client: client, Driver: o.cfg.DriverName, Port: port, KeyOf: engine.NodeTag}
 	d.SetPeers(&transfer.Peers{Client: &transfer.Client{Creds: creds}, Resolve: res.Resolve})
 	klog.InfoS("serving this node's sources to the other nodes", "endpoint", o.transferEndpoint, "certificateUntil", creds.Expiry())
@@ -102,6 +88,44 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 	if err := srv.Serve(ctx, ln); err != nil {
 		klog.ErrorS(err, "node-to-node transfer stopped")
 	}
+}
+
+// signedCredentials are who's transfer credentials (a node's name, or
+// transfer.ControllerPeer), issued by the transfer signer through the CSR
+// API; the key never leaves this process.
+func signedCredentials(ctx context.Context, client kubernetes.Interface, o options, who string) *transfer.Credentials {
+	csrs := &kubepeers.CSRAuthority{Client: client, Signer: signerName(o.cfg.DriverName), Namespace: namespace(), Bundle: o.transferTrust}
+	var err error
+	if csrs.Owner, err = kubepeers.CSIDriverOwner(ctx, client, o.cfg.DriverName); err != nil {
+		klog.ErrorS(err, "certificate requests get no owner: uninstalling the driver leaves those the signer has not swept yet", "for", who)
+	}
+	return &transfer.Credentials{Driver: o.cfg.DriverName, Node: who, Authority: csrs, LeafLifetime: transfer.DefaultSignedLifetime}
+}
+
+// obtain gets creds their first certificate, retrying with backoff; false
+// when ctx ended first.
+func obtain(ctx context.Context, creds *transfer.Credentials, what string) bool {
+	for backoff := time.Second; ; backoff = min(2*backoff, time.Minute) {
+		err := creds.Refresh(ctx)
+		if err == nil {
+			klog.InfoS("certificate from the transfer signer", "for", what, "until", creds.Expiry())
+			return true
+		}
+		klog.ErrorS(err, what+"; retrying", "in", backoff)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// keepFresh renews creds until ctx ends (the current ones stay in use
+// while a renewal fails).
+func keepFresh(ctx context.Context, creds *transfer.Credentials, what string) {
+	creds.Run(ctx, time.Minute, func(err error) {
+		klog.ErrorS(err, "refreshing "+what+" (the current ones stay in use)")
+	})
 }
 
 // namespace is the driver pod's namespace: POD_NAMESPACE (the downward

@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"os/signal"
 	"sync/atomic"
@@ -61,22 +61,12 @@ func runSigner(o options) int {
 		},
 	}
 	var ready atomic.Bool
-	if o.httpEndpoint != "" {
-		mux := http.NewServeMux()
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-			if !ready.Load() {
-				http.Error(w, "the authorities are not published yet", http.StatusServiceUnavailable)
-				return
-			}
-			fmt.Fprintln(w, "ok")
-		})
-		fail := func(err error) { klog.ErrorS(err, "http endpoint", "address", o.httpEndpoint) }
-		if stop, err := serveHTTP(o.httpEndpoint, mux, fail); err != nil {
-			fail(err)
-		} else {
-			defer stop()
+	defer serveReady(o.httpEndpoint, func() error {
+		if !ready.Load() {
+			return errors.New("the authorities are not published yet")
 		}
-	}
+		return nil
+	})()
 	klog.InfoS("transfer signer starting", "signer", s.Name, "requester", "system:serviceaccount:"+ns+":"+o.signer.requester, "maxLifetime", o.signer.maxLifetime, "trust", o.transferTrust)
 	for backoff := time.Second; ; backoff = min(2*backoff, time.Minute) {
 		err := s.Run(ctx, func(err error) { klog.ErrorS(err, "transfer signer (retried)") }, func() { ready.Store(true) })
