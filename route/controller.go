@@ -12,6 +12,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -48,6 +49,9 @@ type Controller struct {
 	// ResolveTTL is how long a resolved address is used before it is
 	// looked up again; zero means 30 s.
 	ResolveTTL time.Duration
+	// ReconnectMax is the longest wait before a node that could not be
+	// reached is tried again; zero means 5 s.
+	ReconnectMax time.Duration
 
 	mu    sync.Mutex
 	conns map[string]*nodeConn // by key
@@ -95,9 +99,23 @@ func (c *Controller) conn(ctx context.Context, what, key string) (*grpc.ClientCo
 		old.cc.Close()
 		delete(c.conns, key)
 	}
+	reconnect := c.ReconnectMax
+	if reconnect <= 0 {
+		reconnect = 5 * time.Second
+	}
 	cc, err := grpc.NewClient(addr,
 		grpc.WithTransportCredentials(credentials.NewTLS(c.Creds.ControlClientConfig(node))),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		// gRPC's default reconnect backoff grows to 120 s: a node down for
+		// a minute would then stay unasked for up to two more after it is
+		// back, each call failing at once meanwhile, and the sidecars'
+		// own backoff grows on those failures (a namespace of snapshots
+		// took minutes to delete after a node restart). Retrying a node
+		// every few seconds costs a TCP connect.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: time.Second, Multiplier: 1.6, Jitter: 0.2, MaxDelay: reconnect},
+			MinConnectTimeout: min(5*time.Second, 4*reconnect),
+		}),
 	)
 	if err != nil {
 		return nil, node, errNode(what, key, err)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -257,4 +258,52 @@ func TestControllerRoutes(t *testing.T) {
 			t.Fatalf("deleting a snapshot whose node has left: %v, want Unavailable", err)
 		}
 	})
+}
+
+// TestControllerReconnects: a node that was down is asked again soon
+// after it is back, however long it was down (gRPC's own backoff would
+// wait up to two minutes, failing every call meanwhile).
+func TestControllerReconnects(t *testing.T) {
+	store := &transfer.MemoryStore{}
+	b := startNode(t, store, "node-b")
+	nodes := resolver{engine.NodeTag("node-b"): b}
+	c := &Controller{Name: driverName, Version: "test", Creds: creds(t, store, transfer.ControllerPeer), Resolver: nodes, KeyOf: engine.KeyOf,
+		Caps: []csi.ControllerServiceCapability_RPC_Type{csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT}, ReconnectMax: 500 * time.Millisecond}
+	defer c.Close()
+	vb := volume(t, b, "pvc-b")
+	if _, err := c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "before", SourceVolumeId: vb}); err != nil {
+		t.Fatal(err)
+	}
+	b.stop()
+	<-b.done
+	// Down long enough for gRPC's default backoff to wait 4 s or more
+	// before its next try; the calls meanwhile fail as the sidecars see.
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if _, err := c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "while-down", SourceVolumeId: vb}); status.Code(err) != codes.Unavailable {
+			t.Fatalf("a snapshot while its node is down: %v, want Unavailable", err)
+		}
+	}
+	ln, err := net.Listen("tcp", b.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ServeNode(served, ln, creds(t, store, "node-b"), b.d, b.d.UnaryInterceptor())
+	}()
+	defer func() { cancel(); <-done }()
+	back := time.Now()
+	for {
+		_, err := c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "after", SourceVolumeId: vb})
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.Unavailable || time.Since(back) > 2*time.Second {
+			t.Fatalf("%v after the node came back: %v, want it asked again within 2 s", time.Since(back), err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("asked again %v after the node came back", time.Since(back))
 }

@@ -112,6 +112,28 @@ func (k *kube) events(ns string) string {
 	return out
 }
 
+// leftIn says what holds a namespace that does not go away: the objects
+// left in it with their finalizers and conditions, and the last lines of
+// the sidecars that remove those finalizers.
+func (k *kube) leftIn(ns string) string {
+	var b strings.Builder
+	kinds := "pods,pvc,volumesnapshots,volumegroupsnapshots"
+	out, _ := k.run("", "get", kinds, "-n", ns, "-o",
+		`jsonpath={range .items[*]}{.kind}/{.metadata.name} finalizers={.metadata.finalizers} deleting={.metadata.deletionTimestamp} status={.status}{"\n"}{end}`)
+	fmt.Fprintf(&b, "left in %s:\n%s", ns, out)
+	out, _ = k.run("", "get", "volumesnapshotcontents,volumegroupsnapshotcontents", "-o",
+		`jsonpath={range .items[*]}{.kind}/{.metadata.name} finalizers={.metadata.finalizers} deleting={.metadata.deletionTimestamp} status={.status}{"\n"}{end}`)
+	fmt.Fprintf(&b, "contents:\n%s", out)
+	b.WriteString(k.events(ns))
+	for _, c := range []string{"-n hostpath-csi -l app=hostpath-csi-controller -c csi-snapshotter",
+		"-n hostpath-csi -l app=hostpath-csi-controller -c hostpath",
+		"-n kube-system -l app.kubernetes.io/name=snapshot-controller"} {
+		out, _ = k.run("", append([]string{"logs", "--prefix", "--tail=40"}, strings.Fields(c)...)...)
+		fmt.Fprintf(&b, "logs %s:\n%s", c, out)
+	}
+	return b.String()
+}
+
 // items decodes "kubectl get -o json" of a list.
 func (k *kube) items(args ...string) []map[string]any {
 	k.t.Helper()

@@ -272,21 +272,30 @@ func manyNodes(t *testing.T, k *kube, nodes []string) {
 // loop device, volume or snapshot is left on any node.
 func cleanNodes(t *testing.T, k *kube, nodes []string, name string) {
 	step(t, name, func() {
-		k.must("delete", "namespace", ns, "--timeout=300s")
-		k.waitFor("PVs deleted", 180*time.Second, func() (bool, string) {
-			pvs := k.items("pv")
-			return len(pvs) == 0, fmt.Sprintf("%d PVs", len(pvs))
-		})
-		k.waitFor("nodes clean", 60*time.Second, func() (bool, string) {
-			var left []string
-			for _, n := range nodes {
-				root := nodeRoot(t, n)
-				for _, l := range leftoversIn(root, filepath.Join(filepath.Dir(root), "mountinfo")) {
-					left = append(left, n+": "+l)
-				}
+		if _, err := k.run("", "delete", "namespace", ns, "--timeout=300s"); err != nil {
+			t.Fatalf("%v\n%s", err, k.leftIn(ns))
+		}
+		waitNodesClean(t, k, nodes)
+	})
+}
+
+// waitNodesClean waits until no PV is left, and no mount, loop device,
+// volume or snapshot of the driver on any node.
+func waitNodesClean(t *testing.T, k *kube, nodes []string) {
+	t.Helper()
+	k.waitFor("PVs deleted", 180*time.Second, func() (bool, string) {
+		pvs := k.items("pv")
+		return len(pvs) == 0, fmt.Sprintf("%d PVs", len(pvs))
+	})
+	k.waitFor("nodes clean", 60*time.Second, func() (bool, string) {
+		var left []string
+		for _, n := range nodes {
+			root := nodeRoot(t, n)
+			for _, l := range leftoversIn(root, filepath.Join(filepath.Dir(root), "mountinfo")) {
+				left = append(left, n+": "+l)
 			}
-			return len(left) == 0, strings.Join(left, "; ")
-		})
+		}
+		return len(left) == 0, strings.Join(left, "; ")
 	})
 }
 
