@@ -226,7 +226,7 @@ e2e-suite: cluster-build
 	KUBE_TEST_REPO_LIST=$(CURDIR)/test/cluster/e2e/repo-list.yaml $(CACHE)/bin/ginkgo -p --procs=$(E2E_PROCS) --no-color \
 	  --focus='$(E2E_FOCUS)' --skip='$(E2E_SKIP)' --timeout=3h --output-dir=$(E2E_OUT) --json-report=report.json \
 	  $(CACHE)/bin/e2e.test -- -kubeconfig=$(CACHE)/cluster/admin.kubeconfig -provider=local \
-	  -storage.testdriver=$(CURDIR)/$(E2E_DRIVER) -report-dir=$(E2E_OUT) 2>&1 | tee $(E2E_OUT)/run.log | grep -E '^(Ran |PASS|FAIL|SUCCESS|  \[FAIL\])'; \
+	  -storage.testdriver=$(CURDIR)/$(E2E_DRIVER) -repo-root=$(CURDIR) -report-dir=$(E2E_OUT) 2>&1 | tee $(E2E_OUT)/run.log | grep -E '^(Ran |PASS|FAIL|SUCCESS|  \[FAIL\])'; \
 	  rc=$${PIPESTATUS[0]}; \
 	  mkdir -p test/cluster/e2e/results; $(GO) -C test/cluster run ./cmd/suitesummary -cmd "make e2e-suite E2E_DRIVER=$(E2E_DRIVER) E2E_FOCUS='$(E2E_FOCUS)' E2E_SKIP='$(E2E_SKIP)' E2E_PROCS=$(E2E_PROCS)" \
 	    < $(E2E_OUT)/report.json > $(E2E_SUMMARY) && sed -n 5p $(E2E_SUMMARY); \
@@ -284,7 +284,7 @@ lint:
 KERNEL_SUITES ?= bookworm bullseye
 KERNEL_CACHE  ?= $(CACHE)/kernel
 KERNEL_BIN    := $(KERNEL_CACHE)/bin
-KERNEL_TESTS  ?= loop fsops archive format/ext4 format/xfs csi engine engine/store test/sanity
+KERNEL_TESTS  ?= loop fsops iolimit archive format/ext4 format/xfs csi engine engine/store test/sanity
 kernel-deps: deps
 	command -v qemu-system-x86_64 >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null)

@@ -35,8 +35,13 @@ func (d *Driver) checkMutable(params map[string]string) error {
 			if _, _, _, err := d.SnapshotOptions(map[string]string{engine.ParamCompression: v}, engine.LayoutDirectory, nil); err != nil {
 				return invalid("mutable parameter %s=%q: %s", k, v, err.Error())
 			}
+		case engine.MutableReadIOPS, engine.MutableWriteIOPS, engine.MutableReadBPS, engine.MutableWriteBPS:
+			if err := engine.CheckIOLimit(k, v); err != nil {
+				return invalid("%s", err.Error())
+			}
 		default:
-			keys := []string{engine.MutableKind, engine.MutableSnapshotFormat, engine.MutableSnapshotCompression}
+			keys := []string{engine.MutableKind, engine.MutableSnapshotFormat, engine.MutableSnapshotCompression,
+				engine.MutableReadIOPS, engine.MutableWriteIOPS, engine.MutableReadBPS, engine.MutableWriteBPS}
 			sort.Strings(keys)
 			return invalid("mutable parameter %q is not supported; this driver can change %s", k, strings.Join(keys, ", "))
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/hostpath-csi/hostpath/engine/store"
 	"github.com/hostpath-csi/hostpath/fsops"
+	"github.com/hostpath-csi/hostpath/iolimit"
 )
 
 // Engine is the storage side of the driver: it owns the records, the
@@ -69,6 +70,15 @@ type Engine struct {
 	// bg is the work that outlives requests (pulls from other nodes),
 	// stopped by Close before the state is.
 	bg *background
+
+	// cg is the host's cgroup hierarchy for I/O limits; ioMu orders the
+	// writes of limits (a modify's, a publish's, the enforcer's), so none
+	// puts back what another has just replaced.
+	cg   cgroups
+	ioMu sync.Mutex
+	// cgWatch watches the cgroups of pods with limited volumes for new
+	// containers (set by enforceIOLimits).
+	cgWatch atomic.Pointer[iolimit.Watcher]
 
 	// stopPools ends watchPools (Close).
 	stopPools chan struct{}

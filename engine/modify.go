@@ -3,6 +3,8 @@ package engine
 import (
 	"fmt"
 	"maps"
+
+	"k8s.io/klog/v2"
 )
 
 // Mutable parameters (VolumeAttributesClass). Each is stored with the
@@ -10,7 +12,10 @@ import (
 //   - kind moves the volume's reservation to another simulated --capacity
 //     pool (refused with ResourceExhausted if that pool is full);
 //   - snapshotFormat and snapshotCompression become the defaults for
-//     snapshots of this volume whose VolumeSnapshotClass says nothing.
+//     snapshots of this volume whose VolumeSnapshotClass says nothing;
+//   - readIOPS, writeIOPS, readBytesPerSecond and writeBytesPerSecond
+//     throttle an image or block volume's device in its pods' cgroups
+//     (iolimits.go).
 const (
 	MutableKind                = "kind"
 	MutableSnapshotFormat      = "snapshotFormat"
@@ -39,6 +44,9 @@ func (d *Engine) ModifyVolume(id string, params map[string]string) error {
 		return err
 	}
 	defer unlock()
+	if err := checkIOLimitsFor(v, params); err != nil {
+		return err
+	}
 	if k, ok := params[MutableKind]; ok && k != v.Kind {
 		if err := d.Records.Volumes.Check(func(all map[string]VolumeRecord) error {
 			var used int64
@@ -55,8 +63,27 @@ func (d *Engine) ModifyVolume(id string, params map[string]string) error {
 			return err
 		}
 	}
-	applyMutable(&v, params)
-	if err := d.Records.Volumes.Put(v); err != nil {
+	nv := v
+	nv.Mutable = maps.Clone(v.Mutable)
+	applyMutable(&nv, params)
+	// New I/O limits go to the pods that publish the volume first, and
+	// are recorded only once they are there: a limit that cannot be set
+	// (a pod gone, a cgroup that cannot be written) leaves the old ones,
+	// in the cgroups and in the record.
+	old, l := ioLimitsOf(v.Mutable), ioLimitsOf(nv.Mutable)
+	d.ioMu.Lock()
+	defer d.ioMu.Unlock()
+	if l != old && len(v.Published) > 0 {
+		if err := d.applyIOLimits(v, v.Published, l, old); err != nil {
+			return err
+		}
+	}
+	if err := d.Records.Volumes.Put(nv); err != nil {
+		if l != old && len(v.Published) > 0 {
+			if uerr := d.applyIOLimits(v, v.Published, old, l); uerr != nil {
+				klog.ErrorS(uerr, "putting back a volume's I/O limits after its record failed", "volume_id", id)
+			}
+		}
 		return fmt.Errorf("recording the parameters of volume %s: %w", id, err)
 	}
 	return nil

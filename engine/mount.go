@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/fsops"
+	"github.com/hostpath-csi/hostpath/iolimit"
 	"github.com/hostpath-csi/hostpath/loop"
 )
 
@@ -152,6 +153,13 @@ func (d *Engine) PublishVolume(v VolumeRecord, target string, flags uintptr, rea
 			}
 		}
 		return err
+	}
+	// The volume's I/O limits hold in the pod before it starts: a publish
+	// that cannot set them fails (and kubelet retries it).
+	if l := ioLimitsOf(v.Mutable); !l.IsZero() {
+		d.ioMu.Lock()
+		defer d.ioMu.Unlock()
+		return d.applyIOLimits(v, []publication{{Target: target}}, l, iolimit.Limits{})
 	}
 	return nil
 }

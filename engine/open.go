@@ -57,6 +57,15 @@ type Config struct {
 	// EnableSnapshotMetadata serves the SnapshotMetadata service.
 	EnableSnapshotMetadata bool
 
+	// CgroupMount is where the host's cgroup file systems are mounted in
+	// the driver's container (/sys/fs/cgroup when empty): I/O limits are
+	// written into pods' cgroups there.
+	CgroupMount string
+	// IOLimitInterval is how often the I/O limits are set again in the
+	// cgroups of the pods that publish limited volumes (containers made
+	// since, on cgroup v1); zero means 2 s.
+	IOLimitInterval time.Duration
+
 	// Pools are the storage pools beside the state dir's own (DefaultPool):
 	// name to a directory on a file system of its own. A StorageClass or
 	// VolumeSnapshotClass chooses one with the parameter "pool".
@@ -279,6 +288,17 @@ func Open(cfg Config, moved func(op string, n int64)) (*Engine, error) {
 	if len(cfg.Pools) > 0 {
 		d.stopPools = make(chan struct{})
 		go d.watchPools(cfg.PoolRetryInterval, d.stopPools)
+	}
+	if cfg.EnableModifyVolume {
+		every := cfg.IOLimitInterval
+		if every <= 0 {
+			every = 2 * time.Second
+		}
+		d.bg.wg.Add(1)
+		go func() {
+			defer d.bg.wg.Done()
+			d.enforceIOLimits(every, d.bg.ctx.Done())
+		}()
 	}
 	return d, nil
 }

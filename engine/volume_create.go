@@ -161,6 +161,9 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 	if isImage(rec) && rec.CapacityBytes > maxSize {
 		return VolumeRecord{}, StorageErr(ErrOutOfRange, "an image volume holds at most %d bytes (16 TiB: its loop device and ext4's 32-bit block numbers); %d asked", maxSize, rec.CapacityBytes)
 	}
+	if err := checkIOLimitsFor(rec, spec.Mutable); err != nil {
+		return VolumeRecord{}, err
+	}
 	applyMutable(&rec, spec.Mutable)
 	if old, ok := d.Records.Volumes.ByName(spec.Name); ok {
 		return d.existingVolume(old, rec, spec.Capacity, named)

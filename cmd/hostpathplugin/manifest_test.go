@@ -333,15 +333,17 @@ func isTestDriver(f string) bool {
 // deploy/test-driver*.yaml tell the Kubernetes e2e suite what the driver
 // does (test-driver.yaml of deploy/'s default class, ext4 image volumes;
 // test-driver-image-xfs.yaml of XFS image volumes;
-// test-driver-directory.yaml of directory volumes); each must name this
-// driver, its topology key and classes deploy/ creates, and only
-// capabilities the suite knows.
+// test-driver-directory.yaml of directory volumes; test-driver-group.yaml
+// of the group snapshot spec on several nodes, its class from a file);
+// each must name this driver, its topology key and classes deploy/
+// creates (or a class of this driver), and only capabilities the suite
+// knows.
 func TestE2EDriverDefinition(t *testing.T) {
 	files, _ := filepath.Glob("../../deploy/test-driver*.yaml")
-	if len(files) != 3 {
-		t.Fatalf("claims to the e2e suite: %v, want test-driver.yaml, test-driver-image-xfs.yaml and test-driver-directory.yaml", files)
+	if len(files) != 4 {
+		t.Fatalf("claims to the e2e suite: %v, want test-driver.yaml, test-driver-image-xfs.yaml, test-driver-directory.yaml and test-driver-group.yaml", files)
 	}
-	want := map[string]string{"test-driver.yaml": "hostpath", "test-driver-image-xfs.yaml": "hostpath-image-xfs", "test-driver-directory.yaml": "hostpath-directory"}
+	want := map[string]string{"test-driver.yaml": "hostpath", "test-driver-image-xfs.yaml": "hostpath-image-xfs", "test-driver-directory.yaml": "hostpath-directory", "test-driver-group.yaml": ""}
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) { checkE2EDriver(t, f, want[filepath.Base(f)]) })
 	}
@@ -353,7 +355,7 @@ func checkE2EDriver(t *testing.T, file, class string) {
 		t.Fatal(err)
 	}
 	var def struct {
-		StorageClass       struct{ FromExistingClassName string }
+		StorageClass       struct{ FromExistingClassName, FromFile string }
 		SnapshotClass      struct{ FromExistingClassName string }
 		GroupSnapshotClass struct{ FromExistingClassName string }
 		DriverInfo         struct {
@@ -378,7 +380,20 @@ func checkE2EDriver(t *testing.T, file, class string) {
 	for _, c := range m.classes {
 		classes = append(classes, c.Name)
 	}
-	if got := def.StorageClass.FromExistingClassName; got != class || !contains(classes, got) {
+	if f := def.StorageClass.FromFile; f != "" {
+		// Read relative to the repository (make e2e-suite's -repo-root).
+		b, err := os.ReadFile(filepath.Join("../..", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sc storagev1.StorageClass
+		if err := yaml.UnmarshalStrict(b, &sc); err != nil {
+			t.Fatal(err)
+		}
+		if sc.Kind != "StorageClass" || sc.Provisioner != m.drivers[0].Name {
+			t.Errorf("%s is a %s of %q, want a StorageClass of %s", f, sc.Kind, sc.Provisioner, m.drivers[0].Name)
+		}
+	} else if got := def.StorageClass.FromExistingClassName; got != class || !contains(classes, got) {
 		t.Errorf("class %q: want %q, one of deploy/'s %v", got, class, classes)
 	}
 	if def.SnapshotClass.FromExistingClassName != m.snapClasses[0].Name {

@@ -282,6 +282,9 @@ spec:
 			return strings.TrimSpace(out) == "1000:2000", out
 		})
 	})
+	step(t, "I/O limits through VolumeAttributesClass: fio in a pod held to its class's, changed online", func() {
+		ioLimits(k)
+	})
 	step(t, "driver pod killed and rescheduled, every volume still served", func() {
 		old := strings.TrimSpace(k.must("get", "pods", "-n", driverNS, "-o", "jsonpath={.items[0].metadata.name}"))
 		k.must("delete", "pod", "-n", driverNS, old, "--grace-period=0", "--force")

@@ -594,7 +594,7 @@ func rollingUpgrade(t *testing.T, k *kube, nodes []string) {
 		t.Fatalf("the previous release's deploy/: %v (make image-previous exports it)", err)
 	}
 	sums := map[string]string{}
-	var watchesBefore map[string]int
+	var watchesBefore, requestsBefore map[string]int
 	step(t, "previous release ("+prevRef[strings.LastIndex(prevRef, ":")+1:]+") deployed with its own manifests on every node, a writer on each", func() {
 		// A cluster on the previous release has no transfer signer: its
 		// nodes keep the authority, key and all, in the shared Secret.
@@ -632,6 +632,7 @@ func rollingUpgrade(t *testing.T, k *kube, nodes []string) {
 		takeSnapshot(k, "up-snap", "up-0")
 		time.Sleep(5 * time.Second) // the sidecars' informers settled
 		watchesBefore = watches(t, k)
+		requestsBefore = requests(t, k, requestWindow)
 	})
 	lines := map[string]int{}
 	step(t, "DaemonSet rolled to the current image while the pods write", func() {
@@ -663,6 +664,12 @@ func rollingUpgrade(t *testing.T, k *kube, nodes []string) {
 			report = append(report, fmt.Sprintf("%s %d -> %d", r, watchesBefore[r], after[r]))
 		}
 		fmt.Printf("e2e      watches held by the API server, previous release (node snapshotters and resizers) -> this one: %s\n", strings.Join(report, ", "))
+		reqs := requests(t, k, requestWindow)
+		report = nil
+		for _, r := range []string{"total", "leases", "persistentvolumeclaims", "persistentvolumes", "volumesnapshotcontents", "volumesnapshots", "volumeattachments", "csinodes"} {
+			report = append(report, fmt.Sprintf("%s %d -> %d", r, requestsBefore[r], reqs[r]))
+		}
+		fmt.Printf("e2e      API requests in %v of an idle cluster, previous release -> this one: %s\n", requestWindow, strings.Join(report, ", "))
 		if after["volumesnapshotcontents"] >= watchesBefore["volumesnapshotcontents"] {
 			t.Fatalf("the API server holds %d watches of snapshot contents after the upgrade, %d before: the nodes still watch them", after["volumesnapshotcontents"], watchesBefore["volumesnapshotcontents"])
 		}
@@ -912,11 +919,36 @@ func pgPodWAL(name, data, wal, script string) string {
 // (apiserver_longrunning_requests, verb WATCH, summed over groups and
 // scopes).
 func watches(t *testing.T, k *kube) map[string]int {
+	return apiMetric(t, k, "apiserver_longrunning_requests{", `verb="WATCH"`)
+}
+
+// requestWindow is how long requests() counts.
+const requestWindow = 15 * time.Second
+
+// requests counts the API server's requests by resource (and "total")
+// over d (apiserver_request_total before and after; the metrics reads
+// themselves are in it, the same number each time).
+func requests(t *testing.T, k *kube, d time.Duration) map[string]int {
+	t.Helper()
+	before := apiMetric(t, k, "apiserver_request_total{", "")
+	time.Sleep(d)
+	after := apiMetric(t, k, "apiserver_request_total{", "")
+	diff := map[string]int{}
+	for r, n := range after {
+		diff[r] = n - before[r]
+		diff["total"] += n - before[r]
+	}
+	return diff
+}
+
+// apiMetric sums one of the API server's metrics by its resource label,
+// over the series whose labels contain match.
+func apiMetric(t *testing.T, k *kube, prefix, match string) map[string]int {
 	t.Helper()
 	out := k.must("get", "--raw", "/metrics")
 	n := map[string]int{}
 	for _, l := range strings.Split(out, "\n") {
-		if !strings.HasPrefix(l, "apiserver_longrunning_requests{") || !strings.Contains(l, `verb="WATCH"`) {
+		if !strings.HasPrefix(l, prefix) || !strings.Contains(l, match) {
 			continue
 		}
 		_, rest, ok := strings.Cut(l, `resource="`)

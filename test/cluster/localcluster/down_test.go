@@ -259,7 +259,12 @@ func loopsUnder(dir string) []string {
 		p := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
 		// A device the driver attached in its container shows its file
 		// relative to the container's mount of the state dir: /volumes/...
-		if p == dir || strings.HasPrefix(p, dir+"/") || strings.HasPrefix(p, "/volumes/vol-") || strings.HasPrefix(p, "/snapshots/snap-") {
+		// Kubelet holds a block volume's published device node open with a
+		// loop device of its own (backed by the node under volumeDevices,
+		// "/" once that is gone), which keeps the driver's device bound: a
+		// cluster stopped with such a pod running leaves both.
+		if p == dir || strings.HasPrefix(p, dir+"/") || strings.HasPrefix(p, "/volumes/vol-") || strings.HasPrefix(p, "/snapshots/snap-") ||
+			strings.Contains(p, "/kubernetes.io/csi/volumeDevices/") || p == "/" {
 			out = append(out, "/dev/"+strings.Split(bf, "/")[3])
 		}
 	}

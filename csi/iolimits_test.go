@@ -1,0 +1,205 @@
+package csi
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hostpath-csi/hostpath/engine"
+	"github.com/hostpath-csi/hostpath/internal/testutil"
+	"github.com/hostpath-csi/hostpath/iolimit"
+)
+
+// podCgroups makes a pod's cgroup and one container's under a test root
+// of the host's hierarchy, as kubelet's cgroupfs driver names them, and
+// removes them when the test ends.
+func podCgroups(t *testing.T, h iolimit.Hierarchy, uid string) (pod, ctr string) {
+	t.Helper()
+	root := filepath.Join(h.Root, fmt.Sprintf("hostpath-csi-test-%d", os.Getpid()))
+	dirs := []string{root, filepath.Join(root, "kubepods"), filepath.Join(root, "kubepods", "besteffort")}
+	pod = filepath.Join(dirs[2], "pod"+uid)
+	ctr = filepath.Join(pod, "ctr-1")
+	dirs = append(dirs, pod, ctr)
+	for i, d := range dirs {
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			t.Fatal(err)
+		}
+		// v2: a cgroup's children have the io controller only where it
+		// hands it down.
+		if h.V2 && i < len(dirs)-1 {
+			if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+io"), 0); err != nil {
+				t.Fatalf("enabling io below %s: %v", d, err)
+			}
+		}
+	}
+	t.Cleanup(func() {
+		for i := len(dirs) - 1; i >= 0; i-- {
+			os.Remove(dirs[i]) // a parent still used by another test's stays
+		}
+	})
+	return pod, ctr
+}
+
+// TestIOLimits: an image volume's I/O limits (mutable parameters) are
+// set in the cgroups of the pod that publishes it, and in a container's
+// made after the publish; a modify changes them online; a bad limit, a
+// modify while the pod has no cgroup, and limits on a directory volume
+// are refused, each leaving the limits in force.
+func TestIOLimits(t *testing.T) {
+	testutil.RequireRoot(t)
+	h, err := iolimit.Detect("/sys/fs/cgroup")
+	if err != nil {
+		t.Fatalf("no cgroup I/O controller: %v", err)
+	}
+	cfg := testConfig(t)
+	// The interval is long: what the test sees is the publish's, the
+	// modify's and the watch's doing.
+	cfg.EnableModifyVolume, cfg.CgroupMount, cfg.IOLimitInterval = true, "/sys/fs/cgroup", time.Hour
+	d := newDriver(t, cfg)
+	b := make([]byte, 8)
+	rand.Read(b)
+	uid := fmt.Sprintf("%x-0000-4000-8000-000000000000", b)
+	podDir, ctrDir := podCgroups(t, h, uid)
+
+	r := createReq("limited", 32<<20)
+	r.Parameters = imageParams
+	r.MutableParameters = map[string]string{engine.MutableReadIOPS: "1000", engine.MutableWriteBPS: "1048576"}
+	v, err := d.CreateVolume(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := v.GetVolume().GetVolumeId()
+	t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}) })
+	base := t.TempDir()
+	staging := filepath.Join(base, "staging")
+	target := filepath.Join(base, "pods", uid, "volumes", "kubernetes.io~csi", "pvc-1", "mount")
+	unmountAll(t, staging, target)
+	if _, err := d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwo}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}) })
+	if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rwo}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}) })
+	dev, err := iolimit.DeviceOf(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dev.Major != 7 {
+		t.Fatalf("the published image volume shows device %s, want a loop device's", dev)
+	}
+	want := func(what string, dirs []string, l iolimit.Limits) {
+		t.Helper()
+		if h.V2 {
+			dirs = []string{podDir} // its containers are held to the pod's
+		}
+		for _, dir := range dirs {
+			if got, err := h.Get(dir, dev); err != nil || got != l {
+				t.Fatalf("%s: %s holds %+v (%v), want %+v", what, dir, got, err, l)
+			}
+		}
+	}
+	both := []string{podDir, ctrDir}
+	want("published", both, iolimit.Limits{ReadIOPS: 1000, WriteBytesPerSecond: 1 << 20})
+
+	// A container made after the publish takes them as soon as it is
+	// made (cgroup v1's throttling is not hierarchical; the pod's cgroup
+	// is watched).
+	late := filepath.Join(podDir, "ctr-2")
+	if h.V2 {
+		late = ctrDir // nothing to write below the pod's on v2
+	}
+	if !h.V2 {
+		if err := os.Mkdir(late, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		defer os.Remove(late)
+	}
+	start := time.Now()
+	for l, _ := h.Get(late, dev); !h.V2 && l.ReadIOPS != 1000; l, _ = h.Get(late, dev) {
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("a container's cgroup made after the publish holds %+v after 5 s", l)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("a container's cgroup made after the publish held the limits %v later", time.Since(start))
+	both = append(both, late)
+
+	modify := func(params map[string]string) error {
+		_, err := d.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: id, MutableParameters: params})
+		return err
+	}
+	if err := modify(map[string]string{engine.MutableReadIOPS: "5000"}); err != nil {
+		t.Fatal(err)
+	}
+	in := iolimit.Limits{ReadIOPS: 5000, WriteBytesPerSecond: 1 << 20}
+	want("modified online", both, in)
+
+	for _, tc := range []struct {
+		name   string
+		params map[string]string
+		code   codes.Code
+		msg    string
+	}{
+		{"not a number", map[string]string{engine.MutableReadIOPS: "fast"}, codes.InvalidArgument, "positive integer"},
+		{"zero", map[string]string{engine.MutableWriteIOPS: "0"}, codes.InvalidArgument, "positive integer"},
+		{"negative", map[string]string{engine.MutableReadBPS: "-1"}, codes.InvalidArgument, "positive integer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := modify(tc.params)
+			if status.Code(err) != tc.code || !strings.Contains(err.Error(), tc.msg) {
+				t.Fatalf("%v, want %v saying %q", err, tc.code, tc.msg)
+			}
+			want("after a refused modify", both, in)
+		})
+	}
+
+	t.Run("pod gone", func(t *testing.T) {
+		for _, dir := range []string{late, ctrDir, podDir} {
+			if err := os.Remove(dir); err != nil && !(h.V2 && dir == late && errors.Is(err, fs.ErrNotExist)) {
+				t.Fatal(err)
+			}
+		}
+		err := modify(map[string]string{engine.MutableReadIOPS: "7000"})
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "has no cgroup") {
+			t.Fatalf("a modify while the pod has no cgroup: %v, want FailedPrecondition saying so", err)
+		}
+		// The record kept the old read limit: a modify of another limit,
+		// once the pod's cgroup is there again, sets it with the old one.
+		podCgroups(t, h, uid)
+		if err := modify(map[string]string{engine.MutableWriteIOPS: "300"}); err != nil {
+			t.Fatal(err)
+		}
+		want("after a refused modify and another", []string{podDir, ctrDir}, iolimit.Limits{ReadIOPS: 5000, WriteIOPS: 300, WriteBytesPerSecond: 1 << 20})
+	})
+
+	t.Run("directory volume", func(t *testing.T) {
+		r := createReq("dir-limited", 16<<20)
+		r.Parameters = map[string]string{engine.ParamLayout: engine.LayoutDirectory}
+		r.MutableParameters = map[string]string{engine.MutableReadIOPS: "1000"}
+		if _, err := d.CreateVolume(ctx, r); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "directory volume") {
+			t.Fatalf("a directory volume with I/O limits: %v, want InvalidArgument naming the layout", err)
+		}
+		r.MutableParameters = nil
+		dv, err := d.CreateVolume(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: dv.GetVolume().GetVolumeId()})
+		_, err = d.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: dv.GetVolume().GetVolumeId(), MutableParameters: map[string]string{engine.MutableWriteIOPS: "10"}})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "directory volume") {
+			t.Fatalf("I/O limits on a directory volume: %v, want InvalidArgument naming the layout", err)
+		}
+	})
+}

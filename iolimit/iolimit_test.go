@@ -1,0 +1,229 @@
+package iolimit_test
+
+import (
+	"bufio"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hostpath-csi/hostpath/internal/testutil"
+	"github.com/hostpath-csi/hostpath/iolimit"
+	"github.com/hostpath-csi/hostpath/loop"
+	"golang.org/x/sys/unix"
+)
+
+// helperEnv makes the test binary the reader TestIOPS measures: it reads
+// the device named by the variable with O_DIRECT, 4 KiB at a time, once
+// told to start on stdin, and prints how many reads it made per second.
+const helperEnv = "HOSTPATH_IOLIMIT_READER"
+
+func TestMain(m *testing.M) {
+	if dev := os.Getenv(helperEnv); dev != "" {
+		os.Exit(reader(dev))
+	}
+	os.Exit(m.Run())
+}
+
+func reader(dev string) int {
+	f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_DIRECT, 0)
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	defer f.Close()
+	buf, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE) // aligned
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	n, _ := strconv.Atoi(os.Getenv(helperEnv + "_COUNT"))
+	bufio.NewReader(os.Stdin).ReadString('\n') // in its cgroup now
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		if _, err := f.ReadAt(buf, int64(i%4096)*4096); err != nil {
+			fmt.Println(err)
+			return 1
+		}
+	}
+	fmt.Printf("%.0f\n", float64(n)/time.Since(start).Seconds())
+	return 0
+}
+
+// readIOPS runs the reader in cgroup dir and returns the reads per
+// second it made.
+func readIOPS(t *testing.T, h iolimit.Hierarchy, dir, dev string, n int) float64 {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+dev, helperEnv+"_COUNT="+strconv.Itoa(n))
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	procs := "cgroup.procs"
+	if err := os.WriteFile(filepath.Join(dir, procs), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("moving the reader into %s: %v", dir, err)
+	}
+	in.Write([]byte("go\n"))
+	in.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("reader: %v: %s", err, out.String())
+	}
+	v, err := strconv.ParseFloat(strings.TrimSpace(out.String()), 64)
+	if err != nil {
+		t.Fatalf("reader said %q", out.String())
+	}
+	return v
+}
+
+func uid(t *testing.T) string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// tree makes the cgroups of a pod and one container below a test root
+// of its own, as kubelet names them under a cgroup driver, and removes
+// them in t.Cleanup (once the reader has left).
+func tree(t *testing.T, h iolimit.Hierarchy, driver, uid string) (pod, ctr string) {
+	t.Helper()
+	root := filepath.Join(h.Root, fmt.Sprintf("hostpath-iolimit-test-%d", os.Getpid()))
+	var parts []string
+	switch driver {
+	case "cgroupfs":
+		parts = []string{"kubepods", "burstable", "pod" + uid, "0123abcd"}
+	case "systemd":
+		u := strings.ReplaceAll(uid, "-", "_")
+		parts = []string{"kubepods.slice", "kubepods-besteffort.slice", "kubepods-besteffort-pod" + u + ".slice", "cri-containerd-0123abcd.scope"}
+	}
+	dirs := []string{root}
+	for _, p := range parts {
+		dirs = append(dirs, filepath.Join(dirs[len(dirs)-1], p))
+	}
+	t.Cleanup(func() {
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := os.Remove(dirs[i]); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.EBUSY) {
+				t.Errorf("removing %s: %v", dirs[i], err)
+			}
+		}
+	})
+	for i, d := range dirs {
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			t.Fatal(err)
+		}
+		// v2: a cgroup's children have the io controller only where it
+		// hands it down.
+		if h.V2 && i < len(dirs)-1 {
+			if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+io"), 0); err != nil {
+				t.Fatalf("enabling io below %s: %v", d, err)
+			}
+		}
+	}
+	return dirs[len(dirs)-2], dirs[len(dirs)-1]
+}
+
+// TestLimits: a pod's cgroup is found under both cgroup drivers' names;
+// a read limit set for the pod holds its container's reads to it (within
+// 10%), a raised limit to the raised one, and a removed limit leaves
+// them free; an unknown pod, a bad uid and a device the kernel refuses
+// are errors with their errno.
+func TestLimits(t *testing.T) {
+	testutil.RequireRoot(t)
+	h, err := iolimit.Detect("/sys/fs/cgroup")
+	if err != nil {
+		t.Fatalf("no cgroup I/O controller under /sys/fs/cgroup: %v", err)
+	}
+	t.Logf("cgroup v2: %v, at %s", h.V2, h.Root)
+	img := filepath.Join(t.TempDir(), "disk")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	d, err := loop.Attach(img, loop.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { loop.Detach(d) })
+	dev, err := iolimit.DeviceOf(d.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dev.Major != unix.Major(d.Rdev) || dev.Minor != unix.Minor(d.Rdev) {
+		t.Fatalf("DeviceOf(%s) = %s, want %d:%d", d.Path(), dev, unix.Major(d.Rdev), unix.Minor(d.Rdev))
+	}
+	free := 0.0
+	for _, driver := range []string{"cgroupfs", "systemd"} {
+		t.Run(driver, func(t *testing.T) {
+			id := uid(t)
+			pod, ctr := tree(t, h, driver, id)
+			found, err := h.PodCgroup(id)
+			if err != nil || found != pod {
+				t.Fatalf("PodCgroup(%s) = %q, %v; want %s", id, found, err, pod)
+			}
+			if free == 0 {
+				free = readIOPS(t, h, ctr, d.Path(), 4000)
+				t.Logf("unlimited: %.0f reads/s", free)
+				if free < 20000 {
+					t.Fatalf("unlimited reads at %.0f/s: too slow to tell a 10,000/s limit", free)
+				}
+			}
+			for _, limit := range []uint64{1000, 10000} {
+				if err := h.Set(pod, dev, iolimit.Limits{ReadIOPS: limit, WriteBytesPerSecond: 1 << 20}); err != nil {
+					t.Fatal(err)
+				}
+				check := ctr
+				if h.V2 {
+					check = pod // v2: the pod's, which its containers inherit
+				}
+				if got, err := h.Get(check, dev); err != nil || got != (iolimit.Limits{ReadIOPS: limit, WriteBytesPerSecond: 1 << 20}) {
+					t.Fatalf("limits read back from %s: %+v, %v", check, got, err)
+				}
+				got := readIOPS(t, h, ctr, d.Path(), int(limit*2))
+				t.Logf("limit %d: %.0f reads/s", limit, got)
+				if got < float64(limit)*0.9 || got > float64(limit)*1.1 {
+					t.Fatalf("reads under a %d IOPS limit: %.0f/s, want within 10%%", limit, got)
+				}
+			}
+			if err := h.Set(pod, dev, iolimit.Limits{}); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := h.Get(ctr, dev); err != nil || !got.IsZero() {
+				t.Fatalf("limits after removing them: %+v, %v", got, err)
+			}
+			if got := readIOPS(t, h, ctr, d.Path(), 4000); got < 20000 {
+				t.Fatalf("reads after the limit was removed: %.0f/s", got)
+			}
+		})
+	}
+	t.Run("errors", func(t *testing.T) {
+		if _, err := h.PodCgroup(uid(t)); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("an unknown pod: %v, want ENOENT", err)
+		}
+		if _, err := h.PodCgroup("../x"); !errors.Is(err, unix.EINVAL) {
+			t.Fatalf("a uid with a path in it: %v, want EINVAL", err)
+		}
+		if err := h.Set(filepath.Join(h.Root, "no-such-cgroup"), dev, iolimit.Limits{ReadIOPS: 1}); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("a cgroup that is gone: %v, want ENOENT", err)
+		}
+		pod, _ := tree(t, h, "cgroupfs", uid(t))
+		if err := h.Set(pod, iolimit.Device{Major: 4000, Minor: 1}, iolimit.Limits{ReadIOPS: 1}); !errors.Is(err, unix.ENODEV) {
+			t.Fatalf("a device the kernel does not know: %v, want ENODEV", err)
+		}
+	})
+}
