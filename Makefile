@@ -47,8 +47,12 @@ test-chart:
 	$(HELM) template hostpath-csi charts/hostpath-csi --namespace hostpath-csi > /dev/null
 	cd test/cluster/helm && HELM=$(HELM) $(GO) test -count=1 -v ./... | grep -E '^(---|ok|FAIL|PASS)|chart_test.go'; test $${PIPESTATUS[0]} -eq 0
 
+# The packages make test-unit runs; make lint fails on a package that is
+# in none of these nor in UNIT_ELSEWHERE (run by their own targets).
+UNIT_PKGS := ./loop/... ./fsops/... ./iolimit/... ./archive/... ./format/... ./csi/... ./engine/... ./route/... ./cmd/... ./registrar/... ./snapimport/... ./transfer/... ./kubepeers/... ./kubeauth/... ./lostnodes/... ./internal/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
+UNIT_ELSEWHERE := /bench /test/sanity /test/upgrade /test/kernel /test/kernel/guest /test/kernel/plan /test/powerloss/guest /test/powerloss/logwrites
 test-unit:
-	CGO_ENABLED=1 $(GO) test -race -count=1 ./loop/... ./fsops/... ./archive/... ./format/... ./csi/... ./engine/... ./cmd/... ./registrar/... ./snapimport/... ./transfer/... ./kubepeers/... ./kubeauth/... ./lostnodes/... ./internal/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
+	CGO_ENABLED=1 $(GO) test -race -count=1 $(UNIT_PKGS)
 	$(GO) -C test/cluster test -count=1 ./cmd/...
 
 # The previous release (PREVIOUS_RELEASE, built through a git worktree) and
@@ -274,6 +278,9 @@ lint:
 	$(GO) -C test/cluster/helm vet ./...
 	! grep -rln --include='*.go' -e '"os/exec"' . | grep -v '_test\.go$$' | grep -v '^\./bench/' 
 	! grep -rln --include='*.go' -e 'google.golang.org/grpc' -e 'container-storage-interface' engine/
+	@left=$$(comm -23 <($(GO) list ./... | sed 's|^github.com/hostpath-csi/hostpath||' | sort) \
+	  <( ($(GO) list $(UNIT_PKGS) | sed 's|^github.com/hostpath-csi/hostpath||'; printf '%s\n' $(UNIT_ELSEWHERE)) | sort)); \
+	  test -z "$$left" || { echo "packages no test target runs (add them to UNIT_PKGS): $$left"; exit 1; }
 
 # The tests in QEMU guests booting Debian's stock kernels (test/kernel):
 # each suite's linux-image-amd64 is downloaded, through the mirrors this
