@@ -20,36 +20,6 @@ import (
 	"github.com/hostpath-csi/hostpath/iolimit"
 )
 
-// podCgroups makes a pod's cgroup and one container's under a test root
-// of the host's hierarchy, as kubelet's cgroupfs driver names them, and
-// removes them when the test ends.
-func podCgroups(t *testing.T, h iolimit.Hierarchy, uid string) (pod, ctr string) {
-	t.Helper()
-	root := filepath.Join(h.Root, fmt.Sprintf("hostpath-csi-test-%d", os.Getpid()))
-	dirs := []string{root, filepath.Join(root, "kubepods"), filepath.Join(root, "kubepods", "besteffort")}
-	pod = filepath.Join(dirs[2], "pod"+uid)
-	ctr = filepath.Join(pod, "ctr-1")
-	dirs = append(dirs, pod, ctr)
-	for i, d := range dirs {
-		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-			t.Fatal(err)
-		}
-		// v2: a cgroup's children have the io controller only where it
-		// hands it down.
-		if h.V2 && i < len(dirs)-1 {
-			if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+io"), 0); err != nil {
-				t.Fatalf("enabling io below %s: %v", d, err)
-			}
-		}
-	}
-	t.Cleanup(func() {
-		for i := len(dirs) - 1; i >= 0; i-- {
-			os.Remove(dirs[i]) // a parent still used by another test's stays
-		}
-	})
-	return pod, ctr
-}
-
 // TestIOLimits: an image volume's I/O limits (mutable parameters) are
 // set in the cgroups of the pod that publishes it, and in a container's
 // made after the publish; a modify changes them online; a bad limit, a
@@ -69,7 +39,7 @@ func TestIOLimits(t *testing.T) {
 	b := make([]byte, 8)
 	rand.Read(b)
 	uid := fmt.Sprintf("%x-0000-4000-8000-000000000000", b)
-	podDir, ctrDir := podCgroups(t, h, uid)
+	podDir, ctrDir := testutil.PodCgroups(t, h.Root, h.V2, "cgroupfs", uid)
 
 	r := createReq("limited", 32<<20)
 	r.Parameters = imageParams
@@ -179,7 +149,7 @@ func TestIOLimits(t *testing.T) {
 		}
 		// The record kept the old read limit: a modify of another limit,
 		// once the pod's cgroup is there again, sets it with the old one.
-		podCgroups(t, h, uid)
+		testutil.PodCgroups(t, h.Root, h.V2, "cgroupfs", uid)
 		if err := modify(map[string]string{engine.MutableWriteIOPS: "300"}); err != nil {
 			t.Fatal(err)
 		}

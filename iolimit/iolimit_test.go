@@ -96,44 +96,10 @@ func uid(t *testing.T) string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
-// tree makes the cgroups of a pod and one container below a test root
-// of its own, as kubelet names them under a cgroup driver, and removes
-// them in t.Cleanup (once the reader has left).
+// tree makes a pod's and a container's cgroups (testutil.PodCgroups).
 func tree(t *testing.T, h iolimit.Hierarchy, driver, uid string) (pod, ctr string) {
 	t.Helper()
-	root := filepath.Join(h.Root, fmt.Sprintf("hostpath-iolimit-test-%d", os.Getpid()))
-	var parts []string
-	switch driver {
-	case "cgroupfs":
-		parts = []string{"kubepods", "burstable", "pod" + uid, "0123abcd"}
-	case "systemd":
-		u := strings.ReplaceAll(uid, "-", "_")
-		parts = []string{"kubepods.slice", "kubepods-besteffort.slice", "kubepods-besteffort-pod" + u + ".slice", "cri-containerd-0123abcd.scope"}
-	}
-	dirs := []string{root}
-	for _, p := range parts {
-		dirs = append(dirs, filepath.Join(dirs[len(dirs)-1], p))
-	}
-	t.Cleanup(func() {
-		for i := len(dirs) - 1; i >= 0; i-- {
-			if err := os.Remove(dirs[i]); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.EBUSY) {
-				t.Errorf("removing %s: %v", dirs[i], err)
-			}
-		}
-	})
-	for i, d := range dirs {
-		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-			t.Fatal(err)
-		}
-		// v2: a cgroup's children have the io controller only where it
-		// hands it down.
-		if h.V2 && i < len(dirs)-1 {
-			if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+io"), 0); err != nil {
-				t.Fatalf("enabling io below %s: %v", d, err)
-			}
-		}
-	}
-	return dirs[len(dirs)-2], dirs[len(dirs)-1]
+	return testutil.PodCgroups(t, h.Root, h.V2, driver, uid)
 }
 
 // TestLimits: a pod's cgroup is found under both cgroup drivers' names;
