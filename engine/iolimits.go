@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,14 +29,7 @@ const (
 var ioLimitKeys = [4]string{MutableReadIOPS, MutableWriteIOPS, MutableReadBPS, MutableWriteBPS}
 
 // IsIOLimit says a parameter is one of the I/O limits.
-func IsIOLimit(key string) bool {
-	for _, k := range ioLimitKeys {
-		if k == key {
-			return true
-		}
-	}
-	return false
-}
+func IsIOLimit(key string) bool { return slices.Contains(ioLimitKeys[:], key) }
 
 // CheckIOLimit validates one limit's value: a positive integer.
 func CheckIOLimit(key, value string) error {
@@ -197,15 +191,30 @@ func (d *Engine) enforceIOLimits(every time.Duration, stop <-chan struct{}) {
 		case <-t.C:
 			d.setIOLimits("")
 		case made := <-events:
-			d.setIOLimits(filepath.Dir(made))
+			if uid := podUIDOfCgroup(filepath.Base(filepath.Dir(made))); uid != "" {
+				d.setIOLimits(uid)
+			}
 		}
 	}
 }
 
+// podUIDOfCgroup is the uid of the pod whose cgroup is named name, as
+// kubelet names it (iolimit.PodCgroup): pod<uid>, or
+// kubepods[-<qos>]-pod<uid with underscores>.slice; "" for another name.
+func podUIDOfCgroup(name string) string {
+	if i := strings.LastIndex(name, "-pod"); i >= 0 && strings.HasSuffix(name, ".slice") {
+		return strings.ReplaceAll(strings.TrimSuffix(name[i+len("-pod"):], ".slice"), "_", "-")
+	}
+	if uid, ok := strings.CutPrefix(name, "pod"); ok {
+		return uid
+	}
+	return ""
+}
+
 // setIOLimits sets every limited volume's limits in the cgroups of the
-// pods that publish it (only in the pod's cgroup podDir, if not empty),
-// and watches those cgroups for containers made later.
-func (d *Engine) setIOLimits(podDir string) {
+// pods that publish it (only the pod with uid only, if not empty), and
+// watches those cgroups for containers made later.
+func (d *Engine) setIOLimits(only string) {
 	h, err := d.cgroupHierarchy()
 	if err != nil {
 		return
@@ -220,10 +229,10 @@ func (d *Engine) setIOLimits(podDir string) {
 		if v, ok := d.Records.Volumes.Get(v.ID); ok {
 			l := ioLimitsOf(v.Mutable)
 			for _, p := range v.Published {
-				dir, dev, err := d.publicationCgroup(h, v, p)
-				if err == nil && (podDir != "" && dir != podDir || l.IsZero()) {
+				if l.IsZero() || only != "" && podUIDOf(p.Target) != only {
 					continue
 				}
+				dir, dev, err := d.publicationCgroup(h, v, p)
 				if err == nil {
 					err = h.Set(dir, dev, l)
 				}
