@@ -39,7 +39,7 @@ func TestBackup(t *testing.T) {
 		t.Skip("needs the local cluster and Velero's images: run make e2e-backup")
 	}
 	cache := cacheDir()
-	k := &kube{t: t, bin: filepath.Join(cache, "bin", "kubectl"), cfg: filepath.Join(cache, "cluster", "admin.kubeconfig")}
+	k := newKube(t, cache)
 	velero := func(args ...string) (string, error) {
 		cmd := exec.Command(filepath.Join(cache, "bin", "velero"), append([]string{"--kubeconfig", k.cfg, "-n", veleroNS}, args...)...)
 		out, err := cmd.CombinedOutput()
@@ -60,12 +60,7 @@ func TestBackup(t *testing.T) {
 		k.must("apply", "-k", filepath.Join(moduleDir(t, snapshots+"/client/v8@v8.7.0"), "config", "crd"))
 		snapshotController(t, k, false)
 		deployImage(t, k, imageRef(t, filepath.Join(cache, "images", "hostpathplugin.tar")))
-		for _, n := range nodes {
-			k.waitFor("CSINode driver on "+n, 60*time.Second, func() (bool, string) {
-				d := k.jsonpath("", "csinode/"+n, "{.spec.drivers[*].name}")
-				return strings.Contains(d, "hostpath.csi.k8s.io"), d
-			})
-		}
+		k.waitRegistered(nodes)
 		// Velero takes CSI snapshots with the class of the driver that
 		// carries its label.
 		k.must("label", "volumesnapshotclass", "hostpath", "velero.io/csi-volumesnapshot-class=true", "--overwrite")

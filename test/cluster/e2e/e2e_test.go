@@ -34,7 +34,7 @@ func TestKubernetes(t *testing.T) {
 		t.Skip("needs the local cluster: run make e2e (it sets HOSTPATH_E2E)")
 	}
 	cache := cacheDir()
-	k := &kube{t: t, bin: filepath.Join(cache, "bin", "kubectl"), cfg: filepath.Join(cache, "cluster", "admin.kubeconfig")}
+	k := newKube(t, cache)
 	total := time.Now()
 
 	step(t, "snapshot CRDs and snapshot-controller (external-snapshotter v8.7.0) as upstream ships it", func() {
@@ -55,12 +55,7 @@ func TestKubernetes(t *testing.T) {
 	}
 	nodes := strings.Fields(k.must("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"))
 	step(t, fmt.Sprintf("driver registered with kubelet (CSINode) on %d nodes", len(nodes)), func() {
-		for _, n := range nodes {
-			k.waitFor("CSINode driver on "+n, 60*time.Second, func() (bool, string) {
-				d := k.jsonpath("", "csinode/"+n, "{.spec.drivers[*].name}")
-				return strings.Contains(d, "hostpath.csi.k8s.io"), d
-			})
-		}
+		k.waitRegistered(nodes)
 	})
 	if os.Getenv("HOSTPATH_E2E_DEPLOY_ONLY") != "" {
 		return // the driver is deployed (make cluster-deploy, make e2e-suite)

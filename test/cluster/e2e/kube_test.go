@@ -19,6 +19,23 @@ type kube struct {
 	namespaces []string
 }
 
+// newKube is kubectl with the local cluster's admin kubeconfig.
+func newKube(t *testing.T, cache string) *kube {
+	return &kube{t: t, bin: filepath.Join(cache, "bin", "kubectl"), cfg: filepath.Join(cache, "cluster", "admin.kubeconfig")}
+}
+
+// waitRegistered waits until the driver is registered with kubelet (its
+// CSINode entry) on every node.
+func (k *kube) waitRegistered(nodes []string) {
+	k.t.Helper()
+	for _, n := range nodes {
+		k.waitFor("CSINode driver on "+n, 60*time.Second, func() (bool, string) {
+			d := k.jsonpath("", "csinode/"+n, "{.spec.drivers[*].name}")
+			return strings.Contains(d, "hostpath.csi.k8s.io"), d
+		})
+	}
+}
+
 func (k *kube) run(stdin string, args ...string) (string, error) {
 	cmd := exec.Command(k.bin, append([]string{"--kubeconfig", k.cfg}, args...)...)
 	if stdin != "" {
