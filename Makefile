@@ -166,7 +166,7 @@ bench:
 # A single-node Kubernetes cluster on this machine, built from the
 # projects' Go modules and Debian packages (test/cluster), and the
 # end-to-end test that drives the driver through it. Builds are cached in
-# $(CACHE): the first cluster-build takes a while (see the README).
+# $(CACHE): the first cluster-build takes a while (see docs/testing.md).
 CLUSTER = $(MAKE) --no-print-directory -C test/cluster CACHE=$(CACHE)
 cluster-deps:
 	command -v runc >/dev/null && test -x /usr/lib/cni/bridge && test -x /bin/busybox && command -v iptables >/dev/null || \
@@ -248,7 +248,7 @@ scale:
 	$(GO) test -run '^$$' -bench 'BenchmarkScale$$' -benchtime=1x -timeout 30m ./bench/ -args -scale.volumes=$(SCALE_VOLUMES)
 	$(GO) test -run '^$$' -bench 'BenchmarkSnapshotMemory|BenchmarkManyFiles' -benchtime=1x -timeout 90m ./bench/ -args -mem.gib=$(SCALE_MEM_GIB) -many.files=$(SCALE_FILES)
 
-# Every target the README names, in a short form, so none rots unseen:
+# Every target the README and docs/testing.md name, in a short form, so none rots unseen:
 # run (started, probed, stopped), demo, image (twice: same bytes), stress
 # (12 kills: the crash test needs one inside an operation, about half are),
 # scale and bench on tiny sizes (bench results to a scratch directory).

@@ -5,7 +5,10 @@
 //     certificate requests for its signer name, each only for the node,
 //     pod and service account the API server records for the requester's
 //     token, keeps its key in a Secret of its own (SecretStore), and
-//     publishes the authorities to trust in a ConfigMap;
+//     publishes the authorities to trust in a ConfigMap; it grants the
+//     controller's identity (transfer.ControllerPeer) only to the pods of
+//     the controller's service account that a ReplicaSet owns
+//     (ControllerServiceAccount);
 //   - a node's side of it (CSRAuthority): its key stays in its process,
 //     its request goes through the CSR API;
 //   - the node an id's tag names, through the CSINode objects (whose names
