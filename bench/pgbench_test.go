@@ -94,9 +94,7 @@ func BenchmarkPgbench(b *testing.B) {
 		for _, v := range []struct {
 			name   string
 			params map[string]string
-		}{{"ours-image", imageParams},
-			{"ours-image-preallocated", map[string]string{engine.ParamLayout: engine.LayoutImage, engine.ParamPreallocate: "true"}},
-			{"directory", map[string]string{engine.ParamLayout: engine.LayoutDirectory}}} {
+		}{{"ours-image", imageParams}, {"directory", map[string]string{engine.ParamLayout: engine.LayoutDirectory}}} {
 			_, mnt := mountedVolume(b, d, fs, "pg-"+v.name, 2<<30, v.params)
 			sock := outDir(b, fs, "pg-sock")
 			p.serve(b, filepath.Join(mnt, "pgdata"), sock)

@@ -250,8 +250,6 @@ func TestImageParameters(t *testing.T) {
 		{"unknown layout", map[string]string{engine.ParamLayout: "lvm"}, rwo},
 		{"block image", imageParams, blockCap()},
 		{"btrfs image", imageParams, btrfs},
-		{"preallocate neither true nor false", map[string]string{engine.ParamLayout: engine.LayoutImage, engine.ParamPreallocate: "yes"}, rwo},
-		{"preallocated directory", map[string]string{engine.ParamLayout: engine.LayoutDirectory, engine.ParamPreallocate: "true"}, rwo},
 	} {
 		_, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "v", Parameters: tc.params, VolumeCapabilities: []*csi.VolumeCapability{tc.cap}})
 		if status.Code(err) != codes.InvalidArgument {
@@ -260,32 +258,6 @@ func TestImageParameters(t *testing.T) {
 	}
 	if _, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "dir", Parameters: map[string]string{engine.ParamLayout: engine.LayoutDirectory}, VolumeCapabilities: []*csi.VolumeCapability{rwo}}); err != nil {
 		t.Fatalf("layout=directory: %v", err)
-	}
-	// preallocate=true: the image is written whole at create (no hole
-	// left), its file system as a sparse one's.
-	for _, pre := range []string{"false", "true"} {
-		r := createReq("pre-"+pre, 64<<20)
-		r.Parameters = map[string]string{engine.ParamLayout: engine.LayoutImage, engine.ParamPreallocate: pre}
-		v, err := d.CreateVolume(ctx, r)
-		if err != nil {
-			t.Fatalf("preallocate=%s: %v", pre, err)
-		}
-		id := v.GetVolume().GetVolumeId()
-		f, err := os.Open(filepath.Join(volumesDir(d), id+engine.BlockSuffix))
-		if err != nil {
-			t.Fatal(err)
-		}
-		size, allocated, err := fsops.FileSize(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if whole := allocated >= size; whole != (pre == "true") {
-			t.Errorf("preallocate=%s: %d of %d bytes allocated", pre, allocated, size)
-		}
-		if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 

@@ -140,16 +140,9 @@ func (d *Driver) checkVolumeParameters(params map[string]string) (string, *engin
 			if v != engine.LayoutDirectory && v != engine.LayoutImage {
 				return "", nil, invalid("parameter %s=%q: want %s (a directory in the pool, the default) or %s (an image file with a file system of its own, for snapshots at one instant)", k, v, engine.LayoutDirectory, engine.LayoutImage)
 			}
-		case k == engine.ParamPreallocate:
-			if v != "true" && v != "false" {
-				return "", nil, invalid("parameter %s=%q: want true (write an image volume's whole image at create: its full size in the pool, and no block-map commits on its writes) or false", k, v)
-			}
-			if params[engine.ParamLayout] == engine.LayoutDirectory && v == "true" {
-				return "", nil, invalid("parameter %s=true is for image volumes; a directory volume has no image to write", k)
-			}
 		case strings.HasPrefix(k, engine.CoParamPrefix):
 		default:
-			return "", nil, invalid("unknown parameter %q; this driver accepts %q, %q, %q, %q and the %s* metadata the provisioner adds", k, engine.ParamPool, engine.ParamKind, engine.ParamLayout, engine.ParamPreallocate, engine.CoParamPrefix)
+			return "", nil, invalid("unknown parameter %q; this driver accepts %q, %q, %q and the %s* metadata the provisioner adds", k, engine.ParamPool, engine.ParamKind, engine.ParamLayout, engine.CoParamPrefix)
 		}
 	}
 	p, err := d.ChoosePool(params)

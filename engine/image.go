@@ -30,12 +30,6 @@ import (
 // ParamLayout chooses a mount volume's layout (StorageClass).
 const ParamLayout = "layout"
 
-// ParamPreallocate "true" writes a new empty image volume's whole image
-// once at create (fsops.FillHoles): writes into it then change no block
-// map, so the pool commits only data on the loop device's flushes. It
-// costs the volume's full size in the pool from the start.
-const ParamPreallocate = "preallocate"
-
 // Layouts of a mount volume.
 const (
 	LayoutDirectory = "directory" // a directory in the pool: the default
@@ -402,9 +396,6 @@ func (d *Engine) makeEmptyImage(v VolumeRecord) error {
 			_, err = xfs.Format(f, xfs.Options{RootMode: 0o777})
 		} else {
 			_, err = ext4.Format(f, ext4.Options{RootMode: 0o777})
-		}
-		if err == nil && v.Parameters[ParamPreallocate] == "true" {
-			err = fsops.FillHoles(f, v.CapacityBytes)
 		}
 		return err
 	})

@@ -92,37 +92,3 @@ func allocate(fd int, path string, size int64) error {
 	}
 	return nil
 }
-
-// FillHoles writes zeros into every hole of f below size, so that all of
-// it is written, allocated extents: what a hole reads (zeros) is what it
-// holds after. A write into a hole, or into an extent fallocate left
-// unwritten, changes the file's block map, which the file system must
-// commit before an fsync returns even where fdatasync would not have
-// (ext4 and XFS convert unwritten extents in their journal); a loop
-// device's image written through once commits only data after. It costs
-// writing the holes once; the caller makes it durable.
-func FillHoles(f *os.File, size int64) error {
-	data, err := DataExtents(int(f.Fd()), 0, size)
-	if err != nil {
-		return err
-	}
-	zeros := make([]byte, 8<<20)
-	fill := func(off, end int64) error {
-		for off < end {
-			n := min(int64(len(zeros)), end-off)
-			if _, err := f.WriteAt(zeros[:n], off); err != nil {
-				return err
-			}
-			off += n
-		}
-		return nil
-	}
-	off := int64(0)
-	for _, e := range data {
-		if err := fill(off, e.Offset); err != nil {
-			return err
-		}
-		off = e.Offset + e.Length
-	}
-	return fill(off, size)
-}
