@@ -52,6 +52,9 @@ type Controller struct {
 	// ReconnectMax is the longest wait before a node that could not be
 	// reached is tried again; zero means 5 s.
 	ReconnectMax time.Duration
+	// Ready, if set, must answer nil before Probe says ready (the API
+	// server reachable: cmd's check).
+	Ready func(context.Context) error
 
 	mu    sync.Mutex
 	conns map[string]*nodeConn // by key
@@ -181,10 +184,14 @@ func (c *Controller) GetPluginCapabilities(context.Context, *csi.GetPluginCapabi
 }
 
 // Probe implements csi.IdentityServer: ready once the controller holds
-// its certificate, without which no node answers it (the sidecars wait
-// for ready).
-func (c *Controller) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
-	return &csi.ProbeResponse{Ready: wrapperspb.Bool(!c.Creds.Expiry().IsZero())}, nil
+// its certificate, without which no node answers it, and Ready answers
+// (the sidecars wait for ready).
+func (c *Controller) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	ready := !c.Creds.Expiry().IsZero()
+	if ready && c.Ready != nil {
+		ready = c.Ready(ctx) == nil
+	}
+	return &csi.ProbeResponse{Ready: wrapperspb.Bool(ready)}, nil
 }
 
 // ControllerGetCapabilities implements csi.ControllerServer.

@@ -2,6 +2,7 @@ package route
 
 import (
 	"context"
+	"errors"
 	"net"
 	"path/filepath"
 	"slices"
@@ -113,6 +114,12 @@ func TestControllerRoutes(t *testing.T) {
 	if r, err := unready.Probe(ctx, &csi.ProbeRequest{}); err != nil || r.GetReady().GetValue() {
 		t.Fatalf("probe without a certificate: %v %v, want not ready", r, err)
 	}
+	// Ready holds Probe back until it answers (the API server reachable).
+	c.Ready = func(context.Context) error { return errors.New("the API server does not answer") }
+	if r, err := c.Probe(ctx, &csi.ProbeRequest{}); err != nil || r.GetReady().GetValue() {
+		t.Fatalf("probe while Ready fails: %v %v, want not ready", r, err)
+	}
+	c.Ready = nil
 	va, va2, vb := volume(t, a, "pvc-a"), volume(t, a, "pvc-a2"), volume(t, b, "pvc-b")
 
 	snaps := map[string]string{}

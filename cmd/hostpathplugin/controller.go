@@ -9,9 +9,12 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	hcsi "github.com/hostpath-csi/hostpath/csi"
@@ -54,6 +57,27 @@ func controllerCaps(cfg engine.Config) []csi.ControllerServiceCapability_RPC_Typ
 	return caps
 }
 
+// groupSnapshotAPIReady answers whether the API server serves the group
+// snapshot API now, or says it has none (404). The csi-snapshotter
+// (v8.7.0) asks for it once, right after the driver's Probe first says
+// ready, and on any error (an i/o timeout while a rescheduled pod's
+// network is not yet routed, seen in make e2e NODES=3 after a node
+// loss) disables group snapshots for the rest of its run: the
+// VolumeGroupSnapshots then never become ready or go away. Probe says
+// ready only once this answers, so that question comes when the API
+// server just did.
+func groupSnapshotAPIReady(client kubernetes.Interface) func(context.Context) error {
+	return func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		err := client.Discovery().RESTClient().Get().AbsPath("/apis/groupsnapshot.storage.k8s.io/v1").Do(ctx).Error()
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}
+}
+
 // runController serves the controller side of CSI (package route) on the
 // CSI socket, for the csi-snapshotter and csi-resizer beside it, until
 // SIGTERM (exit 0) or a failure (exit 1). It runs in a cluster only: its
@@ -83,7 +107,7 @@ func runController(o options) int {
 
 	c := &route.Controller{Name: o.cfg.DriverName, Version: o.cfg.Version, Creds: creds, KeyOf: engine.KeyOf,
 		Resolver: &kubepeers.Resolver{Client: client, Driver: o.cfg.DriverName, Port: port, KeyOf: engine.NodeTag},
-		Caps:     controllerCaps(o.cfg)}
+		Caps:     controllerCaps(o.cfg), Ready: groupSnapshotAPIReady(client)}
 	defer c.Close()
 	ln, path, err := hcsi.ListenSocket(o.cfg.Endpoint)
 	if err != nil {
