@@ -191,24 +191,11 @@ func (d *Engine) enforceIOLimits(every time.Duration, stop <-chan struct{}) {
 		case <-t.C:
 			d.setIOLimits("")
 		case made := <-events:
-			if uid := podUIDOfCgroup(filepath.Base(filepath.Dir(made))); uid != "" {
+			if uid := iolimit.PodUIDOf(filepath.Base(filepath.Dir(made))); uid != "" {
 				d.setIOLimits(uid)
 			}
 		}
 	}
-}
-
-// podUIDOfCgroup is the uid of the pod whose cgroup is named name, as
-// kubelet names it (iolimit.PodCgroup): pod<uid>, or
-// kubepods[-<qos>]-pod<uid with underscores>.slice; "" for another name.
-func podUIDOfCgroup(name string) string {
-	if i := strings.LastIndex(name, "-pod"); i >= 0 && strings.HasSuffix(name, ".slice") {
-		return strings.ReplaceAll(strings.TrimSuffix(name[i+len("-pod"):], ".slice"), "_", "-")
-	}
-	if uid, ok := strings.CutPrefix(name, "pod"); ok {
-		return uid
-	}
-	return ""
 }
 
 // setIOLimits sets every limited volume's limits in the cgroups of the

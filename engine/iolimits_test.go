@@ -3,8 +3,7 @@ package engine
 import "testing"
 
 // TestPodUIDs: the pod a publication's target belongs to, from kubelet's
-// paths, and the pod a cgroup belongs to, from kubelet's names under
-// both cgroup drivers.
+// paths.
 func TestPodUIDs(t *testing.T) {
 	const uid = "4da1a754-023e-4d65-a132-f27fb881ad1a"
 	for _, tc := range []struct{ target, want string }{
@@ -16,18 +15,6 @@ func TestPodUIDs(t *testing.T) {
 	} {
 		if got := podUIDOf(tc.target); got != tc.want {
 			t.Errorf("podUIDOf(%s) = %q, want %q", tc.target, got, tc.want)
-		}
-	}
-	for _, tc := range []struct{ name, want string }{
-		{"pod" + uid, uid},
-		{"kubepods-besteffort-pod4da1a754_023e_4d65_a132_f27fb881ad1a.slice", uid},
-		{"kubepods-pod4da1a754_023e_4d65_a132_f27fb881ad1a.slice", uid},
-		{"kubepods.slice", ""},
-		{"burstable", ""},
-		{"cri-containerd-0123.scope", ""},
-	} {
-		if got := podUIDOfCgroup(tc.name); got != tc.want {
-			t.Errorf("podUIDOfCgroup(%s) = %q, want %q", tc.name, got, tc.want)
 		}
 	}
 }

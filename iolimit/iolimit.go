@@ -86,6 +86,19 @@ func Detect(mount string) (Hierarchy, error) {
 // the pod), and a node's own cgroup root adds one.
 const maxDepth = 6
 
+// PodUIDOf is the uid of the pod whose cgroup is named name, as kubelet
+// names it: pod<uid> (cgroupfs) or kubepods[-<qos>]-pod<uid with
+// underscores>.slice (systemd); "" for any other name.
+func PodUIDOf(name string) string {
+	if i := strings.LastIndex(name, "-pod"); i >= 0 && strings.HasSuffix(name, ".slice") {
+		return strings.ReplaceAll(strings.TrimSuffix(name[i+len("-pod"):], ".slice"), "_", "-")
+	}
+	if uid, ok := strings.CutPrefix(name, "pod"); ok {
+		return uid
+	}
+	return ""
+}
+
 // PodCgroup finds the cgroup of the pod with uid: a breadth-first search
 // from the root that does not descend into any pod's cgroup. ENOENT when
 // there is none (the pod is gone, or not started).
@@ -93,8 +106,6 @@ func (h Hierarchy) PodCgroup(uid string) (string, error) {
 	if uid == "" || strings.ContainsAny(uid, "/.") {
 		return "", &os.PathError{Op: "pod cgroup", Path: uid, Err: unix.EINVAL}
 	}
-	names := map[string]bool{"pod" + uid: true}
-	under := strings.ReplaceAll(uid, "-", "_")
 	level := []string{h.Root}
 	for depth := 0; depth < maxDepth && len(level) > 0; depth++ {
 		var next []string
@@ -107,14 +118,12 @@ func (h Hierarchy) PodCgroup(uid string) (string, error) {
 				if !e.IsDir() {
 					continue
 				}
-				n := e.Name()
-				if names[n] || strings.HasSuffix(n, "-pod"+under+".slice") {
-					return filepath.Join(dir, n), nil
-				}
-				if strings.HasPrefix(n, "pod") || strings.Contains(n, "-pod") {
-					continue // another pod's
-				}
-				next = append(next, filepath.Join(dir, n))
+				switch PodUIDOf(e.Name()) {
+				case uid:
+					return filepath.Join(dir, e.Name()), nil
+				case "":
+					next = append(next, filepath.Join(dir, e.Name()))
+				} // another pod's: not searched
 			}
 		}
 		level = next

@@ -203,3 +203,21 @@ func TestLimits(t *testing.T) {
 		}
 	})
 }
+
+// TestPodUIDOf: the pod a cgroup belongs to, from kubelet's names under
+// both cgroup drivers.
+func TestPodUIDOf(t *testing.T) {
+	const uid = "4da1a754-023e-4d65-a132-f27fb881ad1a"
+	for _, tc := range []struct{ name, want string }{
+		{"pod" + uid, uid},
+		{"kubepods-besteffort-pod4da1a754_023e_4d65_a132_f27fb881ad1a.slice", uid},
+		{"kubepods-pod4da1a754_023e_4d65_a132_f27fb881ad1a.slice", uid},
+		{"kubepods.slice", ""},
+		{"burstable", ""},
+		{"cri-containerd-0123.scope", ""},
+	} {
+		if got := iolimit.PodUIDOf(tc.name); got != tc.want {
+			t.Errorf("PodUIDOf(%s) = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}

@@ -57,8 +57,7 @@ func TestBackup(t *testing.T) {
 		importBackupImages(t, cache, nodes)
 	})
 	step(t, "snapshot CRDs, upstream's snapshot-controller and deploy/", func() {
-		k.must("apply", "-k", filepath.Join(moduleDir(t, snapshots+"/client/v8@v8.7.0"), "config", "crd"))
-		snapshotController(t, k, false)
+		snapshotAPI(t, k)
 		deployImage(t, k, imageRef(t, filepath.Join(cache, "images", "hostpathplugin.tar")))
 		k.waitRegistered(nodes)
 		// Velero takes CSI snapshots with the class of the driver that

@@ -38,8 +38,7 @@ func TestKubernetes(t *testing.T) {
 	total := time.Now()
 
 	step(t, "snapshot CRDs and snapshot-controller (external-snapshotter v8.7.0) as upstream ships it", func() {
-		k.must("apply", "-k", filepath.Join(moduleDir(t, snapshots+"/client/v8@v8.7.0"), "config", "crd"))
-		snapshotController(t, k, false)
+		snapshotAPI(t, k)
 	})
 	withHelm := os.Getenv("HOSTPATH_E2E_INSTALL") == "helm"
 	if withHelm {
@@ -460,6 +459,14 @@ func sameBytes(k *kube, name, source, want string) {
 	if got := strings.Fields(k.exec(ns, "reader-"+name, "sha256sum", "/data/random"))[0]; got != want {
 		k.t.Fatalf("%s data differs: %s vs %s", name, got, want)
 	}
+}
+
+// snapshotAPI installs the snapshot CRDs and upstream's snapshot-controller
+// as a user does before deploy/.
+func snapshotAPI(t *testing.T, k *kube) {
+	t.Helper()
+	k.must("apply", "-k", filepath.Join(moduleDir(t, snapshots+"/client/v8@v8.7.0"), "config", "crd"))
+	snapshotController(t, k, false)
 }
 
 // snapshotController deploys external-snapshotter's snapshot-controller
