@@ -10,7 +10,7 @@ NODE_ID   ?= $(shell hostname)
 
 export CGO_ENABLED = 0
 
-.PHONY: e2e-backup test-chart test-upgrade test-powerloss test-kernel kernel-deps e2e-suite test-unprivileged cluster-deps cluster-build cluster-up cluster-down cluster-deploy image-previous e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
+.PHONY: ci test-all test-kernel-sample test-powerloss-sample e2e-backup test-chart test-upgrade test-powerloss test-kernel kernel-deps e2e-suite test-unprivileged cluster-deps cluster-build cluster-up cluster-down cluster-deploy image-previous e2e targets-smoke scale stress fuzz all build run demo test test-unit test-sanity test-distroless image bench bench-smoke lint deps clean
 
 all: build
 
@@ -35,7 +35,7 @@ demo: build
 
 # Every test: unit tests with the race detector, then csi-sanity against
 # the real binary for mount (directory and image layouts) and block volumes.
-test: test-unit test-chart test-upgrade test-unprivileged test-sanity test-distroless fuzz bench-smoke targets-smoke
+test: deps test-unit test-chart test-upgrade test-unprivileged test-sanity test-distroless fuzz bench-smoke targets-smoke
 
 # The Helm chart: helm (built from its Go module in test/cluster/helm, into
 # $(CACHE)/bin) lints and renders it, and a Go test checks that its
@@ -54,6 +54,7 @@ UNIT_ELSEWHERE := /bench /test/sanity /test/upgrade /test/kernel /test/kernel/gu
 test-unit:
 	CGO_ENABLED=1 $(GO) test -race -count=1 $(UNIT_PKGS)
 	$(GO) -C test/cluster test -count=1 ./cmd/...
+	$(GO) test -count=1 -run '^TestMustPoints$$' ./test/kernel/
 
 # The previous release (PREVIOUS_RELEASE, built through a git worktree) and
 # this build on one state dir: upgrade, then rollback.
@@ -168,7 +169,7 @@ bench:
 # end-to-end test that drives the driver through it. Builds are cached in
 # $(CACHE): the first cluster-build takes a while (see docs/testing.md).
 CLUSTER = $(MAKE) --no-print-directory -C test/cluster CACHE=$(CACHE)
-cluster-deps:
+cluster-deps: deps
 	command -v runc >/dev/null && test -x /usr/lib/cni/bridge && test -x /bin/busybox && command -v iptables >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runc containernetworking-plugins busybox-static iptables conntrack iproute2 >/dev/null)
 cluster-build: cluster-deps image image-previous
@@ -325,9 +326,34 @@ test-powerloss: kernel-deps
 	else $(GO) build -o $(PL_BIN)/hostpathplugin ./cmd/hostpathplugin; fi
 	$(GO) test -c -o $(PL_BIN)/recorder/record.test ./test/powerloss/guest
 	HOSTPATH_KERNELS="$(KERNEL_CACHE)/$(firstword $(KERNEL_SUITES))" HOSTPATH_KERNEL_BIN=$(PL_BIN) HOSTPATH_KERNEL_WORK=$(KERNEL_CACHE)/work \
-	  HOSTPATH_POWERLOSS_RECORDER=$(PL_BIN)/recorder/record.test \
+	  HOSTPATH_POWERLOSS_RECORDER=$(PL_BIN)/recorder/record.test HOSTPATH_POWERLOSS_POINTS=$(HOSTPATH_POWERLOSS_POINTS) \
 	  $(GO) test -count=1 -v -timeout 150m -run '^TestPowerLoss$$' ./test/kernel/ 2>&1 | tee /tmp/hostpath-powerloss.log | \
 	  grep --line-buffered -E '^(powerloss|lost: |recorded|@@guest|[0-9]+ passed|--- |ok|FAIL)|_test.go:'; test $${PIPESTATUS[0]} -eq 0
+
+# What .ci/run runs, in order: every gate a submission must pass, inside
+# CI's time (docs/testing.md has each step's time). The long suites run
+# as samples here and whole in make test-all.
+ci: deps lint test test-kernel-sample test-powerloss-sample
+	$(MAKE) --no-print-directory e2e NODES=3
+
+# Everything: what CI runs and the full long suites it samples.
+test-all: ci test-kernel test-powerloss
+	$(MAKE) --no-print-directory e2e E2E_INSTALL=helm
+
+# The kernel guests' sample: one kernel (Debian 12's), the tests of
+# quotas, freezes and growth, where the kernel's interfaces differ most.
+KERNEL_SAMPLE_TESTS := fsops format/ext4 format/xfs csi
+KERNEL_SAMPLE_RUN   := Quota|Freez|Thaw|Grow|Expan
+test-kernel-sample:
+	$(MAKE) --no-print-directory test-kernel KERNEL_SUITES=bookworm KERNEL_TESTS='$(KERNEL_SAMPLE_TESTS)' KERNEL_RUN='$(KERNEL_SAMPLE_RUN)'
+
+# The power-loss replay's sample: POWERLOSS_POINTS flush points spread
+# over each file system's run, every point around the journal's
+# checkpoints and the driver's kills (the one inside a freeze among them),
+# and one recovery cut again per file system.
+POWERLOSS_POINTS ?= 60
+test-powerloss-sample:
+	$(MAKE) --no-print-directory test-powerloss HOSTPATH_POWERLOSS_POINTS=$(POWERLOSS_POINTS)
 
 test-kernel: kernel-deps
 	rm -rf $(KERNEL_BIN) && mkdir -p $(KERNEL_BIN)

@@ -94,9 +94,14 @@ func TestPowerLoss(t *testing.T) {
 	driver := filepath.Join(bin, "hostpathplugin")
 	var total, lost int
 	var again []recovery
+	most, keepN := maxPoints, recoveries
+	if n := samplePoints(); n > 0 {
+		most, keepN = n, 1
+		fmt.Printf("powerloss: a sample of %d spread flush points per file system, the points around checkpoints and kills, one recovery each (%s)\n", n, envSample)
+	}
 	for _, fs := range powerlossFS {
 		epochs(fs.name, ops[fs.name])
-		n, l, keep := replay(t, fs, driver, filepath.Join(work, fs.name+"-base.img"), filepath.Join(work, fs.name+"-log.img"), ops[fs.name], nil, maxPoints, recoveries)
+		n, l, keep := replay(t, fs, driver, filepath.Join(work, fs.name+"-base.img"), filepath.Join(work, fs.name+"-log.img"), ops[fs.name], nil, most, keepN)
 		fmt.Printf("powerloss %s: %d points, %d lost\n", fs.name, n, l)
 		total, lost = total+n, lost+l
 		again = append(again, keep...)
@@ -358,14 +363,20 @@ func replay(t *testing.T, fs fsSpec, driver, base, logPath string, ops, already 
 	// At least minPoints points where the run has them: a file system
 	// whose flushes come in pairs (nothing written between them) gets
 	// fewer points between flushes, so more flushes are chosen.
-	points, torn := choosePoints(lg, flushes, most)
-	for want := most; len(points) < min(minPoints, 2*len(flushes)) && most > maxRecoveryPoints && want < len(flushes); {
+	// A sample (envSample) takes its most spread points and the must
+	// points, and no more.
+	var must []int
+	if samplePoints() > 0 {
+		must = mustPoints(ops, markAt, flushes)
+	}
+	points, torn := choosePoints(lg, flushes, most, must)
+	for want := most; samplePoints() == 0 && len(points) < min(minPoints, 2*len(flushes)) && most > maxRecoveryPoints && want < len(flushes); {
 		want += minPoints - len(points)
-		points, torn = choosePoints(lg, flushes, want)
+		points, torn = choosePoints(lg, flushes, want, nil)
 	}
 	rng := rand.New(rand.NewPCG(uint64(len(lg.Entries)), 19)) // which sectors of a torn write land
-	fmt.Printf("powerloss %s: %d log entries, %d flush or FUA points, %d marks; replaying %d points (%d with a torn write)\n",
-		fs.name, len(lg.Entries), len(flushes), len(markAt), len(points), torn)
+	fmt.Printf("powerloss %s: %d log entries, %d flush or FUA points, %d marks; replaying %d points (%d with a torn write, %d flushes around checkpoints and kills)\n",
+		fs.name, len(lg.Entries), len(flushes), len(markAt), len(points), torn, len(must))
 
 	// The states kept for a recovery: spread over the run, each with the
 	// reordered writes after a flush (a state the driver's start must
