@@ -51,17 +51,17 @@ test-chart:
 # in none of these nor in UNIT_ELSEWHERE (run by their own targets).
 UNIT_PKGS := ./loop/... ./fsops/... ./iolimit/... ./archive/... ./format/... ./csi/... ./engine/... ./route/... ./cmd/... ./registrar/... ./snapimport/... ./transfer/... ./kubepeers/... ./kubeauth/... ./lostnodes/... ./internal/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
 UNIT_ELSEWHERE := /bench /test/sanity /test/upgrade /test/kernel /test/kernel/guest /test/kernel/plan /test/powerloss/guest /test/powerloss/logwrites
-test-unit:
+test-unit: deps
 	CGO_ENABLED=1 $(GO) test -race -count=1 $(UNIT_PKGS)
 	$(GO) -C test/cluster test -count=1 ./cmd/...
 	$(GO) test -count=1 -run '^TestMustPoints$$' ./test/kernel/
 
 # The previous release (PREVIOUS_RELEASE, built through a git worktree) and
 # this build on one state dir: upgrade, then rollback.
-test-upgrade:
+test-upgrade: deps
 	$(GO) test -count=1 -v ./test/upgrade/ | grep -E '^(---|ok|FAIL|PASS)|upgrade_test.go'; test $${PIPESTATUS[0]} -eq 0
 
-test-sanity:
+test-sanity: deps
 	$(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-mount.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
 	SANITY_ACCESS_TYPE=block $(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-block.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
 	SANITY_LAYOUT=image $(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-image.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)|sanity_test.go' ; test $${PIPESTATUS[0]} -eq 0
@@ -70,7 +70,7 @@ test-sanity:
 # every test that needs root must skip, none may fail. Test binaries are
 # built as root and run as nobody in their package directory.
 UNPRIV_PKGS := ./loop ./fsops ./archive ./format/ext4 ./format/xfs ./csi ./engine ./engine/store ./cmd/hostpathplugin ./registrar ./snapimport ./test/e2e ./test/crash ./test/stress ./test/sanity
-test-unprivileged:
+test-unprivileged: deps
 	rm -rf /tmp/hostpath-unpriv && mkdir -p /tmp/hostpath-unpriv && chmod 777 /tmp/hostpath-unpriv
 	set -e; for p in $(UNPRIV_PKGS); do \
 	  mkdir -p /tmp/hostpath-unpriv/$$p; chmod -R a+rwx /tmp/hostpath-unpriv; \
@@ -91,7 +91,7 @@ BENCH_ROUNDS ?= 3
 BENCH_PGSECONDS ?= 15
 # csi-sanity against the binary alone in an empty root (only /dev, /proc,
 # /sys and the kubelet directory), as it runs in a distroless image.
-test-distroless:
+test-distroless: deps
 	SANITY_CHROOT=1 $(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-distroless-mount.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
 	SANITY_CHROOT=1 SANITY_ACCESS_TYPE=block $(GO) test -count=1 -v ./test/sanity/ 2>&1 | tee /tmp/hostpath-sanity-distroless-block.log | grep -E '^(csi-sanity|--- |ok |FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
 
@@ -101,7 +101,7 @@ test-distroless:
 # (golang/go#75804, fixed in Go 1.27); it did so here in make test twice.
 # A long run: make fuzz FUZZTIME=2000000x (or FUZZTIME=10m, with that risk).
 FUZZTIME ?= 3000x
-fuzz:
+fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzPaginationToken$$' -fuzztime $(FUZZTIME) ./csi/
 	$(GO) test -run '^$$' -fuzz '^FuzzIDsAndNames$$' -fuzztime $(FUZZTIME) ./csi/
 	$(GO) test -run '^$$' -fuzz '^FuzzCreateVolume$$' -fuzztime $(FUZZTIME) ./csi/
@@ -111,7 +111,7 @@ fuzz:
 # The stress test builds the driver with -race, which needs cgo.
 STRESS_DURATION  ?= 60s
 CRASH_ITERATIONS ?= 500
-stress:
+stress: deps
 	CGO_ENABLED=1 STRESS_DURATION=$(STRESS_DURATION) $(GO) test -count=1 -v -run TestConcurrentClients ./test/stress/
 	CRASH_ITERATIONS=$(CRASH_ITERATIONS) $(GO) test -count=1 -v -timeout 60m -run TestCrashConsistency ./test/crash/
 
@@ -160,7 +160,7 @@ image-previous:
 	  [ "$$f" = $(IMAGE_DIR)/hostpathplugin-previous-$(PREVIOUS).tar ] || rm -f "$$f"; done
 
 BENCH_OUT    ?= bench/results
-bench:
+bench: deps
 	$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 120m ./bench/ -args -bench.size=$(BENCH_SIZE) -bench.rounds=$(BENCH_ROUNDS) -bench.pgseconds=$(BENCH_PGSECONDS) | tee /tmp/hostpath-bench.txt; test $${PIPESTATUS[0]} -eq 0
 	$(GO) run ./bench/cmd/benchreport -out $(BENCH_OUT) < /tmp/hostpath-bench.txt
 
@@ -187,7 +187,7 @@ cluster-down:
 	$(LOCALCLUSTER) -run '^TestDown$$' | grep -v '^=== RUN\|^--- SKIP'; test $${PIPESTATUS[0]} -eq 0
 # The snapshot CRDs and controller and deploy/ applied to the running
 # cluster as a user would, waiting for the driver on every node.
-cluster-deploy:
+cluster-deploy: cluster-deps
 	cd test/cluster && HOSTPATH_E2E=1 HOSTPATH_E2E_DEPLOY_ONLY=1 CACHE=$(CACHE) $(GO) test -count=1 -v -run TestKubernetes ./e2e/ 2>&1 | grep -E '^(e2e |--- |ok|FAIL)|_test.go:'; test $${PIPESTATUS[0]} -eq 0
 	@echo "try it: KUBECONFIG=$(CACHE)/cluster/admin.kubeconfig $(CACHE)/bin/kubectl get nodes,csinodes,csistoragecapacities -A"
 # KEEP_CLUSTER=1 leaves the cluster up after the test, to look around.
@@ -245,7 +245,7 @@ e2e-suite: cluster-build
 SCALE_VOLUMES ?= 10000
 SCALE_MEM_GIB ?= 10
 SCALE_FILES   ?= 1000000
-scale:
+scale: deps
 	$(GO) test -run '^$$' -bench 'BenchmarkScale$$' -benchtime=1x -timeout 30m ./bench/ -args -scale.volumes=$(SCALE_VOLUMES)
 	$(GO) test -run '^$$' -bench 'BenchmarkSnapshotMemory|BenchmarkManyFiles' -benchtime=1x -timeout 90m ./bench/ -args -mem.gib=$(SCALE_MEM_GIB) -many.files=$(SCALE_FILES)
 
@@ -253,7 +253,13 @@ scale:
 # run (started, probed, stopped), demo, image (twice: same bytes), stress
 # (12 kills: the crash test needs one inside an operation, about half are),
 # scale and bench on tiny sizes (bench results to a scratch directory).
+# Each target also installs what it needs on a fresh machine by itself:
+# the Debian packages (deps), the cluster's (cluster-deps), QEMU and the
+# kernels (kernel-deps) are among its prerequisites (test/targets/needs).
 targets-smoke:
+	test/targets/needs deps test test-unit test-sanity test-distroless test-unprivileged test-upgrade fuzz bench bench-smoke scale stress ci test-all
+	test/targets/needs cluster-deps cluster-build cluster-up cluster-deploy e2e e2e-suite e2e-backup
+	test/targets/needs kernel-deps test-kernel test-powerloss test-kernel-sample test-powerloss-sample
 	rm -rf /tmp/hostpath-run-smoke; $(MAKE) --no-print-directory run RUN_DIR=/tmp/hostpath-run-smoke > /tmp/hostpath-run-smoke.log 2>&1 & \
 	  for i in $$(seq 300); do [ -S /tmp/hostpath-run-smoke/csi.sock ] && break; sleep 0.1; done; \
 	  $(CTL) --endpoint=unix:///tmp/hostpath-run-smoke/csi.sock info > /dev/null; rc=$$?; \
@@ -268,7 +274,7 @@ targets-smoke:
 	$(MAKE) --no-print-directory bench BENCH_SIZE=2 BENCH_ROUNDS=1 BENCH_PGSECONDS=2 BENCH_OUT=/tmp/hostpath-bench-target 2>&1 | grep -E '^(ok|FAIL|PASS)'; test $${PIPESTATUS[0]} -eq 0
 
 # Each benchmark once on tiny data, so the suite never rots.
-bench-smoke:
+bench-smoke: deps
 	$(GO) test -run '^$$' -bench . -benchtime=1x ./bench/ -args -bench.size=2 -bench.pgseconds=2 | tee /tmp/hostpath-bench-smoke.txt | grep -E '^(ok|FAIL|PASS)'; test $${PIPESTATUS[0]} -eq 0
 	$(GO) run ./bench/cmd/benchreport -out /tmp/hostpath-bench-smoke < /tmp/hostpath-bench-smoke.txt > /dev/null
 
@@ -344,7 +350,7 @@ test-all: ci test-kernel test-powerloss
 # quotas, freezes and growth, where the kernel's interfaces differ most.
 KERNEL_SAMPLE_TESTS := fsops format/ext4 format/xfs csi
 KERNEL_SAMPLE_RUN   := Quota|Freez|Thaw|Grow|Expan
-test-kernel-sample:
+test-kernel-sample: kernel-deps
 	$(MAKE) --no-print-directory test-kernel KERNEL_SUITES=bookworm KERNEL_TESTS='$(KERNEL_SAMPLE_TESTS)' KERNEL_RUN='$(KERNEL_SAMPLE_RUN)'
 
 # The power-loss replay's sample: POWERLOSS_POINTS flush points spread
@@ -352,7 +358,7 @@ test-kernel-sample:
 # checkpoints and the driver's kills (the one inside a freeze among them),
 # and one recovery cut again per file system.
 POWERLOSS_POINTS ?= 60
-test-powerloss-sample:
+test-powerloss-sample: kernel-deps
 	$(MAKE) --no-print-directory test-powerloss HOSTPATH_POWERLOSS_POINTS=$(POWERLOSS_POINTS)
 
 test-kernel: kernel-deps
