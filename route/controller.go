@@ -298,7 +298,20 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 	}
 	limit := req.GetMaxEntries()
 	resp := &csi.ListSnapshotsResponse{}
+	// A node that answers a page token it gave before (or the one it was
+	// asked with) would keep this loop asking it forever: refused. And
+	// however the nodes page, one call asks at most maxListPages of them
+	// and answers at most maxListEntries entries, then a token to go on.
+	seen := map[string]bool{}
+	if inner != "" {
+		seen[keys[start]+"/"+inner] = true
+	}
+	pages := 0
 	for i := start; i < len(keys); i++ {
+		if pages++; pages > maxListPages || limit <= 0 && len(resp.Entries) >= maxListEntries {
+			resp.NextToken = keys[i] + "/" + inner
+			return resp, nil
+		}
 		cc, node, err := c.conn(ctx, "snapshots", keys[i])
 		if err != nil {
 			return nil, err
@@ -316,6 +329,11 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		full := limit > 0 && int32(len(resp.Entries)) >= limit
 		switch {
 		case page.GetNextToken() != "":
+			t := keys[i] + "/" + page.GetNextToken()
+			if seen[t] {
+				return nil, status.Errorf(codes.Internal, "node %s answered the snapshots page token %q again: its list does not advance, so listing stops here (look at that node's driver)", node, page.GetNextToken())
+			}
+			seen[t] = true
 			if full {
 				resp.NextToken = keys[i] + "/" + page.GetNextToken()
 				return resp, nil
@@ -330,6 +348,14 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 	}
 	return resp, nil
 }
+
+// maxListPages and maxListEntries bound what one ListSnapshots call asks
+// of the nodes and holds: past either, it answers what it has and a token
+// to go on, as a node whose page ends early does.
+const (
+	maxListPages   = 256
+	maxListEntries = 4096
+)
 
 // GroupControllerGetCapabilities implements csi.GroupControllerServer.
 func (c *Controller) GroupControllerGetCapabilities(context.Context, *csi.GroupControllerGetCapabilitiesRequest) (*csi.GroupControllerGetCapabilitiesResponse, error) {

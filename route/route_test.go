@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -313,4 +314,51 @@ func TestControllerReconnects(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Logf("asked again %v after the node came back", time.Since(back))
+}
+
+// repeating is a node whose ListSnapshots answers an empty page and the
+// same next token, whatever it is asked: a list that never advances.
+type repeating struct {
+	*hcsi.Driver
+	calls atomic.Int64
+}
+
+func (r *repeating) ListSnapshots(context.Context, *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
+	r.calls.Add(1)
+	return &csi.ListSnapshotsResponse{NextToken: "again"}, nil
+}
+
+// TestListSnapshotsStopsARepeatingNode: a node that repeats its page token
+// gets one call refused naming it, after two pages, not an endless loop.
+func TestListSnapshotsStopsARepeatingNode(t *testing.T) {
+	store := &transfer.MemoryStore{}
+	a := startNode(t, store, "node-a")
+	rep := &repeating{Driver: a.d}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); ServeNode(c2, ln, creds(t, store, "node-r"), rep, a.d.UnaryInterceptor()) }()
+	t.Cleanup(func() { cancel(); <-done })
+	r := &testNode{name: "node-r", addr: ln.Addr().String()}
+	c := &Controller{Name: driverName, Version: "test", Creds: creds(t, store, transfer.ControllerPeer),
+		Resolver: resolver{engine.NodeTag("node-a"): a, engine.NodeTag("node-r"): r}, KeyOf: engine.KeyOf}
+	defer c.Close()
+	for _, tc := range []struct {
+		name  string
+		token string
+	}{{"from the start", ""}, {"from its own token", engine.NodeTag("node-r") + "/again"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := rep.calls.Load()
+			_, err := c.ListSnapshots(ctx, &csi.ListSnapshotsRequest{StartingToken: tc.token})
+			if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "node-r") || !strings.Contains(err.Error(), "does not advance") {
+				t.Fatalf("ListSnapshots = %v, want Internal naming node-r and its token", err)
+			}
+			if n := rep.calls.Load() - before; n > 2 {
+				t.Fatalf("the node was asked %d times, want at most 2", n)
+			}
+		})
+	}
 }
