@@ -6,6 +6,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	certv1 "k8s.io/api/certificates/v1"
@@ -81,7 +82,7 @@ func (a *CSRAuthority) Issue(ctx context.Context, node string, csr []byte, life 
 		who = "controller" // an object's name takes no '@'
 	}
 	meta := metav1.ObjectMeta{GenerateName: "hostpath-transfer-" + who + "-",
-		Labels: map[string]string{"app.kubernetes.io/managed-by": "hostpath-csi"}}
+		Labels: maps.Clone(requestLabels)}
 	if a.Owner != nil {
 		meta.OwnerReferences = []metav1.OwnerReference{*a.Owner}
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -123,6 +124,9 @@ func (s *Signer) check(ctx context.Context, csr *certv1.CertificateSigningReques
 		if !slices.Contains(allowedUsages, u) {
 			return fmt.Errorf("it asks for usage %q", u), nil
 		}
+	}
+	if !plainMeta(csr) {
+		return fmt.Errorf("it carries labels or annotations besides app.kubernetes.io/managed-by=hostpath-csi, which %s's request never does", want.what), nil
 	}
 	if csr.Spec.Request == nil {
 		return fmt.Errorf("its request is larger than the %d bytes %s's is", transfer.MaxRequestBytes, want.what), nil
@@ -404,6 +408,20 @@ func (s *Signer) sweep(ctx context.Context, list func(labels.Selector) ([]*certv
 	}
 }
 
+// extraMetaLabel marks, in the signer's cache, a request that carried
+// labels or annotations besides the one label a driver's request has.
+const extraMetaLabel = "hostpath.csi/extra-metadata"
+
+// plainMeta reports whether a request's labels and annotations are what a
+// driver's own request carries (requestCertificate): the managed-by label
+// or nothing.
+func plainMeta(csr *certv1.CertificateSigningRequest) bool {
+	return len(csr.Annotations) == 0 && (len(csr.Labels) == 0 || maps.Equal(csr.Labels, requestLabels))
+}
+
+// requestLabels are the labels of a driver's certificate request.
+var requestLabels = map[string]string{"app.kubernetes.io/managed-by": "hostpath-csi"}
+
 // slim is the signer's cache's copy of a request: no managed fields, no
 // issued certificate, and a request larger than a node's makes dropped
 // (decide refuses it).
@@ -413,6 +431,15 @@ func slim(obj any) (any, error) {
 		return obj, nil
 	}
 	csr.ManagedFields = nil
+	// No labels or annotations are kept (a few hundred requests carrying
+	// a MiB of them each would fill the signer's memory): only whether
+	// they were what a driver's request carries, for check to refuse the
+	// rest.
+	if plainMeta(csr) {
+		csr.Labels = nil
+	} else {
+		csr.Labels = map[string]string{extraMetaLabel: "true"}
+	}
 	csr.Annotations = nil
 	if len(csr.Status.Certificate) > 0 {
 		csr.Status.Certificate = []byte{0} // decided: what it holds is not needed

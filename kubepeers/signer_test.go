@@ -319,3 +319,55 @@ func TestSignerCacheKeepsLittle(t *testing.T) {
 		t.Fatalf("a 900 KiB request: denied %v, %q", condition(got, certv1.CertificateDenied), reason)
 	}
 }
+
+// TestSignerRefusesExtraMetadata: the signer's cache keeps no labels or
+// annotations of a request, and a request carrying any besides the one
+// label a driver's has is refused saying so; a driver's own is granted.
+func TestSignerRefusesExtraMetadata(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		labels      map[string]string
+		annotations map[string]string
+		granted     bool
+	}{
+		{"a driver's label", map[string]string{"app.kubernetes.io/managed-by": "hostpath-csi"}, nil, true},
+		{"none", nil, nil, true},
+		{"another label", map[string]string{"app.kubernetes.io/managed-by": "hostpath-csi", "pad": strings.Repeat("x", 63)}, nil, false},
+		{"an annotation", nil, map[string]string{"pad": strings.Repeat("x", 16<<10)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, der, err := transfer.NewRequest("d", "n1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := &certv1.CertificateSigningRequest{ObjectMeta: metav1.ObjectMeta{Name: "req", Labels: tc.labels, Annotations: tc.annotations},
+				Spec: certv1.CertificateSigningRequestSpec{SignerName: signerName, Username: driverSA, Request: der,
+					Usages: []certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageClientAuth, certv1.UsageServerAuth},
+					Extra:  map[string]certv1.ExtraValue{NodeNameExtra: {"n1"}, PodNameExtra: {"driver-n1"}, PodUIDExtra: {"uid-driver-n1"}}}}
+			obj, err := slim(req.DeepCopy())
+			if err != nil {
+				t.Fatal(err)
+			}
+			kept := obj.(*certv1.CertificateSigningRequest)
+			if len(kept.Annotations) != 0 || len(kept.Labels) > 1 || len(kept.Labels) == 1 && kept.Labels[extraMetaLabel] == "" {
+				t.Fatalf("the cache keeps labels %v and annotations %v", kept.Labels, kept.Annotations)
+			}
+			client := fake.NewClientset(kept)
+			pod(t, client, "driver-n1", "n1", "node-sa", "DaemonSet")
+			var reason string
+			s := &Signer{Client: client, Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa",
+				Authority:  &transfer.StoreAuthority{Store: &SecretStore{Client: client, Namespace: "csi", Name: "signer-key"}, Driver: "d"},
+				OnDecision: func(_, _ string, granted bool, r string) { reason = r }}
+			if err := s.Handle(context.Background(), kept); err != nil {
+				t.Fatal(err)
+			}
+			got, _ := client.CertificatesV1().CertificateSigningRequests().Get(context.Background(), kept.Name, metav1.GetOptions{})
+			if granted := len(got.Status.Certificate) > 0; granted != tc.granted || !tc.granted && !strings.Contains(reason, "labels or annotations") {
+				t.Fatalf("granted %v (%q), want %v", granted, reason, tc.granted)
+			}
+			if denied := condition(got, certv1.CertificateDenied); denied == tc.granted {
+				t.Fatalf("denied %v (%q), want granted %v", denied, reason, tc.granted)
+			}
+		})
+	}
+}
