@@ -177,3 +177,57 @@ func TestImageOnBtrfsKeepsChecksums(t *testing.T) {
 	}
 	t.Logf("%d fdatasyncs in %v; the image read back whole; scrub clean over %d data bytes", syncs, run, p.DataBytes)
 }
+
+// TestBtrfsDirectIOOffAtStart: a staged image volume's device on btrfs
+// that an earlier release bound with direct I/O has it turned off when the
+// driver starts, with no Node call (a running pod's rewrites would read
+// back as EIO until then).
+func TestBtrfsDirectIOOffAtStart(t *testing.T) {
+	mnt := testfs.FileSystem(t, run, "btrfs", 1<<30, nil, "")
+	cfg := testConfig(t)
+	cfg.StateDir = filepath.Join(mnt, "state")
+	cur := newDriver(t, cfg) // the driver running now: the cleanups ask it
+	t.Cleanup(func() { cur.Close() })
+	r := createReq("img", 64<<20)
+	r.Parameters = imageParams
+	v, err := cur.CreateVolume(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := v.GetVolume().GetVolumeId()
+	image := filepath.Join(volumesDir(cur), id+engine.BlockSuffix)
+	t.Cleanup(func() {
+		if _, err := cur.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+			t.Errorf("deleting %s: %v", id, err)
+			engine.DetachAll(image)
+		}
+	})
+	staging := filepath.Join(t.TempDir(), "staging")
+	unmountAll(t, staging)
+	if _, err := cur.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwo}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := cur.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+			t.Errorf("unstaging %s: %v", id, err)
+		}
+	})
+	dev, ok, err := loop.Find(image)
+	if err != nil || !ok {
+		t.Fatalf("no loop device for the staged image (%v)", err)
+	}
+	if err := loop.SetDirectIO(dev, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := cur.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cur = newDriver(t, cfg)
+	info, err := loop.Status(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Flags&unix.LO_FLAGS_DIRECT_IO != 0 {
+		t.Fatalf("after the driver's start, %s (bound to an image on btrfs) still has direct I/O", dev.Path())
+	}
+}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -264,16 +265,20 @@ func (d *Engine) releaseBlockDevice(rdev uint64, v VolumeRecord) error {
 
 // reattachBlockVolumes gives every block volume of the pools that are up
 // its loop device back after a restart or reboot (before Probe reports
-// ready), or when a pool comes up; those already bound are left alone.
+// ready), or when a pool comes up. Those already bound are left bound, but
+// on btrfs their direct I/O is turned off (bufferedOnBtrfs): an earlier
+// release bound them with it, and a running pod's rewrites must not wait
+// for a Node call to stop reading back as EIO.
 func (d *Engine) reattachBlockVolumes() error {
 	bound, err := loop.List()
 	if err != nil {
 		return err
 	}
-	attached := map[[2]uint64]bool{}
+	attached := map[[2]uint64][]loop.Device{}
 	for _, b := range bound {
 		if !b.ReadOnly {
-			attached[[2]uint64{b.BackingDev, b.BackingIno}] = true
+			k := [2]uint64{b.BackingDev, b.BackingIno}
+			attached[k] = append(attached[k], b.Device)
 		}
 	}
 	for _, v := range d.Records.Volumes.All() {
@@ -290,7 +295,12 @@ func (d *Engine) reattachBlockVolumes() error {
 		} else if err != nil {
 			return err
 		}
-		if attached[[2]uint64{fdev, ino}] {
+		if devs := attached[[2]uint64{fdev, ino}]; len(devs) > 0 {
+			for _, dev := range devs {
+				if err := bufferedOnBtrfs(dev, path); err != nil {
+					return fmt.Errorf("turning off direct I/O on %s, bound to %s on btrfs: %w", dev.Path(), path, err)
+				}
+			}
 			continue
 		}
 		dev, err := d.attachFile(v)
