@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -15,9 +17,10 @@ import (
 // answer anyone who reaches the port, before any authentication, so what
 // a connection may hold is bounded: a header within httpHeaderTimeout, a
 // request within httpReadTimeout, an idle keep-alive connection closed
-// after httpIdleTimeout, and at most httpMaxConns connections at once
-// (the rest closed as they are accepted). Without these, 8,000 idle
-// keep-alive connections held 163 MB of a driver's memory.
+// after httpIdleTimeout, and at most httpMaxConns connections at once,
+// httpPerPeer of one address (capListener says who makes room). Without
+// these, 8,000 idle keep-alive connections held 163 MB of a driver's
+// memory.
 const (
 	httpHeaderTimeout = 5 * time.Second
 	httpReadTimeout   = 10 * time.Second
@@ -49,21 +52,37 @@ func serveHTTP(addr string, h http.Handler, onErr func(error)) (stop func(), err
 	return func() { srv.Close() }, nil
 }
 
-// listenHTTP listens on addr and accepts at most max connections at a time.
+// listenHTTP listens on addr and holds at most max connections at a time,
+// at most httpPerPeer from one source address.
 func listenHTTP(addr string, max int) (net.Listener, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	return &capListener{Listener: l, slots: make(chan struct{}, max)}, nil
+	return &capListener{Listener: l, max: max, perPeer: min(max, httpPerPeer), held: map[*slotConn]struct{}{}, byPeer: map[netip.Addr]int{}}, nil
 }
 
-// capListener closes each connection accepted beyond its slots at once,
-// rather than leave it in the backlog: the kubelet's next probe gets a
-// slot as soon as one frees, and a flood costs a close per connection.
+// httpPerPeer caps one source address's connections, and httpMinAge is
+// how long a connection has had nothing to read before a newcomer may
+// evict it. Kubelet's probe reads its answer within milliseconds, so it
+// is never the one evicted: connections held idle by a pod (or by many)
+// make room for it instead of keeping it out, and the driver is not
+// restarted for failing probes it never got to answer.
+const (
+	httpPerPeer = 8
+	httpMinAge  = 250 * time.Millisecond
+)
+
+// capListener bounds the connections it hands out (see listenHTTP). A
+// newcomer beyond a bound evicts one held (victimLocked) or is closed at
+// once rather than left in the backlog.
 type capListener struct {
 	net.Listener
-	slots chan struct{}
+	max, perPeer int
+
+	mu     sync.Mutex
+	held   map[*slotConn]struct{}
+	byPeer map[netip.Addr]int
 }
 
 // Accept implements net.Listener.
@@ -73,26 +92,105 @@ func (l *capListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		select {
-		case l.slots <- struct{}{}:
-			return &slotConn{Conn: c, free: func() { <-l.slots }}, nil
-		default:
-			c.Close()
+		if sc := l.admit(c); sc != nil {
+			return sc, nil
 		}
+		c.Close()
 	}
 }
 
-// slotConn gives its slot back once, when it is closed.
+// admit holds c, evicting another if a bound says so; nil if c is not held.
+func (l *capListener) admit(c net.Conn) *slotConn {
+	var peer netip.Addr
+	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
+		peer = ap.Addr().Unmap()
+	}
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.byPeer[peer] >= l.perPeer || len(l.held) >= l.max {
+		victim := l.victimLocked(peer, now)
+		if victim == nil {
+			return nil
+		}
+		l.releaseLocked(victim)
+		victim.Conn.Close()
+	}
+	sc := &slotConn{Conn: c, l: l, peer: peer}
+	sc.last.Store(now.UnixNano())
+	l.held[sc] = struct{}{}
+	l.byPeer[peer]++
+	return sc
+}
+
+// victimLocked is the connection a newcomer from peer evicts, or nil. An
+// address at its cap evicts its own oldest, if that one has waited
+// httpMinAge: a flood that reconnects as fast as it is evicted churns its
+// own connections. When every slot is taken, the newcomer evicts the
+// oldest of the address holding the most, if that address holds at least
+// two more than the newcomer's: a flood keeps a probe from its node's
+// address out only if it comes from about as many addresses as there are
+// slots.
+func (l *capListener) victimLocked(peer netip.Addr, now time.Time) *slotConn {
+	from, minAge := peer, httpMinAge
+	if l.byPeer[peer] < l.perPeer {
+		for p, n := range l.byPeer {
+			if n > l.byPeer[from] {
+				from = p
+			}
+		}
+		if l.byPeer[from] < l.byPeer[peer]+2 {
+			return nil
+		}
+		minAge = 0
+	}
+	var victim *slotConn
+	for h := range l.held {
+		if h.peer != from || now.Sub(time.Unix(0, h.last.Load())) < minAge {
+			continue
+		}
+		if victim == nil || h.last.Load() < victim.last.Load() {
+			victim = h
+		}
+	}
+	return victim
+}
+
+// releaseLocked gives c's slot back, once.
+func (l *capListener) releaseLocked(c *slotConn) {
+	if _, ok := l.held[c]; !ok {
+		return
+	}
+	delete(l.held, c)
+	if l.byPeer[c.peer]--; l.byPeer[c.peer] <= 0 {
+		delete(l.byPeer, c.peer)
+	}
+}
+
+// slotConn is a held connection: when it last read a byte, and its slot
+// given back when it is closed.
 type slotConn struct {
 	net.Conn
-	once sync.Once
-	free func()
+	l    *capListener
+	peer netip.Addr
+	last atomic.Int64 // unix nanoseconds: accepted, or last read a byte
+}
+
+// Read implements net.Conn.
+func (c *slotConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.last.Store(time.Now().UnixNano())
+	}
+	return n, err
 }
 
 // Close implements net.Conn.
 func (c *slotConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.free)
+	c.l.mu.Lock()
+	c.l.releaseLocked(c)
+	c.l.mu.Unlock()
 	return err
 }
 

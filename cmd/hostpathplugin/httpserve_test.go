@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -81,5 +82,57 @@ func TestHTTPEndpointBounds(t *testing.T) {
 	resp.Body.Close()
 	if srv.IdleTimeout != httpIdleTimeout || srv.ReadTimeout != httpReadTimeout || srv.MaxHeaderBytes != httpMaxHeader {
 		t.Fatalf("the server's bounds: %+v", srv)
+	}
+}
+
+// TestHTTPProbeThroughAFlood: with every connection slot held by idle
+// connections from a few addresses, reopened as soon as they are closed,
+// kubelet's probe from its own address is answered every time: one of
+// theirs makes room for it.
+func TestHTTPProbeThroughAFlood(t *testing.T) {
+	ln, err := listenHTTP("127.0.0.1:0", httpMaxConns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	go srv.Serve(ln)
+	defer srv.Close()
+	addr := ln.Addr().String()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	// The flood comes from four addresses (pods), kubelet from another
+	// (its node's); each flooder holds a connection, and another as soon
+	// as it is closed.
+	for i := range 2 * httpMaxConns {
+		wg.Add(1)
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i%4))}}
+		go func() {
+			defer wg.Done()
+			for {
+				c, err := d.Dial("tcp", addr)
+				if err != nil {
+					return
+				}
+				c.SetReadDeadline(time.Now().Add(2 * time.Second))
+				c.Read(make([]byte, 1))
+				c.Close()
+				select {
+				case <-stop:
+					return
+				default:
+				}
+			}
+		}()
+	}
+	defer func() { close(stop); wg.Wait() }()
+	time.Sleep(2 * httpMinAge) // the flood holds every slot
+	probe := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for i := range 6 {
+		resp, err := probe.Get("http://" + addr + "/healthz")
+		if err != nil {
+			t.Fatalf("probe %d of 6 during the flood: %v", i+1, err)
+		}
+		resp.Body.Close()
+		time.Sleep(100 * time.Millisecond)
 	}
 }
