@@ -299,10 +299,48 @@ spec:
   usages: [client auth]
   request: %s
 `, time.Now().UnixNano(), base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: req})))
+		// A capacity object of the other node, for the taken one to zero.
+		var otherCap string
+		for _, c := range k.items("csistoragecapacities", "-n", driverNS) {
+			top, _ := c["nodeTopology"].(map[string]any)
+			labels, _ := top["matchLabels"].(map[string]any)
+			if labels[topologyKey] == node {
+				otherCap, _ = c["metadata"].(map[string]any)["name"].(string)
+				break
+			}
+		}
+		if otherCap == "" {
+			t.Fatalf("no CSIStorageCapacity of %s", node)
+		}
+		hostPathPV := fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolume
+metadata: {name: e2e-taken-hostpath}
+spec:
+  capacity: {storage: 256Mi}
+  accessModes: [ReadWriteOnce]
+  hostPath: {path: /etc}
+  claimRef: {namespace: %s, name: victim}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+        - matchExpressions: [{key: %s, operator: In, values: [%s]}]
+`, ns, topologyKey, as)
 		for _, c := range []struct {
 			what, stdin, says string
 			args              []string
 		}{
+			{"put a dangling ownerReference on a claim (the garbage collector would delete it)", "", "ownerReferences or labels",
+				[]string{"patch", "pvc", "pinned", "-n", ns, "--type=merge", "-p", `{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"gone","uid":"00000000-0000-0000-0000-000000000001"}]}}`}},
+			{"label a claim out of backups", "", "ownerReferences or labels",
+				[]string{"label", "pvc", "pinned", "-n", ns, "velero.io/exclude-from-backup=true"}},
+			{"annotate a claim", "", "annotations but volume.kubernetes.io/selected-node",
+				[]string{"annotate", "pvc", "pinned", "-n", ns, "e2e.hostpath.csi/steer=1"}},
+			{"create a hostPath PV on its own node, bound to a pending claim", hostPathPV, "only PersistentVolumes of this driver's CSI source",
+				[]string{"create", "-f", "-"}},
+			{"hold the controller's sidecars' leader Lease", "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {name: e2e-taken-leader, namespace: " + driverNS + "}\nspec: {holderIdentity: " + as + "}\n", `cannot create resource "leases"`,
+				[]string{"create", "-f", "-"}},
+			{"set " + node + "'s capacity to 0", "", "only the CSIStorageCapacity objects of its own node",
+				[]string{"patch", "csistoragecapacity", otherCap, "-n", driverNS, "--type=merge", "-p", `{"capacity":"0"}`}},
 			{"release a PV of " + node, "", "only PersistentVolumes whose node affinity is its own node",
 				[]string{"patch", "pv", pv, "--type=merge", "-p", `{"spec":{"claimRef":null}}`}},
 			{"delete a PV of " + node, "", "only PersistentVolumes whose node affinity is its own node",
