@@ -28,14 +28,15 @@ func samplePoints() int {
 
 // aroundEach is how many flush points mustPoints takes in each window
 // it covers, spread over it, besides the first flush after its end.
-const aroundEach = 6
+const aroundEach = 2
 
 // mustPoints are the flush points a sample always replays: those in the
-// windows where the journal checkpoints (between two epoch reports that
-// differ) and where the driver is killed and starts again (before each
-// restart, among them the kill inside a freeze, whose window holds the
-// freeze record, the kill and the thaw at start), up to aroundEach spread
-// over each window and the first flush after it.
+// windows where the journal checkpoints (between two ops whose recorded
+// epochs differ: the recorder notes the journal's epoch with every op)
+// and where the driver is killed and starts again (before each restart,
+// among them the kill inside a freeze, whose window holds the freeze
+// record, the kill and the thaw at start), up to aroundEach spread over
+// each window and the first flush after it.
 func mustPoints(ops []plan.Op, markAt map[string]int, flushes []int) []int {
 	var must []int
 	prevMark, lastEpoch := -1, uint64(0)
@@ -49,8 +50,9 @@ func mustPoints(ops []plan.Op, markAt map[string]int, flushes []int) []int {
 		switch op.Kind {
 		case "restart", "recovered":
 			window = true
-		case "epoch":
-			window = seenEpoch && op.Epoch != lastEpoch
+		}
+		if op.Epoch != 0 { // every op of a recording names the epoch after it
+			window = window || seenEpoch && op.Epoch != lastEpoch
 			lastEpoch, seenEpoch = op.Epoch, true
 		}
 		if window {
@@ -141,7 +143,8 @@ func TestMustPoints(t *testing.T) {
 		{"no window", []plan.Op{{Mark: "a", Kind: "create"}, {Mark: "b", Kind: "epoch", Epoch: 1}}, nil},
 		{"a kill", []plan.Op{{Mark: "a", Kind: "create"}, {Mark: "b", Kind: "restart"}}, []int{9, 12, 20}},
 		{"a checkpoint", []plan.Op{{Mark: "a", Kind: "epoch", Epoch: 1}, {Mark: "b", Kind: "epoch", Epoch: 1}, {Mark: "c", Kind: "epoch", Epoch: 2}},
-			[]int{20, 31, 41, 43, 45, 47, 48, 60}},
+			[]int{20, 43, 48, 60}},
+		{"a checkpoint between two creates", []plan.Op{{Mark: "a", Kind: "create", Epoch: 3}, {Mark: "b", Kind: "create", Epoch: 4}}, []int{9, 12, 20}},
 	}
 	markAt := map[string]int{"a": 6, "b": 15, "c": 50}
 	for _, c := range cases {

@@ -80,6 +80,11 @@ type recorder struct {
 	mu  sync.Mutex
 	dev string
 	n   int
+	// state, when set, is the state dir whose journal epoch each op
+	// records when it names none: a sample of the replay (make
+	// test-powerloss-sample) finds the checkpoints between two ops whose
+	// epochs differ.
+	state string
 }
 
 func (r *recorder) ack(t *testing.T, op plan.Op) {
@@ -87,6 +92,9 @@ func (r *recorder) ack(t *testing.T, op plan.Op) {
 	defer r.mu.Unlock()
 	r.n++
 	op.Mark = fmt.Sprintf("%s-%d", op.Kind, r.n)
+	if op.Epoch == 0 && r.state != "" {
+		op.Epoch = Epoch(r.state)
+	}
 	if err := dm.Message(r.dev, 0, "mark "+op.Mark); err != nil {
 		t.Errorf("mark %s: %v", op.Mark, err)
 		return
@@ -160,8 +168,8 @@ func TestRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := mountLogged(t, "plw-"+fstype, data, logDev, fstype)
-	rec := &recorder{dev: l.name}
-	workload(t, rec, filepath.Join(l.mnt, "state"), l.pool)
+	rec := &recorder{dev: l.name, state: filepath.Join(l.mnt, "state")}
+	workload(t, rec, rec.state, l.pool)
 	l.unmount(t)
 	fmt.Printf("%s{\"kind\":\"end\",\"mark\":\"end\"}\n", plan.MarkPowerloss)
 }
