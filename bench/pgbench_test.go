@@ -66,9 +66,12 @@ func (p postgres) serve(b *testing.B, dir, sock string) {
 			b.Fatal(err)
 		}
 	}
-	// The postgres user must get through the directories above them.
+	// The postgres user must get through the directories above them that
+	// the benchmark made (b.TempDir's are 0700); never the system's own
+	// (setting /tmp to 0755 took its sticky, world-writable bit, and with
+	// it apt's signature checks).
 	for _, d := range []string{dir, sock} {
-		for up := filepath.Dir(d); up != "/"; up = filepath.Dir(up) {
+		for up := filepath.Dir(d); up != "/" && up != filepath.Clean(os.TempDir()); up = filepath.Dir(up) {
 			os.Chmod(up, 0o755)
 		}
 	}

@@ -70,7 +70,7 @@ func (p *pg) own(dir string) {
 	if err := os.Chown(dir, int(p.uid), int(p.gid)); err != nil {
 		p.t.Fatal(err)
 	}
-	for d := filepath.Dir(dir); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+	for d := filepath.Dir(dir); d != "/" && d != filepath.Clean(os.TempDir()); d = filepath.Dir(d) {
 		os.Chmod(d, 0o755)
 	}
 }
