@@ -278,6 +278,7 @@ targets-smoke:
 	$(MAKE) --no-print-directory stress STRESS_DURATION=3s CRASH_ITERATIONS=12 2>&1 | grep -E '^(--- |ok|FAIL)'; test $${PIPESTATUS[0]} -eq 0
 	$(MAKE) --no-print-directory scale SCALE_VOLUMES=50 SCALE_MEM_GIB=0 SCALE_FILES=500 2>&1 | grep -E '^(ok|FAIL|Benchmark)'; test $${PIPESTATUS[0]} -eq 0
 	$(MAKE) --no-print-directory bench BENCH_SIZE=2 BENCH_ROUNDS=1 BENCH_PGSECONDS=2 BENCH_OUT=/tmp/hostpath-bench-target 2>&1 | grep -E '^(ok|FAIL|PASS)'; test $${PIPESTATUS[0]} -eq 0
+	@m=$$(stat -c %a /tmp); test "$$m" = 1777 || { echo "/tmp is $$m after the tests, not 1777: a test changed the system's directories"; exit 1; }
 
 # Each benchmark once on tiny data, so the suite never rots.
 bench-smoke: deps
