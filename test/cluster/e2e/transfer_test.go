@@ -186,7 +186,11 @@ spec:
   request: %s
 `, name, driverName, base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr})))
 	as := &kube{t: t, bin: k.bin, cfg: cfg}
-	as.apply(manifest)
+	// Created as a driver creates its own (kubectl apply would add its
+	// last-applied annotation, which the signer refuses on a request).
+	if _, err := as.run(manifest, "create", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { k.run("", "delete", "csr", name, "--ignore-not-found") })
 	var cert *tls.Certificate
 	var msg string
