@@ -40,7 +40,10 @@ demo: build
 
 # Every test: unit tests with the race detector, then csi-sanity against
 # the real binary for mount (directory and image layouts) and block volumes.
-test: deps test-unit test-chart test-upgrade test-unprivileged test-sanity test-distroless fuzz targets-smoke
+TEST_STEPS := test-unit test-chart test-upgrade test-unprivileged test-sanity test-distroless fuzz targets-smoke
+test: deps
+	@for t in $(TEST_STEPS); do s=$$SECONDS; $(MAKE) --no-print-directory $$t || exit 1; \
+	  echo "make test: $$t took $$((SECONDS - s)) s"; done
 
 # The Helm chart: helm (built from its Go module in test/cluster/helm, into
 # $(CACHE)/bin) lints and renders it, and a Go test checks that its
