@@ -363,7 +363,7 @@ KERNEL_SAMPLE_TESTS := fsops format/ext4 format/xfs csi
 KERNEL_SAMPLE_RUN   := Quota|Freez|Thaw|Grow|Expan
 test-kernel-sample: KERNEL_SUITES := bookworm
 test-kernel-sample: kernel-deps
-	$(MAKE) --no-print-directory test-kernel KERNEL_SUITES=bookworm KERNEL_TESTS='$(KERNEL_SAMPLE_TESTS)' KERNEL_RUN='$(KERNEL_SAMPLE_RUN)'
+	$(MAKE) --no-print-directory test-kernel KERNEL_SUITES=$(KERNEL_SUITES) KERNEL_TESTS='$(KERNEL_SAMPLE_TESTS)' KERNEL_RUN='$(KERNEL_SAMPLE_RUN)'
 
 # The power-loss replay's sample: POWERLOSS_POINTS flush points spread
 # over each file system's run, and the flushes around each of the

@@ -297,6 +297,9 @@ func (d *Engine) reattachBlockVolumes() error {
 		}
 		if devs := attached[[2]uint64{fdev, ino}]; len(devs) > 0 {
 			for _, dev := range devs {
+				if !dev.DirectIO {
+					continue
+				}
 				if err := bufferedOnBtrfs(dev, path); err != nil {
 					return fmt.Errorf("turning off direct I/O on %s, bound to %s on btrfs: %w", dev.Path(), path, err)
 				}

@@ -23,7 +23,8 @@ type Device struct {
 	Rdev uint64
 	// ReadOnly is set for a device bound with LO_FLAGS_READ_ONLY.
 	ReadOnly bool
-	// DirectIO is set for a device Attach bound with direct I/O.
+	// DirectIO is set for a device Attach bound with direct I/O, and for
+	// one List found with it.
 	DirectIO bool
 }
 
@@ -279,6 +280,7 @@ func List() ([]Bound, error) {
 			return nil, err
 		}
 		d.ReadOnly = info.Flags&unix.LO_FLAGS_READ_ONLY != 0
+		d.DirectIO = info.Flags&unix.LO_FLAGS_DIRECT_IO != 0
 		out = append(out, Bound{Device: d, BackingDev: info.Device, BackingIno: info.INode})
 	}
 	return out, nil

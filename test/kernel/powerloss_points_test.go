@@ -39,21 +39,16 @@ const aroundEach = 2
 // each window and the first flush after it.
 func mustPoints(ops []plan.Op, markAt map[string]int, flushes []int) []int {
 	var must []int
-	prevMark, lastEpoch := -1, uint64(0)
-	seenEpoch := false
+	prevMark, lastEpoch := -1, uint64(0) // epochs start at 1
 	for _, op := range ops {
 		at, ok := markAt[op.Mark]
 		if !ok {
 			continue
 		}
-		window := false
-		switch op.Kind {
-		case "restart", "recovered":
-			window = true
-		}
+		window := op.Kind == "restart" || op.Kind == "recovered"
 		if op.Epoch != 0 { // every op of a recording names the epoch after it
-			window = window || seenEpoch && op.Epoch != lastEpoch
-			lastEpoch, seenEpoch = op.Epoch, true
+			window = window || lastEpoch != 0 && op.Epoch != lastEpoch
+			lastEpoch = op.Epoch
 		}
 		if window {
 			lo, _ := slices.BinarySearch(flushes, prevMark+1)

@@ -365,12 +365,13 @@ func replay(t *testing.T, fs fsSpec, driver, base, logPath string, ops, already 
 	// fewer points between flushes, so more flushes are chosen.
 	// A sample (envSample) takes its most spread points and the must
 	// points, and no more.
+	sample := samplePoints() > 0
 	var must []int
-	if samplePoints() > 0 {
+	if sample {
 		must = mustPoints(ops, markAt, flushes)
 	}
 	points, torn := choosePoints(lg, flushes, most, must)
-	for want := most; samplePoints() == 0 && len(points) < min(minPoints, 2*len(flushes)) && most > maxRecoveryPoints && want < len(flushes); {
+	for want := most; !sample && len(points) < min(minPoints, 2*len(flushes)) && most > maxRecoveryPoints && want < len(flushes); {
 		want += minPoints - len(points)
 		points, torn = choosePoints(lg, flushes, want, nil)
 	}
