@@ -104,8 +104,8 @@ func tree(t *testing.T, h iolimit.Hierarchy, driver, uid string) (pod, ctr strin
 
 // TestLimits: a pod's cgroup is found under both cgroup drivers' names;
 // a read limit set for the pod holds its container's reads to it (within
-// 10%), a raised limit to the raised one, and a removed limit leaves
-// them free; an unknown pod, a bad uid and a device the kernel refuses
+// 10%), a raised limit to the raised one, and a removed limit no
+// longer holds them; an unknown pod, a bad uid and a device the kernel refuses
 // are errors with their errno.
 func TestLimits(t *testing.T) {
 	testutil.RequireRoot(t)
@@ -182,8 +182,13 @@ func TestLimits(t *testing.T) {
 			if got, err := h.Get(ctr, dev); err != nil || !got.IsZero() {
 				t.Fatalf("limits after removing them: %+v, %v", got, err)
 			}
-			if got := readIOPS(t, h, ctr, d.Path(), 4000); got < free/2 {
-				t.Fatalf("reads after the limit was removed: %.0f/s, %.0f before any", got, free)
+			// Removed means no longer held to the last limit. It is not
+			// compared with the unlimited rate measured first: other
+			// packages' tests share the cores (CI saw 26,393/s against
+			// 70,757 before any limit), but none brings the rate down to
+			// within 30% of a limit the cgroup no longer has.
+			if got := readIOPS(t, h, ctr, d.Path(), 4000); got < 1.3*float64(10*low) {
+				t.Fatalf("reads after the limit was removed: %.0f/s, still held to the %d/s limit (%.0f/s before any)", got, 10*low, free)
 			}
 		})
 	}
