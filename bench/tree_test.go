@@ -214,7 +214,7 @@ func BenchmarkBlockSnapshot(b *testing.B) {
 				}
 				defer out.Close()
 				fi, _ := in.Stat()
-				if _, err := fsops.CopyFileData(int(out.Fd()), int(in.Fd()), fi.Size(), nil, nil); err != nil {
+				if _, err := fsops.CopyFileData(context.Background(), int(out.Fd()), int(in.Fd()), fi.Size(), nil); err != nil {
 					b.Fatal(err)
 				}
 			}},

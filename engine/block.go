@@ -111,7 +111,7 @@ func (d *Engine) copyBacking(ctx context.Context, src, dst string, size int64, a
 	}
 	tmp := filepath.Join(tmpBeside(dst), filepath.Base(dst)+".partial")
 	return fsops.CreateDurable(dst, tmp, 0o600, func(out *os.File) error {
-		if _, err := fsops.CopyFileData(int(out.Fd()), int(in.Fd()), min(srcSize, size), nil, fsops.ProgressFrom(ctx)); err != nil {
+		if _, err := fsops.CopyFileData(ctx, int(out.Fd()), int(in.Fd()), min(srcSize, size), nil); err != nil {
 			return err
 		}
 		if !allocate {
@@ -342,7 +342,7 @@ func (d *Engine) writeFileSnapshot(ctx context.Context, path string, s SnapshotR
 	}
 	var allocated int64
 	err = fsops.CreateDurable(d.SnapshotDataPath(s), d.snapshotTempPath(s), 0o600, func(out *os.File) error {
-		if _, err := fsops.CopyFileData(int(out.Fd()), int(src.Fd()), size, nil, fsops.ProgressFrom(ctx)); err != nil {
+		if _, err := fsops.CopyFileData(ctx, int(out.Fd()), int(src.Fd()), size, nil); err != nil {
 			return err
 		}
 		if err := out.Sync(); err != nil { // st_blocks is final once the data is on disk

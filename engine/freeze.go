@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -22,12 +23,16 @@ import (
 // freezes its file system (FIFREEZE), copies its image, and thaws it. A
 // freeze is the kernel's, not the process's: a driver killed in between
 // leaves the pods' writes hung until someone thaws it. So each freeze the
-// driver makes is recorded (freezes/<volume id>.json in the state dir,
-// durable) before FIFREEZE, and removed once thawed; the next start thaws
-// exactly those, first, from mountinfo and the loop devices' backing files
-// alone, before anything that can fail. A file system someone else froze
-// (a backup tool's fsfreeze hook) is copied as it is and left frozen, at
-// the snapshot and at start: thawing it is the hook's to do.
+// driver makes is recorded (freezes/<volume id>.<freeze>.json in the state
+// dir, durable) before FIFREEZE, and removed once thawed; the next start
+// thaws exactly those, first, from mountinfo and the loop devices' backing
+// files alone, before anything that can fail. Records are named by freeze,
+// not by volume: a freeze whose thaw failed keeps its record (and its held
+// descriptor) while later freezes of the same volume come and go. A file
+// system someone else froze (a backup tool's fsfreeze hook) is copied as
+// it is and left frozen, at the snapshot and at start: thawing it is the
+// hook's to do; it is checked again after the copy, and a hook that thawed
+// meanwhile makes the copy refused.
 
 // frozenKey is the context key of the volumes a caller holds under their
 // freeze lock (a group's): frozen by it, or found unmounted.
@@ -47,12 +52,20 @@ type freezeRecord struct {
 // freezeDir is where freezes in progress are recorded.
 func freezeDir(root string) string { return filepath.Join(root, "freezes") }
 
-// freezes are this driver's freezes in progress, by volume id: what
+// freezes are this driver's freezes in progress, by freeze key: what
 // Close thaws, and what health reports of a thaw that failed.
 type freezes struct {
 	mu    sync.Mutex
 	held  map[string]*heldFreeze
 	stuck map[string]error
+	// seq makes freeze keys unique within this process; the start time
+	// in them, across restarts (a record a previous one left).
+	seq atomic.Uint64
+}
+
+// newKey names a freeze of volume id.
+func (f *freezes) newKey(id string) string {
+	return fmt.Sprintf("%s.%d-%d", id, time.Now().UnixNano(), f.seq.Add(1))
 }
 
 // heldFreeze is one freeze: its thaw (through the descriptor that froze)
@@ -62,8 +75,9 @@ type heldFreeze struct {
 	thaw func() error
 }
 
-// recordFreeze makes rec durable before the freeze it describes.
-func (d *Engine) recordFreeze(rec freezeRecord) error {
+// recordFreeze makes rec, the freeze named key, durable before the
+// freeze it describes.
+func (d *Engine) recordFreeze(key string, rec freezeRecord) error {
 	dir := freezeDir(d.Paths.Root)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -72,13 +86,13 @@ func (d *Engine) recordFreeze(rec freezeRecord) error {
 	if err != nil {
 		return err
 	}
-	return fsops.WriteFileAtomic(filepath.Join(dir, rec.Volume+".json"), b, 0o600)
+	return fsops.WriteFileAtomic(filepath.Join(dir, key+".json"), b, 0o600)
 }
 
-// dropFreeze removes the record of a freeze that is over (thawed, or
+// dropFreeze removes the record of freeze key, which is over (thawed, or
 // never made).
-func (d *Engine) dropFreeze(id string) error {
-	return fsops.RemoveDurable(filepath.Join(freezeDir(d.Paths.Root), id+".json"))
+func (d *Engine) dropFreeze(key string) error {
+	return fsops.RemoveDurable(filepath.Join(freezeDir(d.Paths.Root), key+".json"))
 }
 
 // thawAttempts and thawRetry bound the retries of a thaw that fails.
@@ -87,13 +101,13 @@ const (
 	thawRetry    = 100 * time.Millisecond
 )
 
-// thaw thaws volume id's held freeze, retrying a failure a few times.
-// Thawed, its record goes; still frozen, the freeze stays held (Close
-// tries again), its record stays (the next start thaws it), and health
-// reports it.
-func (d *Engine) thaw(id string) error {
+// thaw thaws held freeze key, retrying a failure a few times. Thawed,
+// its record goes; still frozen, the freeze stays held (Close tries
+// again), its record stays (the next start thaws it), and health reports
+// it.
+func (d *Engine) thaw(key string) error {
 	d.freezes.mu.Lock()
-	h := d.freezes.held[id]
+	h := d.freezes.held[key]
 	d.freezes.mu.Unlock()
 	if h == nil {
 		return nil
@@ -110,14 +124,14 @@ func (d *Engine) thaw(id string) error {
 	d.freezes.mu.Lock()
 	defer d.freezes.mu.Unlock()
 	if err != nil {
-		d.freezes.stuck[id] = err
-		klog.ErrorS(err, "thawing an image volume's file system failed; Close and the next start try again", "volume_id", id, "path", h.rec.Path)
+		d.freezes.stuck[key] = err
+		klog.ErrorS(err, "thawing an image volume's file system failed; Close and the next start try again", "volume_id", h.rec.Volume, "path", h.rec.Path)
 		return err
 	}
-	delete(d.freezes.held, id)
-	delete(d.freezes.stuck, id)
-	if err := d.dropFreeze(id); err != nil {
-		klog.ErrorS(err, "removing the record of a thawed freeze; the next start finds the file system thawed", "volume_id", id)
+	delete(d.freezes.held, key)
+	delete(d.freezes.stuck, key)
+	if err := d.dropFreeze(key); err != nil {
+		klog.ErrorS(err, "removing the record of a thawed freeze; the next start finds the file system thawed", "volume_id", h.rec.Volume)
 	}
 	return nil
 }
@@ -128,8 +142,8 @@ func (d *Engine) StuckFreezes() map[string]error {
 	d.freezes.mu.Lock()
 	defer d.freezes.mu.Unlock()
 	out := make(map[string]error, len(d.freezes.stuck))
-	for id, err := range d.freezes.stuck {
-		out[id] = err
+	for key, err := range d.freezes.stuck {
+		out[d.freezes.held[key].rec.Volume] = err
 	}
 	return out
 }
@@ -137,13 +151,13 @@ func (d *Engine) StuckFreezes() map[string]error {
 // thawHeld thaws every freeze still held (Close).
 func (d *Engine) thawHeld() {
 	d.freezes.mu.Lock()
-	var ids []string
-	for id := range d.freezes.held {
-		ids = append(ids, id)
+	var keys []string
+	for key := range d.freezes.held {
+		keys = append(keys, key)
 	}
 	d.freezes.mu.Unlock()
-	for _, id := range ids {
-		d.thaw(id)
+	for _, key := range keys {
+		d.thaw(key)
 	}
 }
 
@@ -158,12 +172,14 @@ func (d *Engine) thawHeld() {
 // cannot be unstaged (the freeze holds its root open). Volumes the
 // context already holds (a group's) are left as they are; one whose lock
 // is busy answers ErrBusy. A file system someone else froze is copied
-// frozen as it is, and left so.
+// frozen as it is, and left so; if it is no longer frozen when fn is done
+// (the hook thawed it meanwhile), what fn copied may mix moments and the
+// cut is refused (ErrBusy: the same request may succeed later).
 //
 // Pods' writes wait never longer than Config.MaxFreeze from the first
-// freeze: at that bound the file systems are thawed and, fn done, the cut
-// is refused (what fn copied after the thaw would mix moments). The pause
-// is logged.
+// freeze: at that bound the context fn runs with is cancelled (a copy in
+// it stops), the file systems are thawed and, fn done, the cut is refused
+// (what fn copied after the thaw would mix moments). The pause is logged.
 func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx context.Context) error) error {
 	held, _ := ctx.Value(frozenKey{}).(map[string]bool)
 	now := map[string]bool{}
@@ -181,8 +197,8 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 	thawAll := func() {
 		mu.Lock()
 		defer mu.Unlock()
-		for _, id := range froze {
-			d.thaw(id)
+		for _, key := range froze {
+			d.thaw(key)
 		}
 		froze = nil
 	}
@@ -225,15 +241,19 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 		}
 		toFreeze = append(toFreeze, freezeRecord{Volume: v.ID, Image: d.VolumeDataPath(cur), Dev: dev, Path: path})
 	}
+	fnCtx, cancel := context.WithCancel(context.WithValue(ctx, frozenKey{}, now))
+	defer cancel()
 	if len(toFreeze) > 0 {
 		start = time.Now()
 		bound = time.AfterFunc(d.Config.MaxFreeze, func() {
 			mu.Lock()
 			overran = true
 			mu.Unlock()
+			cancel()
 			thawAll()
 		})
 	}
+	var others []freezeRecord // frozen by someone else
 	for _, rec := range toFreeze {
 		mu.Lock()
 		late := overran
@@ -241,13 +261,18 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 		if late {
 			break
 		}
-		ok, err := d.freezeOne(rec)
-		if err != nil {
+		key, err := d.freezeOne(rec)
+		switch {
+		case errors.Is(err, unix.EBUSY):
+			klog.InfoS("image volume's file system is frozen already (by someone else, e.g. a backup hook's fsfreeze): copied as it is and left frozen", "volume_id", rec.Volume, "path", rec.Path)
+			others = append(others, rec)
+		case errors.Is(err, unix.ESTALE):
+			// No longer mounted where it was found: nothing to freeze.
+		case err != nil:
 			return err
-		}
-		if ok {
+		default:
 			mu.Lock()
-			froze = append(froze, rec.Volume)
+			froze = append(froze, key)
 			mu.Unlock()
 		}
 	}
@@ -256,7 +281,10 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 	mu.Unlock()
 	var err error
 	if !late {
-		err = fn(context.WithValue(ctx, frozenKey{}, now))
+		err = fn(fnCtx)
+	}
+	if err == nil && !late {
+		err = d.stillFrozen(others)
 	}
 	if bound != nil {
 		bound.Stop()
@@ -267,38 +295,57 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 	mu.Lock()
 	late = overran
 	mu.Unlock()
-	if err == nil && late {
-		return StorageErr(ErrOverran, "the copy of %d image volumes took longer than --max-freeze=%v, so their file systems were thawed before it ended and the cut is refused (a copy after the thaw would mix moments); on a pool that shares blocks (XFS with reflink, btrfs) the copy takes milliseconds, or raise --max-freeze", len(toFreeze), d.Config.MaxFreeze)
+	// An overrun cancelled fn's context: a copy that stopped on it is the
+	// overrun, not a failure of its own.
+	if late && (err == nil || errors.Is(err, context.Canceled) && ctx.Err() == nil) {
+		return StorageErr(ErrOverran, "the copy of %d image volumes took longer than --max-freeze=%v, so their file systems were thawed, the copy stopped, and the cut is refused (a copy after the thaw would mix moments); on a pool that shares blocks (XFS with reflink, btrfs) the copy takes milliseconds, or raise --max-freeze", len(toFreeze), d.Config.MaxFreeze)
 	}
 	return err
 }
 
-// freezeOne records and makes one freeze, and says whether it made it: a
-// file system frozen already (EBUSY: someone else's freeze, a backup
-// hook's) is not ours to thaw, and one no longer mounted where it was
-// found (ESTALE) has nothing to freeze.
-func (d *Engine) freezeOne(rec freezeRecord) (bool, error) {
-	if err := d.recordFreeze(rec); err != nil {
-		return false, fmt.Errorf("recording the freeze of volume %s: %w", rec.Volume, err)
+// freezeOne records and makes one freeze and returns its key. A file
+// system frozen already (EBUSY: someone else's freeze, a backup hook's)
+// is not ours to thaw, and one no longer mounted where it was found
+// (ESTALE) has nothing to freeze: both are errors that unwrap to their
+// errno, with no freeze held and no record left.
+func (d *Engine) freezeOne(rec freezeRecord) (string, error) {
+	key := d.freezes.newKey(rec.Volume)
+	if err := d.recordFreeze(key, rec); err != nil {
+		return "", fmt.Errorf("recording the freeze of volume %s: %w", rec.Volume, err)
 	}
 	thaw, err := fsops.FreezeHeld(rec.Path, rec.Dev)
 	if err != nil {
-		if derr := d.dropFreeze(rec.Volume); derr != nil {
+		if derr := d.dropFreeze(key); derr != nil {
 			klog.ErrorS(derr, "removing the record of a freeze not made", "volume_id", rec.Volume)
 		}
-		switch {
-		case errors.Is(err, unix.EBUSY):
-			klog.InfoS("image volume's file system is frozen already (by someone else, e.g. a backup hook's fsfreeze): copied as it is and left frozen", "volume_id", rec.Volume, "path", rec.Path)
-			return false, nil
-		case errors.Is(err, unix.ESTALE):
-			return false, nil
-		}
-		return false, fmt.Errorf("freezing the file system of volume %s at %s: %w", rec.Volume, rec.Path, err)
+		return "", fmt.Errorf("freezing the file system of volume %s at %s: %w", rec.Volume, rec.Path, err)
 	}
 	d.freezes.mu.Lock()
-	d.freezes.held[rec.Volume] = &heldFreeze{rec: rec, thaw: thaw}
+	d.freezes.held[key] = &heldFreeze{rec: rec, thaw: thaw}
 	d.freezes.mu.Unlock()
-	return true, nil
+	return key, nil
+}
+
+// stillFrozen checks, after a copy, that the file systems someone else
+// had frozen when it began are frozen still, by freezing each again:
+// EBUSY says it is. One that freezes (its freezer thawed it during the
+// copy, and writes may have landed in it) is thawed at once and the cut
+// refused; so is one no longer mounted there (ESTALE: thawed and
+// unstaged).
+func (d *Engine) stillFrozen(recs []freezeRecord) error {
+	for _, rec := range recs {
+		key, err := d.freezeOne(rec)
+		if errors.Is(err, unix.EBUSY) {
+			continue
+		}
+		if err == nil {
+			d.thaw(key)
+		} else if !errors.Is(err, unix.ESTALE) {
+			return err
+		}
+		return StorageErr(ErrBusy, "the file system of volume %s was frozen by someone else (a backup hook's fsfreeze?) when its copy began and was thawed before the copy ended, so the copy may mix moments and is refused; keep it frozen until the snapshot is ready, or leave the freeze to the driver", rec.Volume)
+	}
+	return nil
 }
 
 // freezeKey is the lock of a volume's freeze, taken by a freeze and by a

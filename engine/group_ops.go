@@ -70,9 +70,9 @@ func (d *Engine) CreateGroup(ctx context.Context, name string, srcs []string, pa
 		// One cut across the group: every member's file system frozen
 		// before the first is copied, all thawed after the last; what
 		// is left to make of each (an archive of its copy) after.
-		err = d.frozen(ctx, members, func(context.Context) error {
+		err = d.frozen(ctx, members, func(ctx context.Context) error {
 			for _, p := range pending {
-				if err := p.cut(); err != nil {
+				if err := p.cut(ctx); err != nil {
 					return err
 				}
 			}

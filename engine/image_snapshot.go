@@ -52,7 +52,7 @@ func copyImage(ctx context.Context, src, dst string) error {
 		return err
 	}
 	defer out.Close()
-	_, err = fsops.CopyFileData(int(out.Fd()), int(in.Fd()), size, nil, fsops.ProgressFrom(ctx))
+	_, err = fsops.CopyFileData(ctx, int(out.Fd()), int(in.Fd()), size, nil)
 	return err
 }
 

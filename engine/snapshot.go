@@ -162,7 +162,7 @@ func (d *Engine) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 		return p.complete(err)
 	}
 	defer release()
-	err = d.frozen(ctx, []VolumeRecord{p.v}, func(context.Context) error { return p.cut() })
+	err = d.frozen(ctx, []VolumeRecord{p.v}, p.cut)
 	return p.complete(err)
 }
 
@@ -242,8 +242,13 @@ func (d *Engine) prepareSnapshot(ctx context.Context, name, srcID string, reqPar
 }
 
 // cut makes what must be made while the volume is frozen: the copy.
-func (p *pendingSnapshot) cut() error {
-	rest, err := p.d.layoutFor(p.v).cutSnapshot(p.ctx, p.v, p.s, p.compact)
+func (p *pendingSnapshot) cut(ctx context.Context) error {
+	// p.ctx carries the snapshot's progress; ctx is frozen's, cancelled
+	// when the freeze overruns its bound: the copy stops on either.
+	cctx, cancel := context.WithCancel(p.ctx)
+	defer cancel()
+	defer context.AfterFunc(ctx, cancel)()
+	rest, err := p.d.layoutFor(p.v).cutSnapshot(cctx, p.v, p.s, p.compact)
 	if err != nil {
 		return fmt.Errorf("snapshotting volume %s: %w", p.v.ID, err)
 	}

@@ -1,6 +1,7 @@
 package fsops
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -46,16 +47,19 @@ type copyProbe struct {
 // empty open file dst by the cheapest means that works: a reflink, then
 // copy_file_range over the extents SEEK_DATA/SEEK_HOLE report (so holes stay
 // holes; a plain copy_file_range fills them on ext4), then read/write that
-// skips zero blocks. buf is a scratch buffer for the last resort.
-// pr, if not nil, counts the bytes as they are copied.
-func CopyFileData(dst, src int, size int64, buf []byte, pr *Progress) (CopyMethod, error) {
-	return (&copyProbe{}).copyData(dst, src, size, false, buf, pr)
+// skips zero blocks. buf is a scratch buffer for the last resort. The
+// Progress ctx carries (WithProgress), if any, counts the bytes as they
+// are copied; a done ctx stops the copy within a chunk (256 MiB or the
+// scratch buffer) with its error: a copy under a freeze must end when the
+// freeze's bound does.
+func CopyFileData(ctx context.Context, dst, src int, size int64, buf []byte) (CopyMethod, error) {
+	return (&copyProbe{}).copyData(ctx, dst, src, size, false, buf, ProgressFrom(ctx))
 }
 
 // copyData copies a file's data. dense says the file has no holes (its
 // blocks cover its size), which spares the extent lookups: one
 // copy_file_range does a small file.
-func (p *copyProbe) copyData(dst, src int, size int64, dense bool, buf []byte, pr *Progress) (CopyMethod, error) {
+func (p *copyProbe) copyData(ctx context.Context, dst, src int, size int64, dense bool, buf []byte, pr *Progress) (CopyMethod, error) {
 	if size == 0 {
 		return CopyRange, nil
 	}
@@ -73,9 +77,9 @@ func (p *copyProbe) copyData(dst, src int, size int64, dense bool, buf []byte, p
 	if !p.noRange.Load() {
 		var err error
 		if dense {
-			err = copyRange(dst, src, 0, size, pr)
+			err = copyRange(ctx, dst, src, 0, size, pr)
 		} else {
-			err = copyExtents(dst, src, size, pr)
+			err = copyExtents(ctx, dst, src, size, pr)
 		}
 		if err == nil {
 			return CopyRange, nil
@@ -88,7 +92,20 @@ func (p *copyProbe) copyData(dst, src int, size int64, dense bool, buf []byte, p
 			return 0, &os.PathError{Op: "ftruncate", Path: "", Err: err}
 		}
 	}
-	return CopyReadWrite, WriteSparse(dst, ProgressReader{io.NewSectionReader(fdReaderAt(src), 0, size), pr}, size, buf)
+	return CopyReadWrite, WriteSparse(dst, ProgressReader{ctxReader{ctx, io.NewSectionReader(fdReaderAt(src), 0, size)}, pr}, size, buf)
+}
+
+// ctxReader reads from r until ctx is done.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(b []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(b)
 }
 
 // fdReaderAt reads a descriptor it does not own with pread(2). It is not an
@@ -117,8 +134,11 @@ func (fd fdReaderAt) ReadAt(p []byte, off int64) (int, error) {
 
 // copyRange moves [off, end) with copy_file_range, at the same offsets,
 // at most 256 MiB a call so that progress shows in a large file.
-func copyRange(dst, src int, off, end int64, pr *Progress) error {
+func copyRange(ctx context.Context, dst, src int, off, end int64, pr *Progress) error {
 	for off < end {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		woff := off
 		n, err := unix.CopyFileRange(src, &off, dst, &woff, int(min(end-off, 256<<20)), 0)
 		if err != nil {
@@ -133,13 +153,13 @@ func copyRange(dst, src int, off, end int64, pr *Progress) error {
 }
 
 // copyExtents moves each data extent with copy_file_range, leaving holes.
-func copyExtents(dst, src int, size int64, pr *Progress) error {
+func copyExtents(ctx context.Context, dst, src int, size int64, pr *Progress) error {
 	exts, err := DataExtents(src, 0, size)
 	if err != nil {
 		return err
 	}
 	for _, e := range exts {
-		if err := copyRange(dst, src, e.Offset, e.Offset+e.Length, pr); err != nil {
+		if err := copyRange(ctx, dst, src, e.Offset, e.Offset+e.Length, pr); err != nil {
 			return err
 		}
 	}

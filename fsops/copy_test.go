@@ -2,6 +2,8 @@ package fsops
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -81,7 +83,7 @@ func fallbackRound(dir string, w, r int, buf []byte) error {
 	p := &copyProbe{}
 	p.noReflink.Store(true) // force the last resort
 	p.noRange.Store(true)
-	m, err := p.copyData(int(dst.Fd()), int(src.Fd()), int64(len(want)), false, buf, nil)
+	m, err := p.copyData(context.Background(), int(dst.Fd()), int(src.Fd()), int64(len(want)), false, buf, nil)
 	src.Close()
 	dst.Close()
 	if err != nil {
@@ -170,5 +172,54 @@ func TestMergeExtentsManyFragments(t *testing.T) {
 	got := mergeExtents([]Extent{{8192, 100}, {0, 4096}, {4000, 200}}, 4096)
 	if fmt.Sprint(got) != fmt.Sprint([]Extent{{0, 12288}}) {
 		t.Fatalf("got %v", got)
+	}
+}
+
+// TestCopyStopsWithItsContext: a copy whose context is done stops before
+// its next chunk with the context's error, by every method but the
+// reflink (one call, nothing to stop): a copy under a freeze ends when
+// the freeze's bound does, instead of running on unfrozen.
+func TestCopyStopsWithItsContext(t *testing.T) {
+	dir := t.TempDir()
+	data := bytes.Repeat([]byte("data"), 1<<18) // 1 MiB
+	src := filepath.Join(dir, "src")
+	if err := os.WriteFile(src, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	cases := []struct {
+		name  string
+		dense bool
+		rw    bool // the read/write fallback
+	}{
+		{"copy_file_range of a dense file", true, false},
+		{"copy_file_range over its extents", false, false},
+		{"read and write", false, true},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			in, err := os.Open(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer in.Close()
+			out, err := os.Create(filepath.Join(dir, fmt.Sprintf("dst%d", i)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer out.Close()
+			p := &copyProbe{}
+			p.noReflink.Store(true)
+			p.noRange.Store(c.rw)
+			var pr Progress
+			_, err = p.copyData(done, int(out.Fd()), int(in.Fd()), int64(len(data)), c.dense, make([]byte, 64<<10), &pr)
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("a copy with its context done: %v, want context.Canceled", err)
+			}
+			if b, _ := pr.Done(); b != 0 {
+				t.Fatalf("%d bytes copied after the context was done", b)
+			}
+		})
 	}
 }

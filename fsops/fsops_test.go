@@ -270,7 +270,7 @@ func TestCopyFileDataKeepsHoles(t *testing.T) {
 	out, _ := os.Create(filepath.Join(dir, "dst"))
 	defer out.Close()
 	var pr Progress
-	m, err := CopyFileData(int(out.Fd()), int(in.Fd()), fi.Size(), nil, &pr)
+	m, err := CopyFileData(WithProgress(context.Background(), &pr), int(out.Fd()), int(in.Fd()), fi.Size(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -125,7 +125,7 @@ func (c *treeCopier) worker() {
 }
 
 func (c *treeCopier) copyFile(j fileJob, buf []byte) error {
-	m, err := c.probe.copyData(j.dst, j.src, j.size, j.dense, buf, c.progress)
+	m, err := c.probe.copyData(c.ctx, j.dst, j.src, j.size, j.dense, buf, c.progress)
 	if err != nil {
 		return fmt.Errorf("copying %s: %w", j.name, err)
 	}

@@ -2,6 +2,7 @@ package ext4
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -305,7 +306,7 @@ func TestGrowPowerCut(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := fsops.CopyFileData(int(dst.Fd()), int(src.Fd()), from, make([]byte, 1<<20), nil); err != nil {
+		if _, err := fsops.CopyFileData(context.Background(), int(dst.Fd()), int(src.Fd()), from, make([]byte, 1<<20)); err != nil {
 			t.Fatal(err)
 		}
 		if err := dst.Truncate(to); err != nil {

@@ -260,11 +260,11 @@ func workload(t *testing.T, rec *recorder, state, pool string) {
 		_, err := ctl().CreateSnapshot(ctx, &csipb.CreateSnapshotRequest{Name: "killed-frozen", SourceVolumeId: ivol})
 		killed <- err
 	}()
-	freezeRecord := filepath.Join(state, "freezes", ivol+".json")
+	freezeRecords := filepath.Join(state, "freezes", ivol+".*.json") // by volume and freeze
 	inside := false
 	for deadline := time.Now().Add(30 * time.Second); !inside && len(killed) == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Microsecond) {
-		_, err := os.Stat(freezeRecord)
-		inside = err == nil
+		m, _ := filepath.Glob(freezeRecords)
+		inside = len(m) > 0
 	}
 	d.stop(unix.SIGKILL)
 	<-killed
