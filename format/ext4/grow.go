@@ -35,12 +35,21 @@ import (
 // 512 bytes a disk writes whole). Cut before it, the file system is the
 // old one; after it, the new one. A last group that was short is widened
 // after the commit: its bitmap's padding bits are cleared, then its
-// descriptor's free count raised, so a cut right after the commit leaves
-// those blocks counted used (space e2fsck gives back), and a cut between
-// the two writes a group whose bitmap and descriptor disagree (the kernel
-// then allocates nothing from it; e2fsck repairs it); neither loses a
-// byte. The old groups' superblock and descriptor copies, which only
-// e2fsck reads, are brought up to date last.
+// descriptor's free count raised, then the superblock's counts. Those two
+// blocks cannot be written as one, so the commit also marks the widening
+// unfinished: the committed superblock's "last mounted on" field (which
+// the kernel only rewrites when it first opens a file, and e2fsck never
+// reads) names the group and its old end, and the last write clears it.
+// A growth that finds the mark finishes the widening first (rolls
+// forward), before anything else; every stage grows before it mounts, so
+// a cut anywhere after the commit is finished before the kernel sees the
+// file system. Unfinished, a cut right after the commit leaves those
+// blocks counted used (space e2fsck gives back), and a cut between the
+// two writes a group whose bitmap and descriptor disagree, which the
+// kernel's first allocation there reports as an error ("clean with
+// errors", ENOSPC with space free, every later growth refused); neither
+// loses a byte. The old groups' superblock and descriptor copies, which
+// only e2fsck reads, are brought up to date last.
 
 // ErrLayout is wrapped by Grow's error for a file system it does not grow:
 // not laid out as Format makes them. The kernel's online resize can.
@@ -228,6 +237,126 @@ func (geo *geometry) grownTo(size int64, clamp bool) (*geometry, error) {
 	return &g, nil
 }
 
+// lastMounted is where the superblock keeps the path it was last
+// mounted on (s_last_mounted, 64 bytes), and wideningMark the format of
+// what a growth's commit puts there until its last write.
+const (
+	lastMounted  = 0x88
+	wideningMark = "hostpath-csi growth: group %d from block %d"
+)
+
+// widening is the mark a committed superblock sb carries of a short last
+// group widened after the commit: the group and its old width.
+func widening(sb []byte) (group, from uint32, ok bool) {
+	field := sb[lastMounted : lastMounted+64]
+	if i := bytes.IndexByte(field, 0); i >= 0 {
+		field = field[:i]
+	}
+	n, err := fmt.Sscanf(string(field), wideningMark, &group, &from)
+	return group, from, err == nil && n == 2
+}
+
+// markWidening returns sb marked as widening group from its old width.
+func markWidening(sb []byte, group, from uint32) []byte {
+	out := bytes.Clone(sb)
+	field := out[lastMounted : lastMounted+64]
+	clear(field)
+	copy(field, fmt.Sprintf(wideningMark, group, from))
+	return out
+}
+
+// finishWidening finishes the widening of a short last group that a
+// power cut left after the commit (the package comment says how the mark
+// finds it), and returns the superblock as it is after. The group's bits
+// past its old width are cleared only if every one is still set (the
+// bitmap not written yet: nothing can have been allocated there); its
+// descriptor's free count is then made what its bitmap says. Anything
+// else a bitmap and descriptor disagree on is not this package's doing,
+// and is left to e2fsck (ErrLayout).
+func finishWidening(d disk, sb []byte, geo *geometry) ([]byte, error) {
+	tail, from, ok := widening(sb)
+	if !ok {
+		return sb, nil
+	}
+	if tail >= geo.groups || from > geo.groupBlocks(tail) {
+		return nil, fmt.Errorf("%w: the superblock marks group %d widened from block %d, which this file system of %d groups does not have", ErrLayout, tail, from, geo.groups)
+	}
+	gdt := make([]byte, int(geo.gdtBlocks)*blockSize)
+	if _, err := d.ReadAt(gdt, blockSize); err != nil {
+		return nil, fmt.Errorf("reading the group descriptors: %w", err)
+	}
+	desc := gdt[tail*descSize : (tail+1)*descSize]
+	at := int64(le.Uint32(desc[0:])) * blockSize
+	bitmap := make([]byte, blockSize)
+	if _, err := d.ReadAt(bitmap, at); err != nil {
+		return nil, fmt.Errorf("reading group %d's block bitmap: %w", tail, err)
+	}
+	end := geo.groupBlocks(tail)
+	set := func(i uint32) bool { return bitmap[i/8]&(1<<(i%8)) != 0 }
+	padded := true
+	for i := from; i < end; i++ {
+		padded = padded && set(i)
+	}
+	if padded {
+		for i := from; i < end; i++ {
+			bitmap[i/8] &^= 1 << (i % 8)
+		}
+		if err := writeAt(d, at, bitmap); err != nil {
+			return nil, err
+		}
+		if err := sync(d); err != nil {
+			return nil, err
+		}
+	}
+	free := uint16(0)
+	for i := uint32(0); i < end; i++ {
+		if !set(i) {
+			free++
+		}
+	}
+	switch have := le.Uint16(desc[12:]); {
+	case have > free:
+		return nil, fmt.Errorf("%w: group %d's descriptor counts %d blocks free and its bitmap %d: e2fsck it", ErrLayout, tail, have, free)
+	case have < free:
+		le.PutUint16(desc[12:], free)
+		if err := writeAt(d, blockSize, gdt); err != nil {
+			return nil, err
+		}
+		if err := sync(d); err != nil {
+			return nil, err
+		}
+	}
+	final := counted(sb, gdt, geo)
+	clear(final[lastMounted : lastMounted+64])
+	if err := writeAt(d, superblockOffset, final[:512]); err != nil {
+		return nil, err
+	}
+	if err := copies(d, final, gdt, 1, geo.groups); err != nil {
+		return nil, err
+	}
+	return final, sync(d)
+}
+
+// copies writes superblock sb and descriptors gdt as the copies of
+// groups [from, to) that hold one (never group 0's: the primary).
+func copies(d disk, sb, gdt []byte, from, to uint32) error {
+	for g := max(from, 1); g < to; g++ {
+		if !hasSuper(g) {
+			continue
+		}
+		blk := make([]byte, blockSize)
+		copy(blk, sb)
+		le.PutUint16(blk[0x5A:], uint16(g)) // s_block_group_nr
+		if err := writeBlock(d, groupStart(g), blk); err != nil {
+			return err
+		}
+		if err := writeBlock(d, groupStart(g)+1, gdt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // grow is Grow on d of size bytes.
 func grow(d disk, size int64) (Size, error) {
 	sb := make([]byte, 1024)
@@ -236,6 +365,11 @@ func grow(d disk, size int64) (Size, error) {
 	}
 	old, err := growable(sb, true)
 	if err != nil {
+		return Size{}, err
+	}
+	// What a cut left of the last growth is finished first: a growth
+	// with nothing to add must still finish it.
+	if sb, err = finishWidening(d, sb, old); err != nil {
 		return Size{}, err
 	}
 	before := Size{Blocks: old.blocks, BlockSize: blockSize}
@@ -288,8 +422,8 @@ func grow(d disk, size int64) (Size, error) {
 			}
 		}
 	}
-	// The superblock as committed (the widened blocks still counted used)
-	// and as it ends; the copies carry the end.
+	// The superblock as committed (the widened blocks still counted used,
+	// and marked to be widened) and as it ends; the copies carry the end.
 	committed := counted(sb, gdt, &geo)
 	final, finalGDT := committed, gdt
 	if added > 0 {
@@ -297,25 +431,9 @@ func grow(d disk, size int64) (Size, error) {
 		desc := finalGDT[tail*descSize:]
 		le.PutUint16(desc[12:], le.Uint16(desc[12:])+uint16(added))
 		final = counted(sb, finalGDT, &geo)
+		committed = markWidening(committed, tail, old.groupBlocks(tail))
 	}
-	copies := func(from, to uint32) error {
-		for g := max(from, 1); g < to; g++ {
-			if !hasSuper(g) {
-				continue
-			}
-			blk := make([]byte, blockSize)
-			copy(blk, final)
-			le.PutUint16(blk[0x5A:], uint16(g)) // s_block_group_nr
-			if err := writeBlock(d, groupStart(g), blk); err != nil {
-				return err
-			}
-			if err := writeBlock(d, groupStart(g)+1, finalGDT); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	if err := copies(old.groups, geo.groups); err != nil {
+	if err := copies(d, final, finalGDT, old.groups, geo.groups); err != nil {
 		return before, err
 	}
 	if err := writeBlock(d, 1, gdt); err != nil {
@@ -346,7 +464,7 @@ func grow(d disk, size int64) (Size, error) {
 			return after, err
 		}
 	}
-	if err := copies(1, old.groups); err != nil {
+	if err := copies(d, final, finalGDT, 1, old.groups); err != nil {
 		return after, err
 	}
 	return after, sync(d)
