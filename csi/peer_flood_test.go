@@ -12,15 +12,18 @@ import (
 // a's transfer port hold hundreds of connections there that never
 // authenticate (idle, or a ClientHello cut short, from one address and
 // from many), node b clones a volume of node a's: it gets every byte, in
-// about the time it takes without the flood.
+// far less than an attacker's handshake deadline (30 s here, so that a
+// clone slowed by a busy machine is never mistaken for one that waited
+// out an attacker).
 func TestRestoreFromAnotherNodeUnderFlood(t *testing.T) {
 	a, b, _ := newPeerPair(t, "")
+	a.stop()
+	a.handshake = 30 * time.Second
+	a.serve(t)
 	src := mustCreate(t, a.d, "src", 100<<20)
 	fillVolume(t, volumeDir(a.d, src.GetVolumeId()))
 	want := treeSum(t, volumeDir(a.d, src.GetVolumeId()))
-	// The clone's own time, without a flood (the race detector makes it
-	// several times slower): the flood may not add an attacker's
-	// handshake deadline (3 s) to it.
+	// The clone's own time, without a flood, for the log.
 	start := time.Now()
 	if _, err := b.d.CreateVolume(ctx, fromVolume("baseline", src.GetVolumeId(), 100<<20)); err != nil {
 		t.Fatal(err)
@@ -43,8 +46,8 @@ func TestRestoreFromAnotherNodeUnderFlood(t *testing.T) {
 		if got := treeSum(t, volumeDir(b.d, v.GetVolume().GetVolumeId())); got != want {
 			t.Fatal("the clone differs from its source")
 		}
-		if took > 4*baseline+3*time.Second {
-			t.Fatalf("the clone under %d unauthenticated connections took %v (%v without them)", n, took, baseline)
+		if took > 20*time.Second {
+			t.Fatalf("the clone under %d unauthenticated connections took %v (%v without them): it waited for attackers' handshakes", n, took, baseline)
 		}
 		t.Logf("cloned from node a in %v under %d unauthenticated connections (%v without them)", took.Round(time.Millisecond), n, baseline.Round(time.Millisecond))
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -29,6 +30,8 @@ type peerNode struct {
 	creds *transfer.Credentials
 	addr  string
 	halt  func() // stops the server while it runs
+	// handshake is the server's HandshakeTimeout (zero: its default).
+	handshake time.Duration
 }
 
 // stop takes the node's server down, as a node that is lost.
@@ -51,7 +54,7 @@ func (n *peerNode) serve(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.addr = ln.Addr().String()
-	srv := &transfer.Server{Creds: n.creds, Source: n.d.TransferSource(), Authorizer: transfer.AllowAll}
+	srv := &transfer.Server{Creds: n.creds, Source: n.d.TransferSource(), Authorizer: transfer.AllowAll, HandshakeTimeout: n.handshake}
 	c, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(c, ln) }()
