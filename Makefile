@@ -33,7 +33,7 @@ run: build
 demo: build
 	mkdir -p $(RUN_DIR)/demo
 	$(BIN) --endpoint=unix://$(RUN_DIR)/demo/csi.sock --nodeid=$(NODE_ID) --statedir=$(RUN_DIR)/demo/state -v=0 & pid=$$!; \
-	  for i in $$(seq 100); do [ -S $(RUN_DIR)/demo/csi.sock ] && break; sleep 0.05; done; \
+	  for i in $$(seq 600); do [ -S $(RUN_DIR)/demo/csi.sock ] && break; sleep 0.05; done; \
 	  $(CTL) --endpoint=unix://$(RUN_DIR)/demo/csi.sock --dir=$(RUN_DIR)/demo info && \
 	  $(CTL) --endpoint=unix://$(RUN_DIR)/demo/csi.sock --dir=$(RUN_DIR)/demo demo; rc=$$?; \
 	  kill $$pid; wait $$pid; exit $$rc
@@ -60,7 +60,7 @@ test-chart:
 UNIT_PKGS := ./loop/... ./fsops/... ./iolimit/... ./archive/... ./format/... ./csi/... ./engine/... ./route/... ./cmd/... ./registrar/... ./snapimport/... ./transfer/... ./kubepeers/... ./kubeauth/... ./lostnodes/... ./internal/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
 UNIT_ELSEWHERE := /bench /test/sanity /test/upgrade /test/kernel /test/kernel/guest /test/kernel/plan /test/powerloss/guest /test/powerloss/logwrites
 test-unit: deps
-	CGO_ENABLED=1 $(GO) test -race -count=1 $(UNIT_PKGS)
+	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m $(UNIT_PKGS)
 	$(GO) -C test/cluster test -count=1 ./cmd/...
 	$(GO) test -count=1 -run '^TestMustPoints$$' ./test/kernel/
 

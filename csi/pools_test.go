@@ -346,7 +346,7 @@ func TestPoolDown(t *testing.T) {
 	}
 
 	testfs.Bind(t, disk, fast)
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for publish(id) != nil {
 		if time.Now().After(deadline) {
 			t.Fatalf("pool fast did not come back: %v", publish(id))

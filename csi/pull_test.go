@@ -62,14 +62,14 @@ func TestPullOutlivesTheRequest(t *testing.T) {
 	rand.Read(data)
 	os.WriteFile(filepath.Join(dir, "data"), data, 0o644)
 	want := treeSum(t, dir)
-	slow := &slowPeers{Peers: bp, rate: 16 << 20} // about 1.5 s for the data
+	slow := &slowPeers{Peers: bp, rate: 8 << 20} // about 3 s for the data
 	b.d.SetPeers(slow)
 
 	var answers []string
 	var cloneID string
 	start := time.Now()
 	for {
-		rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		v, err := b.d.CreateVolume(rctx, fromVolume("clone", src.GetVolumeId(), 100<<20))
 		cancel()
 		if err == nil {
@@ -79,10 +79,15 @@ func TestPullOutlivesTheRequest(t *testing.T) {
 			}
 			break
 		}
-		if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "being pulled") {
+		switch {
+		case status.Code(err) == codes.DeadlineExceeded:
+			// Its deadline passed before it could answer (a busy
+			// machine): the provisioner asks again, as here.
+		case status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "being pulled"):
 			t.Fatalf("a request while the pull runs: %v, want Aborted saying it is being pulled", err)
+		default:
+			answers = append(answers, status.Convert(err).Message())
 		}
-		answers = append(answers, status.Convert(err).Message())
 		if time.Since(start) > 30*time.Second {
 			t.Fatalf("the pull did not finish in 30 s: %v", err)
 		}
@@ -101,7 +106,7 @@ func TestPullOutlivesTheRequest(t *testing.T) {
 	rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	_, err := b.d.CreateVolume(rctx, fromVolume("cut", src.GetVolumeId(), 100<<20))
 	cancel()
-	if status.Code(err) != codes.Aborted {
+	if c := status.Code(err); c != codes.Aborted && c != codes.DeadlineExceeded {
 		t.Fatalf("a slow pull: %v", err)
 	}
 	if err := b.d.Close(); err != nil {
@@ -156,11 +161,17 @@ func TestPullAbandoned(t *testing.T) {
 			t.Fatalf("the abandoned pull left %s", e.Name())
 		}
 	}
-	// Asked again, it starts again.
-	rctx, cancel = context.WithTimeout(ctx, 2*time.Second)
-	_, err = b.d.CreateVolume(rctx, fromVolume("abandoned", src.GetVolumeId(), 100<<20))
-	cancel()
-	if status.Code(err) != codes.Aborted || slow.streams.Load() != 2 {
-		t.Fatalf("asked again: %v after %d streams, want Aborted and a second stream", err, slow.streams.Load())
+	// Asked again, it starts again (the abandoned pull's last steps may
+	// still be letting go for a moment: asked until it starts, 10 s).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		rctx, cancel = context.WithTimeout(ctx, 2*time.Second)
+		_, err = b.d.CreateVolume(rctx, fromVolume("abandoned", src.GetVolumeId(), 100<<20))
+		cancel()
+		if status.Code(err) == codes.Aborted && slow.streams.Load() == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("asked again: %v after %d streams, want Aborted and a second stream", err, slow.streams.Load())
+		}
 	}
 }

@@ -97,7 +97,7 @@ func TestPoolNeverMarkedTwice(t *testing.T) {
 	if err != nil || !strings.Contains(msg, "marked as pool fast") {
 		t.Fatalf("MarkPool: %q %v", msg, err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for e.Pools["fast"].Get().Down != nil {
 		if time.Now().After(deadline) {
 			t.Fatalf("the marked disk did not come up: %v", e.Pools["fast"].Get().Down)

@@ -162,7 +162,7 @@ func TestMergeExtentsManyFragments(t *testing.T) {
 	}
 	start := time.Now()
 	out := mergeExtents(es, 4096)
-	if d := time.Since(start); d > 5*time.Second {
+	if d := time.Since(start); d > 30*time.Second { // quadratic took minutes
 		t.Fatalf("merging %d extents took %v", n, d)
 	}
 	if len(out) != n || out[0].Offset != 0 || out[n-1].Offset != int64(n-1)*8192 {

@@ -25,7 +25,7 @@ func kubelet(t *testing.T, sock string, accept func(*registerapi.PluginInfo) str
 	}
 	defer conn.Close()
 	c := registerapi.NewRegistrationClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second) // kubelet's GetInfo timeout
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // kubelet's GetInfo timeout is 1 s; a busy test machine gets more
 	defer cancel()
 	info, err := c.GetInfo(ctx, &registerapi.InfoRequest{})
 	if err != nil {
@@ -70,12 +70,12 @@ func start(t *testing.T, dir string) (*Registrar, chan error, context.CancelFunc
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if cond() {
 			return
 		}
 	}
-	t.Fatal("condition not met in 5s")
+	t.Fatal("condition not met in 30 s")
 }
 
 func TestRegistration(t *testing.T) {

@@ -55,7 +55,7 @@ func TestLabeler(t *testing.T) {
 	go func() { errc <- l.Run(ctx) }()
 	wait := func(name string) {
 		t.Helper()
-		for i := 0; i < 100; i++ {
+		for i := 0; i < 600; i++ { // 30 s
 			mu.Lock()
 			err, ok := done[name]
 			mu.Unlock()
@@ -67,7 +67,7 @@ func TestLabeler(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		t.Fatalf("%s never labelled", name)
+		t.Fatalf("%s not labelled in 30 s", name)
 	}
 	wait("imported-here")
 	if _, err := client.SnapshotV1().VolumeSnapshotContents().Create(ctx, content("imported-late", driver, "snap-late", "", nil), metav1.CreateOptions{}); err != nil {

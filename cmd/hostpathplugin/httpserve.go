@@ -59,7 +59,7 @@ func listenHTTP(addr string, max int) (net.Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &capListener{Listener: l, max: max, perPeer: min(max, httpPerPeer), held: map[*slotConn]struct{}{}, byPeer: map[netip.Addr]int{}}, nil
+	return &capListener{Listener: l, max: max, perPeer: min(max, httpPerPeer), minAge: httpMinAge, held: map[*slotConn]struct{}{}, byPeer: map[netip.Addr]int{}}, nil
 }
 
 // httpPerPeer caps one source address's connections, and httpMinAge is
@@ -79,6 +79,8 @@ const (
 type capListener struct {
 	net.Listener
 	max, perPeer int
+	// minAge is httpMinAge (a test's bounds set it otherwise).
+	minAge time.Duration
 
 	mu     sync.Mutex
 	held   map[*slotConn]struct{}
@@ -125,14 +127,14 @@ func (l *capListener) admit(c net.Conn) *slotConn {
 
 // victimLocked is the connection a newcomer from peer evicts, or nil. An
 // address at its cap evicts its own oldest, if that one has waited
-// httpMinAge: a flood that reconnects as fast as it is evicted churns its
+// minAge (httpMinAge): a flood that reconnects as fast as it is evicted churns its
 // own connections. When every slot is taken, the newcomer evicts the
 // oldest of the address holding the most, if that address holds at least
 // two more than the newcomer's: a flood keeps a probe from its node's
 // address out only if it comes from about as many addresses as there are
 // slots.
 func (l *capListener) victimLocked(peer netip.Addr, now time.Time) *slotConn {
-	from, minAge := peer, httpMinAge
+	from, minAge := peer, l.minAge
 	if l.byPeer[peer] < l.perPeer {
 		for p, n := range l.byPeer {
 			if n > l.byPeer[from] {

@@ -2,6 +2,7 @@ package crash
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 
 	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/fsops"
@@ -24,19 +26,32 @@ func runTool(name string, args ...string) error {
 	return nil
 }
 
-// writeWaits reports whether a write to dir is held (a frozen file
-// system) for wait; a held write's end is sent on the channel.
-func writeWaits(dir string, wait time.Duration) (bool, chan error) {
+// writeWaits starts a write to dir and returns its end.
+func writeWaits(dir string) chan error {
 	done := make(chan error, 1)
 	go func() {
 		done <- os.WriteFile(filepath.Join(dir, fmt.Sprintf("w-%d", time.Now().UnixNano())), []byte("x"), 0o644)
 	}()
-	select {
-	case <-done:
-		return false, nil
-	case <-time.After(wait):
-		return true, done
+	return done
+}
+
+// frozen tells whether the file system mounted at path is frozen, asking
+// the kernel (a second FIFREEZE is EBUSY) rather than timing a write,
+// which a busy machine slows as much as a freeze; one not frozen is left
+// so.
+func frozen(t *testing.T, path string) bool {
+	t.Helper()
+	err := fsops.Freeze(path)
+	if errors.Is(err, unix.EBUSY) {
+		return true
 	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fsops.ThawIfFrozen(path); err != nil {
+		t.Fatal(err)
+	}
+	return false
 }
 
 // TestKilledWhileFrozen: the real binary, killed with SIGKILL while an
@@ -115,9 +130,9 @@ func TestKilledWhileFrozen(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // into the copy
 		h.kill()
 		<-errc
-		var frozen bool
-		if frozen, held = writeWaits(target, 300*time.Millisecond); frozen {
+		if frozen(t, staging) {
 			t.Logf("round %d: killed while the file system was frozen", round)
+			held = writeWaits(target)
 			break
 		}
 		h.start()
