@@ -76,6 +76,9 @@ type Engine struct {
 	// puts back what another has just replaced.
 	cg   cgroups
 	ioMu sync.Mutex
+	// lifted are the volumes whose write limits a freeze has lifted
+	// (liftWriteLimits), guarded by ioMu.
+	lifted map[string]bool
 	// cgWatch watches the cgroups of pods with limited volumes for new
 	// containers (set by enforceIOLimits).
 	cgWatch atomic.Pointer[iolimit.Watcher]

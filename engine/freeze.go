@@ -176,6 +176,9 @@ func (d *Engine) thawHeld() {
 // (the hook thawed it meanwhile), what fn copied may mix moments and the
 // cut is refused (ErrBusy: the same request may succeed later).
 //
+// A volume's write limits are lifted from before its sync to the thaw
+// (liftWriteLimits): on cgroup v2 they would hold the syncs to them.
+//
 // Pods' writes wait never longer than Config.MaxFreeze from the first
 // freeze: at that bound the context fn runs with is cancelled (a copy in
 // it stops), the file systems are thawed and, fn done, the cut is refused
@@ -191,6 +194,8 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 		froze   []string
 		overran bool
 		unlocks []func()
+		// relimit sets the write limits lifted for the freeze again.
+		relimit []func()
 		bound   *time.Timer
 		start   time.Time
 	)
@@ -207,6 +212,9 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 			bound.Stop()
 		}
 		thawAll()
+		for _, r := range relimit {
+			r()
+		}
 		for _, u := range unlocks {
 			u()
 		}
@@ -236,6 +244,7 @@ func (d *Engine) frozen(ctx context.Context, vs []VolumeRecord, fn func(ctx cont
 		if path == "" {
 			continue // not mounted, and stays so: nothing writes to it
 		}
+		relimit = append(relimit, d.liftWriteLimits(cur))
 		if err := fsops.SyncFS(path); err != nil {
 			return fmt.Errorf("syncing the file system of volume %s at %s: %w", v.ID, path, err)
 		}

@@ -114,6 +114,11 @@ func (d *Engine) applyIOLimits(v VolumeRecord, pubs []publication, l, old iolimi
 	if err != nil {
 		return err
 	}
+	if d.lifted[v.ID] {
+		// A freeze has lifted the writes' limits; its end sets what the
+		// record says then.
+		l, old = withoutWrites(l), withoutWrites(old)
+	}
 	var done []func()
 	undo := func() {
 		for _, f := range done {
@@ -214,25 +219,83 @@ func (d *Engine) setIOLimits(only string) {
 		// Read again under the lock: a modify may have just changed the
 		// limits.
 		if v, ok := d.Records.Volumes.Get(v.ID); ok {
-			l := ioLimitsOf(v.Mutable)
-			for _, p := range v.Published {
-				if l.IsZero() || only != "" && podUIDOf(p.Target) != only {
-					continue
-				}
-				dir, dev, err := d.publicationCgroup(h, v, p)
-				if err == nil {
-					err = h.Set(dir, dev, l)
-				}
-				if err == nil {
-					d.watchPod(h, dir)
-				}
-				if err != nil && !errors.Is(err, ErrInUse) {
-					klog.ErrorS(err, "setting a volume's I/O limits for a container of its pod", "volume_id", v.ID, "target", p.Target)
-				}
-			}
+			d.setVolumeIOLimitsLocked(h, v, only)
 		}
 		d.ioMu.Unlock()
 	}
+}
+
+// setVolumeIOLimitsLocked sets volume v's limits (less the writes' while
+// a freeze has lifted them) in the cgroups of the pods that publish it
+// (only the pod with uid only, if not empty). The caller holds ioMu.
+func (d *Engine) setVolumeIOLimitsLocked(h iolimit.Hierarchy, v VolumeRecord, only string) {
+	l := ioLimitsOf(v.Mutable)
+	if l.IsZero() {
+		return
+	}
+	if d.lifted[v.ID] {
+		l = withoutWrites(l)
+	}
+	for _, p := range v.Published {
+		if only != "" && podUIDOf(p.Target) != only {
+			continue
+		}
+		dir, dev, err := d.publicationCgroup(h, v, p)
+		if err == nil {
+			err = h.Set(dir, dev, l)
+		}
+		if err == nil {
+			d.watchPod(h, dir)
+		}
+		if err != nil && !errors.Is(err, ErrInUse) {
+			klog.ErrorS(err, "setting a volume's I/O limits for a container of its pod", "volume_id", v.ID, "target", p.Target)
+		}
+	}
+}
+
+// withoutWrites is l with no limit on writes.
+func withoutWrites(l iolimit.Limits) iolimit.Limits {
+	l.WriteIOPS, l.WriteBytesPerSecond = 0, 0
+	return l
+}
+
+// liftWriteLimits lifts the write limits of image volume v in its pods'
+// cgroups for a freeze, and returns what sets them again (from the
+// record as it is then). On cgroup v2, io.max throttles writeback too:
+// the sync before FIFREEZE, and the one inside it, would write the pod's
+// dirty pages at the pod's write limit (1 MiB/s and 150 MB dirty: minutes
+// with its writes stalled, and --max-freeze cannot cut a sync), so a
+// freeze of a volume with write limits would never end in time. Lifted
+// from before the sync to the thaw, the pod's writes are held by the
+// freeze itself meanwhile. On v1, whose throttling leaves writeback
+// alone, nothing is lifted.
+func (d *Engine) liftWriteLimits(v VolumeRecord) func() {
+	l := ioLimitsOf(v.Mutable)
+	if withoutWrites(l) == l || len(v.Published) == 0 {
+		return func() {}
+	}
+	h, err := d.cgroupHierarchy()
+	if err != nil || !h.V2 {
+		return func() {}
+	}
+	set := func(lift bool) {
+		d.ioMu.Lock()
+		defer d.ioMu.Unlock()
+		if d.lifted == nil {
+			d.lifted = map[string]bool{}
+		}
+		if lift {
+			d.lifted[v.ID] = true
+		} else {
+			delete(d.lifted, v.ID)
+		}
+		if cur, ok := d.Records.Volumes.Get(v.ID); ok {
+			d.setVolumeIOLimitsLocked(h, cur, "")
+		}
+	}
+	set(true)
+	klog.V(2).InfoS("write limits lifted for a freeze (cgroup v2 throttles writeback, and so the freeze's syncs)", "volume_id", v.ID)
+	return func() { set(false) }
 }
 
 // watchPod watches a pod's cgroup for containers made below it (cgroup

@@ -46,14 +46,22 @@ func reader(dev string) int {
 	}
 	n, _ := strconv.Atoi(os.Getenv(helperEnv + "_COUNT"))
 	bufio.NewReader(os.Stdin).ReadString('\n') // in its cgroup now
-	start := time.Now()
+	// The clock starts after the first quarter: a throttle lets a burst
+	// through at the start (its first time slice's allowance), which is
+	// not the rate it holds (CI measured 1,101/s under a limit of 1,000
+	// with the burst counted).
+	warm := n / 4
+	var start time.Time
 	for i := 0; i < n; i++ {
+		if i == warm {
+			start = time.Now()
+		}
 		if _, err := f.ReadAt(buf, int64(i%4096)*4096); err != nil {
 			fmt.Println(err)
 			return 1
 		}
 	}
-	fmt.Printf("%.0f\n", float64(n)/time.Since(start).Seconds())
+	fmt.Printf("%.0f\n", float64(n-warm)/time.Since(start).Seconds())
 	return 0
 }
 

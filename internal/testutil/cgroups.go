@@ -41,10 +41,15 @@ func PodCgroups(t testing.TB, root string, v2 bool, driver, uid string) (pod, ct
 			t.Fatal(err)
 		}
 		// v2: a cgroup's children have the io controller only where it
-		// hands it down.
+		// hands it down; memory too where the root has it, as kubelet's
+		// pods have (with it, writeback is throttled by io.max).
 		if v2 && i < len(dirs)-1 {
-			if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+io"), 0); err != nil {
-				t.Fatalf("enabling io below %s: %v", d, err)
+			ctl := "+io"
+			if b, _ := os.ReadFile(filepath.Join(root, "cgroup.subtree_control")); strings.Contains(string(b), "memory") {
+				ctl = "+io +memory"
+			}
+			if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte(ctl), 0); err != nil {
+				t.Fatalf("enabling %s below %s: %v", ctl, d, err)
 			}
 		}
 	}

@@ -74,8 +74,9 @@ func boot() error {
 	}
 	for _, m := range []struct{ src, dst, fstype string }{
 		{"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"}, {"devtmpfs", "/dev", "devtmpfs"},
-		// cgroup v2 with the io controller handed down from the root,
-		// as systemd and container hosts have it: the I/O limits' tests
+		// cgroup v2 with the io and memory controllers handed down from
+		// the root, as systemd and container hosts have it (memory with
+		// io makes writeback throttled by io.max): the I/O limits' tests
 		// run on v2 here (v1 on the host).
 		{"cgroup2", "/sys/fs/cgroup", "cgroup2"},
 	} {
@@ -84,8 +85,8 @@ func boot() error {
 			return fmt.Errorf("mount %s: %w", m.dst, err)
 		}
 	}
-	if err := os.WriteFile("/sys/fs/cgroup/cgroup.subtree_control", []byte("+io"), 0); err != nil {
-		return fmt.Errorf("enabling the io controller of cgroup v2: %w", err)
+	if err := os.WriteFile("/sys/fs/cgroup/cgroup.subtree_control", []byte("+io +memory"), 0); err != nil {
+		return fmt.Errorf("enabling the io and memory controllers of cgroup v2: %w", err)
 	}
 	return loopbackUp()
 }
