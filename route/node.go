@@ -2,10 +2,13 @@ package route
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
 	"net"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -40,9 +43,10 @@ var Routed = map[string]bool{
 	csi.GroupController_GroupControllerGetCapabilities_FullMethodName: true,
 }
 
-// MaxControlConns bounds the connections a node's control endpoint holds,
-// handshakes included: only the controller (two replicas, one leader
-// each for the snapshotter and resizer) completes one.
+// MaxControlConns bounds the authenticated connections a node's control
+// endpoint holds (those in their handshake are the gate's: see
+// ServeNode): only the controller (two replicas, one leader each for the
+// snapshotter and resizer) completes one.
 const MaxControlConns = 32
 
 // ServeNode serves t's routed calls on ln until ctx ends, over creds'
@@ -50,8 +54,9 @@ const MaxControlConns = 32
 // controller's certificate), each call through inner (the driver's own
 // logging and metrics) after the method and the peer are checked.
 func ServeNode(ctx context.Context, ln net.Listener, creds *transfer.Credentials, t Target, inner grpc.UnaryServerInterceptor) error {
+	cfg := creds.ControlServerConfig()
 	srv := grpc.NewServer(
-		grpc.Creds(credentials.NewTLS(creds.ControlServerConfig())),
+		grpc.Creds(handshaken{credentials.NewTLS(cfg)}),
 		grpc.ChainUnaryInterceptor(admit(creds.Driver), inner),
 		grpc.MaxConcurrentStreams(16),
 		grpc.MaxRecvMsgSize(1<<20),
@@ -64,7 +69,37 @@ func ServeNode(ctx context.Context, ln net.Listener, creds *transfer.Credentials
 		<-ctx.Done()
 		srv.GracefulStop()
 	}()
-	return srv.Serve(netutil.LimitListener(ln, MaxControlConns))
+	// The transfer's gate does the TLS handshakes before gRPC sees a
+	// connection: at most 8 in their handshake from one address (an
+	// address at its cap makes room by closing its own oldest idle one),
+	// 64 in all, 3 s each, and MaxControlConns authenticated. Before, any
+	// pod could hold the 32 slots with idle connections, 10 s each, and
+	// keep the controller out of the node.
+	return srv.Serve(transfer.Gate(ln, cfg, transfer.GateOptions{
+		Handshake: 3 * time.Second, PerPeer: 8, Pending: 64,
+		Conns: MaxControlConns, PerName: MaxControlConns,
+		NameOf: func(*tls.Conn) string { return transfer.ControllerPeer }, // the handshake admits no one else
+	}))
+}
+
+// handshaken are the server credentials of connections the gate hands
+// over with their TLS handshake done: gRPC's TLS credentials would start
+// a second one on them. What they tell gRPC of the peer is what its own
+// would (the TLS state), so admit reads the certificate as before; the
+// embedded credentials answer the rest.
+type handshaken struct{ credentials.TransportCredentials }
+
+// ServerHandshake takes the gate's finished handshake.
+func (handshaken) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	tc, ok := c.(*transfer.GatedConn)
+	if !ok {
+		return nil, nil, errors.New("a connection that did not come through the gate")
+	}
+	st := tc.ConnectionState()
+	if st.NegotiatedProtocol != "h2" {
+		return nil, nil, fmt.Errorf("the client did not negotiate h2 (ALPN %q)", st.NegotiatedProtocol)
+	}
+	return c, credentials.TLSInfo{State: st, CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}}, nil
 }
 
 // admit lets through only the routed calls, and only from the controller
