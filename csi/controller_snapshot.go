@@ -13,8 +13,9 @@ import (
 // CreateSnapshot archives a volume. The archive is written under a
 // temporary name, fsynced and checksummed, and only then renamed into place
 // and recorded ready: a snapshot is listed only when it is complete and
-// durable. A retry while the first request still runs gets Aborted and
-// never starts a second archive.
+// durable. It is made in the background, past a request whose deadline
+// passes (engine.MakeSnapshot): a retry while it is made gets Aborted at
+// once and never starts a second archive.
 func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (_ *csi.CreateSnapshotResponse, err error) {
 	defer edge(&err)
 	name, srcID := req.GetName(), req.GetSourceVolumeId()

@@ -55,11 +55,12 @@ type background struct {
 
 	mu    sync.Mutex
 	pulls map[string]*pullJob // by volume name
+	snaps map[string]*snapJob // by snapshot name
 }
 
 func newBackground() *background {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &background{ctx: ctx, cancel: cancel, pulls: map[string]*pullJob{}}
+	return &background{ctx: ctx, cancel: cancel, pulls: map[string]*pullJob{}, snaps: map[string]*snapJob{}}
 }
 
 // stop cancels the background work and waits for it to end.

@@ -129,14 +129,18 @@ func (d *Engine) SnapshotOptions(params map[string]string, layout string, src *P
 // MakeSnapshot snapshots volume srcID as name, or returns the snapshot
 // of that name if it is of the same volume. The name's lock is held
 // throughout; the volume is pinned (it may be read and published
-// meanwhile, not deleted or expanded).
+// meanwhile, not deleted or expanded). The snapshot is made in the
+// background, past the request (snapshotInBackground).
 func (d *Engine) MakeSnapshot(ctx context.Context, name, srcID string, params map[string]string) (SnapshotRecord, error) {
+	if err := d.snapshotting(name, srcID); err != nil {
+		return SnapshotRecord{}, err
+	}
 	unlock, err := d.Locks.lock(fmt.Sprintf("snapshot %q", name), snapNameKey(name))
 	if err != nil {
 		return SnapshotRecord{}, err
 	}
-	defer unlock()
 	if old, ok := d.Records.Snapshots.ByName(name); ok {
+		unlock()
 		if old.SourceVolume != srcID {
 			return SnapshotRecord{}, StorageErr(ErrExists, "snapshot %q already exists as %s of volume %s, not of %s", name, old.ID, old.SourceVolume, srcID)
 		}
@@ -144,10 +148,10 @@ func (d *Engine) MakeSnapshot(ctx context.Context, name, srcID string, params ma
 	}
 	_, unpin, err := d.pinVolume(srcID)
 	if err != nil {
+		unlock()
 		return SnapshotRecord{}, err
 	}
-	defer unpin()
-	return d.takeSnapshot(ctx, name, srcID, params)
+	return d.snapshotInBackground(ctx, name, srcID, params, func() { unpin(); unlock() })
 }
 
 // takeSnapshot snapshots a volume; the caller holds the lock of the name
