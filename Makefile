@@ -80,16 +80,15 @@ test-sanity: deps
 # race detector as make test-unit builds them (its compiles are reused).
 UNPRIV_PKGS := ./loop ./fsops ./archive ./format/ext4 ./format/xfs ./csi ./engine ./engine/store ./cmd/hostpathplugin ./registrar ./snapimport ./test/e2e ./test/crash ./test/stress ./test/sanity
 test-unprivileged: deps
-	rm -rf /tmp/hostpath-unpriv && mkdir -p /tmp/hostpath-unpriv && chmod 777 /tmp/hostpath-unpriv
-	set -e; for p in $(UNPRIV_PKGS); do \
-	  mkdir -p /tmp/hostpath-unpriv/$$p; chmod -R a+rwx /tmp/hostpath-unpriv; \
-	  CGO_ENABLED=1 $(GO) test -race -c -o /tmp/hostpath-unpriv/$$p/pkg.test $$p; done
+	rm -rf /tmp/hostpath-unpriv && mkdir -p /tmp/hostpath-unpriv/bin
+	CGO_ENABLED=1 $(GO) test -race -c -o /tmp/hostpath-unpriv/bin/ $(UNPRIV_PKGS)
 	chmod -R a+rwx /tmp/hostpath-unpriv
-	set -e; for p in $(UNPRIV_PKGS); do \
+	printf '%s\n' $(UNPRIV_PKGS) | xargs -P 2 -I{} bash -c '\
+	  p={}; n=$$(basename $$p); d=/tmp/hostpath-unpriv/$$n; mkdir -p $$d; chmod a+rwx $$d; \
 	  (cd $$p && setpriv --reuid=65534 --regid=65534 --clear-groups \
-	    env HOME=/tmp/hostpath-unpriv TMPDIR=/tmp/hostpath-unpriv HOSTPATH_SKIP_PRIVILEGED=1 /tmp/hostpath-unpriv/$$p/pkg.test -test.count=1 -test.v > /tmp/hostpath-unpriv/$$p/log 2>&1) \
-	    || { echo "FAIL $$p as nobody:"; grep -E -- '--- FAIL|_test.go' /tmp/hostpath-unpriv/$$p/log | head -20; exit 1; }; \
-	  echo "ok $$p as nobody: $$(grep -c -- '--- SKIP' /tmp/hostpath-unpriv/$$p/log || true) skipped"; done
+	    env HOME=$$d TMPDIR=$$d HOSTPATH_SKIP_PRIVILEGED=1 /tmp/hostpath-unpriv/bin/$$n.test -test.count=1 -test.v > $$d.log 2>&1) \
+	    || { echo "FAIL $$p as nobody:"; grep -E -- "--- FAIL|_test.go" $$d.log | head -20; exit 1; }; \
+	  echo "ok $$p as nobody: $$(grep -c -- "--- SKIP" $$d.log || true) skipped"'
 
 # Full benchmarks: every case run BENCH_ROUNDS times alternating ours and
 # theirs on BENCH_SIZE MiB data sets; prints the ratio table and writes
