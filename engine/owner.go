@@ -39,6 +39,13 @@ func snapshotOwner(params map[string]string, group string) *Owner {
 	return &o
 }
 
+// SnapshotSourceVolume is the volume snapshot id was made of ("" for
+// none here).
+func (d *Engine) SnapshotSourceVolume(id string) string {
+	s, _ := d.Records.Snapshots.Get(id)
+	return s.SourceVolume
+}
+
 // SourceOwner is what this node recorded about the source of kind
 // (SourceSnapshot or SourceVolume) and id when it made it: whether it is
 // here and ready, and the object it was made for (ok false when the

@@ -35,6 +35,8 @@ type Owner struct {
 	// Group: the owner is a VolumeGroupSnapshot (Name) and its content
 	// (Object), and the source one member of it.
 	Group bool
+	// Source is, for a snapshot, the handle of the volume it was made of.
+	Source string
 }
 
 // Pending is the transfer's Authorizer for the CSI driver: a node may have
@@ -288,7 +290,7 @@ func (p *Pending) allowsSnapshot(ctx context.Context, c pendingClaim, id string,
 	}
 	bound := *vs.Status.BoundVolumeSnapshotContentName
 	if known && !owner.Group && owner.Namespace == c.namespace && owner.Name == c.name && owner.Object == bound {
-		return true, nil
+		return p.contentOf(ctx, bound, c, owner.Source)
 	}
 	if known && owner.Group {
 		return p.allowsMember(ctx, c, vs, id, owner)
@@ -315,6 +317,26 @@ func (p *Pending) allowsSnapshot(ctx context.Context, c pendingClaim, id string,
 		return *vsc.Spec.Source.SnapshotHandle == id, nil
 	}
 	return vsc.Status != nil && vsc.Status.SnapshotHandle != nil && *vsc.Status.SnapshotHandle == id, nil
+}
+
+// contentOf: the recorded owner is trusted only as far as the content it
+// names says the same. The owner comes from CreateSnapshot's parameters,
+// and whoever holds the controller's certificate can call a node's
+// CreateSnapshot with any: naming its own VolumeSnapshot as the owner of
+// a snapshot of someone else's volume would let it restore that volume
+// anywhere. So the content must be one the snapshot-controller made for
+// that VolumeSnapshot (the reference back) of a volume of this driver
+// whose handle is the volume the snapshot was made of; no node may make a
+// content or change its spec, and a claim's snapshot in another namespace
+// cannot source a volume it cannot see.
+func (p *Pending) contentOf(ctx context.Context, name string, c pendingClaim, source string) (bool, error) {
+	vsc, err := p.Snapshots.SnapshotV1().VolumeSnapshotContents().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return false, ignoreNotFound(err)
+	}
+	return source != "" && vsc.Spec.Driver == p.Driver &&
+		vsc.Spec.VolumeSnapshotRef.Namespace == c.namespace && vsc.Spec.VolumeSnapshotRef.Name == c.name &&
+		vsc.Spec.Source.VolumeHandle != nil && *vsc.Spec.Source.VolumeHandle == source, nil
 }
 
 // allowsMember: the source is a member of the VolumeGroupSnapshot the

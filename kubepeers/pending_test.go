@@ -104,6 +104,7 @@ func TestPendingAuthorizes(t *testing.T) {
 		claim("app", "misbound", "n6", corev1.ClaimPending, fromSnapshot("misbound-snap")),
 		claim("app", "same-ns", "n7", corev1.ClaimPending, across("app", "VolumeSnapshot", "snapshot.storage.k8s.io", "snap")),
 		claim("evil", "redirect", "n9", corev1.ClaimPending, fromSnapshot("evil-snap")),
+		claim("evil", "forged", "n9", corev1.ClaimPending, fromSnapshot("mine")),
 		claim("evil", "ungranted", "n9", corev1.ClaimPending, across("app", "VolumeSnapshot", "snapshot.storage.k8s.io", "snap")),
 		claim("granted", "granted", "n10", corev1.ClaimPending, across("app", "VolumeSnapshot", "snapshot.storage.k8s.io", "snap")),
 		claim("app", "legacy", "n2", corev1.ClaimPending, fromSnapshot("old-snap")),
@@ -123,7 +124,17 @@ func TestPendingAuthorizes(t *testing.T) {
 		bound("evil", "old2", "pv-old2"), volume("pv-old2", d, "vol-old", "evil", "old2", "n9"),
 	)
 	var objs []runtime.Object
-	objs = append(objs, snapshot("app", "snap", "content-1", d, "snap-1", "app", "snap", "n1")...)
+	// fromVolume is a snapshot whose content the snapshot-controller made
+	// of the volume with that handle (in its spec).
+	fromVolume := func(o []runtime.Object, handle string) []runtime.Object {
+		o[1].(*snapv1.VolumeSnapshotContent).Spec.Source.VolumeHandle = ptr(handle)
+		return o
+	}
+	objs = append(objs, fromVolume(snapshot("app", "snap", "content-1", d, "snap-1", "app", "snap", "n1"), "vol-1")...)
+	// A snapshot of evil's own volume, whose name a taken node holding the
+	// controller's certificate gave as the owner of its snapshot of app's
+	// volume (CreateSnapshot's parameters are the caller's to write).
+	objs = append(objs, fromVolume(snapshot("evil", "mine", "content-mine", d, "snap-mine", "evil", "mine", ""), "vol-evil")...)
 	objs = append(objs, snapshot("app", "foreign-snap", "content-2", "other.csi", "snap-2", "app", "foreign-snap", "n1")...)
 	objs = append(objs, snapshot("app", "misbound-snap", "content-3", d, "snap-3", "app", "another-snap", "n1")...)
 	// A content whose status handle a taken node wrote: n9's own.
@@ -155,10 +166,11 @@ func TestPendingAuthorizes(t *testing.T) {
 	objs = append(objs, &groupv1.VolumeGroupSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "db"},
 		Status: &groupv1.VolumeGroupSnapshotStatus{BoundVolumeGroupSnapshotContentName: ptr("groupcontent-1")}})
 	owners := map[string]Owner{
-		"snap-1": {Namespace: "app", Name: "snap", Object: "content-1"}, "snap-2": {Namespace: "app", Name: "foreign-snap", Object: "content-x"},
-		"snap-3":  {Namespace: "app", Name: "misbound-snap", Object: "content-x"},
-		"vol-1":   {Namespace: "app", Name: "src", Object: "pv-src"},
-		"snap-gm": {Namespace: "app", Name: "db", Object: "groupcontent-1", Group: true},
+		"snap-1": {Namespace: "app", Name: "snap", Object: "content-1", Source: "vol-1"}, "snap-2": {Namespace: "app", Name: "foreign-snap", Object: "content-x"},
+		"snap-forged": {Namespace: "evil", Name: "mine", Object: "content-mine", Source: "vol-app"},
+		"snap-3":      {Namespace: "app", Name: "misbound-snap", Object: "content-x"},
+		"vol-1":       {Namespace: "app", Name: "src", Object: "pv-src"},
+		"snap-gm":     {Namespace: "app", Name: "db", Object: "groupcontent-1", Group: true},
 		// A member of an earlier group of that name, bound elsewhere.
 		"snap-gm-stale": {Namespace: "app", Name: "db", Object: "groupcontent-0", Group: true},
 	}
@@ -187,6 +199,7 @@ func TestPendingAuthorizes(t *testing.T) {
 		{"n6", "snapshot", "snap-3", transfer.ErrRefused},             // not the content recorded
 		{"n7", "snapshot", "snap-1", nil},                             // a dataSourceRef naming its own namespace
 		{"n9", "snapshot", "snap-1", transfer.ErrRefused},             // a content whose status handle n9 wrote
+		{"n9", "snapshot", "snap-forged", transfer.ErrRefused},        // an owner forged in CreateSnapshot's parameters: its content is of another volume
 		{"n9", "snapshot", "snap-1", transfer.ErrRefused},             // from another namespace, no grant
 		{"n10", "snapshot", "snap-1", nil},                            // from another namespace, granted
 		{"n2", "snapshot", "snap-old", nil},                           // no owner recorded: a content managed by n1

@@ -66,7 +66,11 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 	// A peer is authorized from this node's own records of its sources.
 	owners := func(kind, id string) (kubepeers.Owner, bool, bool) {
 		o, here, ok := d.SourceOwner(kind, id)
-		return kubepeers.Owner{Namespace: o.Namespace, Name: o.Name, Object: o.Content, Group: o.Group}, here, ok
+		owner := kubepeers.Owner{Namespace: o.Namespace, Name: o.Name, Object: o.Content, Group: o.Group}
+		if kind == engine.SourceSnapshot {
+			owner.Source = d.SnapshotSourceVolume(id)
+		}
+		return owner, here, ok
 	}
 	pending := &kubepeers.Pending{Client: client, Snapshots: snapshots, Driver: o.cfg.DriverName,
 		Node: o.cfg.NodeID, TopologyKey: csi.TopologyKey, Owners: owners, Grants: kubepeers.Grants{Client: dyn}.Allows,
