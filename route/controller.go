@@ -55,9 +55,47 @@ type Controller struct {
 	// Ready, if set, must answer nil before Probe says ready (the API
 	// server reachable: cmd's check).
 	Ready func(context.Context) error
+	// MaxSnapshotsPerNode bounds the snapshot calls (single and group)
+	// in flight to one node; zero means 4. One csi-snapshotter serves
+	// every node with its few workers (10 by default): without a bound,
+	// big snapshots on one node held them all, and no other node's
+	// snapshot was asked for until they ended. Beyond it a call is
+	// Aborted at once, and the snapshotter retries it.
+	MaxSnapshotsPerNode int
 
-	mu    sync.Mutex
-	conns map[string]*nodeConn // by key
+	mu       sync.Mutex
+	conns    map[string]*nodeConn // by key
+	snapping map[string]int       // snapshot calls in flight, by key
+}
+
+// snapshotSlot takes one of the node's snapshot slots for the call on
+// the volume id; the release is nil with an Aborted error when they are
+// all taken.
+func (c *Controller) snapshotSlot(id string) (func(), error) {
+	key, ok := c.KeyOf(id)
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "source volume %q is not a volume of this driver", id)
+	}
+	most := c.MaxSnapshotsPerNode
+	if most <= 0 {
+		most = 4
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.snapping == nil {
+		c.snapping = map[string]int{}
+	}
+	if c.snapping[key] >= most {
+		return nil, status.Errorf(codes.Aborted, "the node of volume %s (node key %s) has %d snapshots being asked for already, the most this controller asks of one node at once; retried once one ends", id, key, most)
+	}
+	c.snapping[key]++
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.snapping[key]--; c.snapping[key] <= 0 {
+			delete(c.snapping, key)
+		}
+	}, nil
 }
 
 // nodeConn is a connection to one node's control endpoint.
@@ -209,9 +247,11 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if req.GetName() == "" || req.GetSourceVolumeId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "CreateSnapshot needs a name and a source volume id")
 	}
-	if _, ok := c.KeyOf(req.GetSourceVolumeId()); !ok {
-		return nil, status.Errorf(codes.NotFound, "source volume %q is not a volume of this driver", req.GetSourceVolumeId())
+	release, err := c.snapshotSlot(req.GetSourceVolumeId())
+	if err != nil {
+		return nil, err
 	}
+	defer release()
 	return call(ctx, c, "volume", req.GetSourceVolumeId(), func(cc *grpc.ClientConn) (*csi.CreateSnapshotResponse, error) {
 		return csi.NewControllerClient(cc).CreateSnapshot(ctx, req)
 	})
@@ -394,6 +434,11 @@ func (c *Controller) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.Cre
 		}
 		return nil, status.Errorf(codes.InvalidArgument, "%v, and these are on %d: %s. Snapshot the claims of each node in a group of its own, or move them onto one node", ErrSeveralNodes, len(byKey), strings.Join(parts, "; "))
 	}
+	release, err := c.snapshotSlot(req.GetSourceVolumeIds()[0])
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	return call(ctx, c, "volume", req.GetSourceVolumeIds()[0], func(cc *grpc.ClientConn) (*csi.CreateVolumeGroupSnapshotResponse, error) {
 		return csi.NewGroupControllerClient(cc).CreateVolumeGroupSnapshot(ctx, req)
 	})

@@ -1,11 +1,17 @@
 package route
 
 import (
+	"context"
 	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
@@ -40,7 +46,7 @@ func TestControlPortUnderFlood(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			open, stop := testutil.FloodFrom(b.addr, tc.first, tc.peers, tc.each, tc.hello)
 			defer stop()
-			time.Sleep(500 * time.Millisecond) // the flood is on
+			time.Sleep(500 * time.Millisecond)           // the flood is on
 			if n := open(); n < int64(min(8, tc.each)) { // at least an address's share of the pending slots
 				t.Fatalf("only %d attacking connections open", n)
 			}
@@ -62,5 +68,87 @@ func TestControlPortUnderFlood(t *testing.T) {
 			}
 			t.Logf("snapshot made in %v under %d unauthenticated connections", took.Round(time.Millisecond), open())
 		})
+	}
+}
+
+// slowSnapshots is a node whose CreateSnapshot waits until gate closes
+// (a big archive, say).
+type slowSnapshots struct {
+	Target
+	gate chan struct{}
+	in   atomic.Int32
+}
+
+func (s *slowSnapshots) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
+	s.in.Add(1)
+	select {
+	case <-s.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.Target.CreateSnapshot(ctx, req)
+}
+
+// TestSnapshotsBoundedPerNode: snapshots that take long on one node hold
+// at most MaxSnapshotsPerNode of the controller's calls (the
+// csi-snapshotter's workers) on it; one more is Aborted at once, naming
+// the bound, and another node's snapshot is made meanwhile. Before, one
+// node's big snapshots held every worker of the one snapshotter.
+func TestSnapshotsBoundedPerNode(t *testing.T) {
+	store := &transfer.MemoryStore{}
+	a := startNode(t, store, "node-a")
+	b := startNode(t, store, "node-b")
+	b.stop()
+	<-b.done
+	// node-b again, its snapshots slow.
+	slow := &slowSnapshots{Target: b.d, gate: make(chan struct{})}
+	ln, err := net.Listen("tcp", b.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ServeNode(served, ln, creds(t, store, "node-b"), slow, b.d.UnaryInterceptor())
+	}()
+	defer func() { cancel(); <-done }()
+	nodes := resolver{engine.NodeTag("node-a"): a, engine.NodeTag("node-b"): b}
+	c := &Controller{Name: driverName, Version: "test", Creds: creds(t, store, transfer.ControllerPeer), Resolver: nodes, KeyOf: engine.KeyOf,
+		Caps: []csi.ControllerServiceCapability_RPC_Type{csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT}, MaxSnapshotsPerNode: 2}
+	defer c.Close()
+	va, vb := volume(t, a, "pvc-a"), volume(t, b, "pvc-b")
+	errs := make(chan error, 2)
+	for i := range 2 {
+		v := volume(t, b, fmt.Sprintf("pvc-slow-%d", i))
+		go func() {
+			_, err := c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: fmt.Sprintf("slow-%d", i), SourceVolumeId: v})
+			errs <- err
+		}()
+	}
+	for deadline := time.Now().Add(30 * time.Second); slow.in.Load() < 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 2 snapshots reached node-b in 30 s", slow.in.Load())
+		}
+	}
+	start := time.Now()
+	_, err = c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "one-more", SourceVolumeId: vb})
+	if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "2 snapshots being asked for") || time.Since(start) > 5*time.Second {
+		t.Fatalf("a third snapshot on node-b: %v after %v, want Aborted at once naming the bound", err, time.Since(start))
+	}
+	if slow.in.Load() != 2 {
+		t.Fatalf("node-b was asked for %d snapshots, want 2", slow.in.Load())
+	}
+	if _, err := c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "elsewhere", SourceVolumeId: va}); err != nil {
+		t.Fatalf("a snapshot on node-a while node-b's are slow: %v", err)
+	}
+	close(slow.gate)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatalf("a slow snapshot: %v", err)
+		}
+	}
+	if _, err := c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "one-more", SourceVolumeId: vb}); err != nil {
+		t.Fatalf("the third snapshot once the others ended: %v", err)
 	}
 }

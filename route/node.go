@@ -87,7 +87,9 @@ func ServeNode(ctx context.Context, ln net.Listener, creds *transfer.Credentials
 // a second one on them. What they tell gRPC of the peer is what its own
 // would (the TLS state), so admit reads the certificate as before; the
 // embedded credentials answer the rest.
-type handshaken struct{ credentials.TransportCredentials }
+type handshaken struct {
+	credentials.TransportCredentials
+}
 
 // ServerHandshake takes the gate's finished handshake.
 func (handshaken) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
