@@ -145,7 +145,7 @@ func (c *Controller) conn(ctx context.Context, what, key string) (*grpc.ClientCo
 		reconnect = 5 * time.Second
 	}
 	cc, err := grpc.NewClient(addr,
-		grpc.WithTransportCredentials(credentials.NewTLS(c.Creds.ControlClientConfig(node))),
+		grpc.WithTransportCredentials(&knocking{TransportCredentials: credentials.NewTLS(c.Creds.ControlClientConfig(node)), creds: c.Creds, node: node}),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		// gRPC's default reconnect backoff grows to 120 s: a node down for
 		// a minute would then stay unasked for up to two more after it is

@@ -79,6 +79,7 @@ func ServeNode(ctx context.Context, ln net.Listener, creds *transfer.Credentials
 		Handshake: 3 * time.Second, PerPeer: 8, Pending: 64,
 		Conns: MaxControlConns, PerName: MaxControlConns,
 		NameOf: func(*tls.Conn) string { return transfer.ControllerPeer }, // the handshake admits no one else
+		Creds:  creds,                                                     // the controller knocks: out of reach of a flood
 	}))
 }
 

@@ -52,30 +52,53 @@ func (c *Client) Open(ctx context.Context, addr, node, kind, id string, statOnly
 	if maxLife <= 0 {
 		maxLife = c.Creds.maxPeerLifetime()
 	}
-	tr := &http.Transport{
-		TLSClientConfig: &tls.Config{
-			Time:         c.Creds.now,
-			MinVersion:   tls.VersionTLS13,
-			RootCAs:      roots,
-			ServerName:   node,
-			Certificates: []tls.Certificate{*leaf},
-			// The chain and the node's name are checked by crypto/tls;
-			// this checks that it is a node of this driver too.
-			VerifyConnection: func(cs tls.ConnectionState) error {
-				if len(cs.PeerCertificates) == 0 || peerNode(cs.PeerCertificates[0], driver) != node {
-					return fmt.Errorf("%w: %s does not present node %s of driver %s", ErrRefused, addr, node, driver)
-				}
-				return checkLifetime(cs.PeerCertificates[0], maxLife)
-			},
-		},
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := (&net.Dialer{Timeout: timeout}).DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
+	tlsConfig := &tls.Config{
+		Time:         c.Creds.now,
+		MinVersion:   tls.VersionTLS13,
+		RootCAs:      roots,
+		ServerName:   node,
+		Certificates: []tls.Certificate{*leaf},
+		// The chain and the node's name are checked by crypto/tls;
+		// this checks that it is a node of this driver too.
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 || peerNode(cs.PeerCertificates[0], driver) != node {
+				return fmt.Errorf("%w: %s does not present node %s of driver %s", ErrRefused, addr, node, driver)
 			}
-			return &idleConn{Conn: c, idle: idle}, nil
+			return checkLifetime(cs.PeerCertificates[0], maxLife)
 		},
-		TLSHandshakeTimeout:    timeout,
+	}
+	tr := &http.Transport{
+		// Each connection knocks first (knock.go); one whose knock the
+		// server does not take (the previous release's) is dialled
+		// again without.
+		DialTLSContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dial := func() (net.Conn, error) {
+				c, err := (&net.Dialer{Timeout: timeout}).DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return &idleConn{Conn: c, idle: idle}, nil
+			}
+			var err error
+			for _, knock := range []bool{true, false} {
+				var raw net.Conn
+				if raw, err = dialKnocking(dial, c.Creds, node, knock); err != nil {
+					return nil, err
+				}
+				tc := tls.Client(raw, tlsConfig)
+				hctx, cancel := context.WithTimeout(ctx, timeout)
+				err = tc.HandshakeContext(hctx)
+				cancel()
+				if err == nil {
+					return tc, nil
+				}
+				tc.Close()
+				if errors.Is(err, ErrRefused) || ctx.Err() != nil {
+					break
+				}
+			}
+			return nil, err
+		},
 		ResponseHeaderTimeout:  timeout,
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: maxHeader + maxMetaBytes,

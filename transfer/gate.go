@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -36,6 +37,16 @@ import (
 // Once authenticated, a connection counts by the node its certificate
 // names: at most perName of them per node, so one node with a valid
 // certificate cannot hold all of the server's slots.
+//
+// Before all that, the first bytes are read (sniff): a connection that
+// knocks (knock.go) and proves a certificate of the deployment takes a
+// pending slot counted by the certificate's name instead (perPeer of them
+// per name), out of reach of any flood; one that does not goes on to the
+// slots by address with the bytes read put back. While its first bytes
+// are awaited a connection holds a sniffing slot, for at most the
+// handshake deadline, maxSniff of them in all: a newcomer when all are
+// taken closes the oldest (a driver's knock or ClientHello comes within a
+// round trip, an idle flood's never).
 type gate struct {
 	ln        net.Listener
 	tls       *tls.Config
@@ -59,10 +70,23 @@ type gate struct {
 	done  chan struct{}
 	stop  sync.Once
 
+	// creds check knocks (nil: none are taken, every connection goes to
+	// the slots by address).
+	creds *Credentials
+
 	mu     sync.Mutex
 	total  int
 	byPeer map[netip.Addr]*list.List // of *waiting, oldest first
+	// sniffs are the connections whose first bytes are awaited, oldest
+	// first; knocked counts the pending knocked ones by name, and
+	// knockedConns holds them for Close.
+	sniffs       *list.List // of net.Conn
+	knocked      map[string]int
+	knockedConns map[*waiting]struct{}
 }
+
+// maxSniff bounds the connections whose first bytes are awaited.
+const maxSniff = 1024
 
 // waiting is a connection in its handshake.
 type waiting struct {
@@ -71,12 +95,15 @@ type waiting struct {
 	peer  netip.Addr
 	el    *list.Element
 	done  bool // its slot is released
+	// knocked names the certificate its knock proved ("" for none).
+	knocked string
 }
 
-func newGate(ln net.Listener, cfg *tls.Config, handshake time.Duration, perPeer, pending, conns, perName int, nameOf func(*tls.Conn) string) *gate {
+func newGate(ln net.Listener, cfg *tls.Config, handshake time.Duration, perPeer, pending, conns, perName int, nameOf func(*tls.Conn) string, creds *Credentials) *gate {
 	g := &gate{ln: ln, tls: cfg, handshake: handshake, perPeer: perPeer, pending: pending,
 		slots: make(chan struct{}, conns), ready: make(chan net.Conn), done: make(chan struct{}),
-		byPeer: map[netip.Addr]*list.List{}, nameOf: nameOf, perName: perName, byName: map[string]int{}}
+		byPeer: map[netip.Addr]*list.List{}, nameOf: nameOf, perName: perName, byName: map[string]int{},
+		creds: creds, sniffs: list.New(), knocked: map[string]int{}, knockedConns: map[*waiting]struct{}{}}
 	go g.acceptLoop()
 	return g
 }
@@ -102,6 +129,12 @@ func (g *gate) Close() error {
 			for e := l.Front(); e != nil; e = e.Next() {
 				e.Value.(*waiting).conn.Close()
 			}
+		}
+		for e := g.sniffs.Front(); e != nil; e = e.Next() {
+			e.Value.(net.Conn).Close()
+		}
+		for w := range g.knockedConns {
+			w.conn.Close()
 		}
 		g.mu.Unlock()
 	})
@@ -130,6 +163,10 @@ func (g *gate) acceptLoop() {
 			}
 		}
 		backoff = 0
+		if g.creds != nil {
+			g.sniff(c)
+			continue
+		}
 		w := g.admit(c)
 		if w == nil {
 			c.Close()
@@ -137,6 +174,77 @@ func (g *gate) acceptLoop() {
 		}
 		go g.handshakeOf(w)
 	}
+}
+
+// sniff awaits c's first bytes, holding a sniffing slot (closing the
+// oldest if all are taken), and sends it on to the slots of a knock or to
+// those by address.
+func (g *gate) sniff(c net.Conn) {
+	g.mu.Lock()
+	if g.sniffs.Len() >= maxSniff {
+		g.sniffs.Remove(g.sniffs.Front()).(net.Conn).Close()
+	}
+	el := g.sniffs.PushBack(c)
+	g.mu.Unlock()
+	go func() {
+		c.SetReadDeadline(time.Now().Add(g.handshake))
+		head := make([]byte, len(knockMagic))
+		_, err := io.ReadFull(c, head)
+		g.mu.Lock()
+		g.sniffs.Remove(el) // a no-op if it was closed to make room
+		g.mu.Unlock()
+		if err != nil {
+			c.Close()
+			return
+		}
+		var w *waiting
+		if string(head) == knockMagic {
+			name, err := g.creds.readKnock(c)
+			if err != nil {
+				c.Close()
+				return
+			}
+			w = g.admitKnocked(c, name)
+		} else {
+			w = g.admit(&prefixConn{Conn: c, head: head})
+		}
+		if w == nil {
+			c.Close()
+			return
+		}
+		c.SetReadDeadline(time.Time{})
+		g.handshakeOf(w)
+	}()
+}
+
+// admitKnocked gives c, whose knock proved a certificate naming name, one
+// of that name's pending slots; nil if it holds all of them.
+func (g *gate) admitKnocked(c net.Conn, name string) *waiting {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.knocked[name] >= g.perPeer {
+		return nil
+	}
+	g.knocked[name]++
+	w := &waiting{conn: c, since: time.Now(), knocked: name}
+	g.knockedConns[w] = struct{}{}
+	return w
+}
+
+// prefixConn is a connection whose first bytes were read already: Read
+// gives them back first.
+type prefixConn struct {
+	net.Conn
+	head []byte
+}
+
+func (p *prefixConn) Read(b []byte) (int, error) {
+	if len(p.head) > 0 {
+		n := copy(b, p.head)
+		p.head = p.head[n:]
+		return n, nil
+	}
+	return p.Conn.Read(b)
 }
 
 // admit gives c a pending slot, evicting one if every slot is taken (see
@@ -193,6 +301,13 @@ func (g *gate) releaseLocked(w *waiting) {
 		return
 	}
 	w.done = true
+	if w.knocked != "" {
+		delete(g.knockedConns, w)
+		if g.knocked[w.knocked]--; g.knocked[w.knocked] <= 0 {
+			delete(g.knocked, w.knocked)
+		}
+		return
+	}
 	g.total--
 	l := g.byPeer[w.peer]
 	l.Remove(w.el)
@@ -219,6 +334,10 @@ func (g *gate) handshakeOf(w *waiting) {
 		return
 	}
 	name := g.nameOf(tc)
+	if w.knocked != "" && name != w.knocked {
+		tc.Close() // a knock for one certificate, a handshake with another
+		return
+	}
 	g.mu.Lock()
 	full := g.byName[name] >= g.perName
 	if !full {

@@ -9,14 +9,16 @@ import (
 
 // GateOptions bound a gated listener (Gate). Handshake is the deadline of
 // a connection's TLS handshake; PerPeer and Pending cap the connections
-// in their handshake from one source address and in all; Conns caps the
-// authenticated connections, PerName those whose certificate NameOf names
-// alike.
+// in their handshake from one source address and in all (PerPeer also
+// those of one knocking certificate); Conns caps the authenticated
+// connections, PerName those whose certificate NameOf names alike. Creds,
+// if set, check knocks (knock.go).
 type GateOptions struct {
 	Handshake        time.Duration
 	PerPeer, Pending int
 	Conns, PerName   int
 	NameOf           func(*tls.Conn) string
+	Creds            *Credentials
 }
 
 // Gate returns a listener over ln that hands out only connections whose
@@ -26,7 +28,7 @@ type GateOptions struct {
 // makes room for others instead of keeping them out (see gate, which the
 // transfer's own server uses too). Closing a GatedConn frees its slot.
 func Gate(ln net.Listener, cfg *tls.Config, o GateOptions) net.Listener {
-	return gatedListener{newGate(ln, cfg, o.Handshake, o.PerPeer, o.Pending, o.Conns, o.PerName, o.NameOf)}
+	return gatedListener{newGate(ln, cfg, o.Handshake, o.PerPeer, o.Pending, o.Conns, o.PerName, o.NameOf, o.Creds)}
 }
 
 type gatedListener struct{ *gate }

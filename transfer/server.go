@@ -134,7 +134,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return ""
 	}
 	g := newGate(ln, s.tlsConfig(), orDur(s.HandshakeTimeout, 3*time.Second),
-		or(s.MaxPendingPerPeer, 8), or(s.MaxPending, 256), or(s.MaxConns, 64), or(s.MaxConnsPerPeer, 8), nameOf)
+		or(s.MaxPendingPerPeer, 8), or(s.MaxPending, 256), or(s.MaxConns, 64), or(s.MaxConnsPerPeer, 8), nameOf, s.Creds)
 	srv := &http.Server{
 		Handler:           s,
 		ReadHeaderTimeout: orDur(s.HeaderTimeout, 10*time.Second),
