@@ -29,6 +29,7 @@ func TestKnock(t *testing.T) {
 		if string(k[:len(knockMagic)]) != knockMagic || int(binary.BigEndian.Uint16(k[len(knockMagic):])) != len(k)-len(knockMagic)-2 {
 			t.Fatalf("a knock's framing: %q", k[:len(knockMagic)+2])
 		}
+		t.Logf("a knock of %s for %s: %d bytes", c.Node, to, len(k))
 		return k[len(knockMagic)+2:]
 	}
 	// at is a knock of client's made at when.
