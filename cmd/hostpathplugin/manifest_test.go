@@ -609,12 +609,15 @@ func TestControllerDeployment(t *testing.T) {
 
 // TestAdmissionPolicies: every admission policy of deploy/ is bound to
 // deny, applies to the nodes' service account as the DaemonSet runs it
-// (a renamed account or namespace would silently lift them), fails
-// closed, and the certificate policy names the transfer signer.
+// (a renamed account or namespace would silently lift them), or, the
+// controller's (hostpath-csi-controller-*), to the controller's as its
+// Deployment runs it, fails closed, and the certificate policy names the
+// transfer signer.
 func TestAdmissionPolicies(t *testing.T) {
 	m := load(t)
 	ds := m.daemonSets[0]
-	account := "system:serviceaccount:hostpath-csi:" + ds.Spec.Template.Spec.ServiceAccountName
+	nodeAccount := "system:serviceaccount:hostpath-csi:" + ds.Spec.Template.Spec.ServiceAccountName
+	controllerAccount := "system:serviceaccount:hostpath-csi:" + m.deployment(t, "controller").Spec.Template.Spec.ServiceAccountName
 	if len(m.policies) < 4 {
 		t.Fatalf("%d admission policies, want those for volumes, claims, snapshot contents and certificates", len(m.policies))
 	}
@@ -631,6 +634,10 @@ func TestAdmissionPolicies(t *testing.T) {
 		}
 		if p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionv1.Fail {
 			t.Errorf("policy %s does not fail closed", p.Name)
+		}
+		account := nodeAccount
+		if strings.HasPrefix(p.Name, "hostpath-csi-controller-") {
+			account = controllerAccount
 		}
 		if len(p.Spec.MatchConditions) == 0 || !strings.Contains(p.Spec.MatchConditions[0].Expression, "'"+account+"'") {
 			t.Errorf("policy %s does not match %s: %v", p.Name, account, p.Spec.MatchConditions)

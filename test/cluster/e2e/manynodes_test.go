@@ -347,6 +347,7 @@ func crossNode(t *testing.T, k *kube, node, web0Node string) {
 	})
 	snapContent := k.jsonpath(ns, "volumesnapshot/xsnap", "{.status.boundVolumeSnapshotContentName}")
 	peerAttempts(t, k, node, snapContent, k.jsonpath("", "volumesnapshotcontent/"+snapContent, "{.status.snapshotHandle}"), volumeHandle(k, "pinned"))
+	controllerAttempts(t, k, k.jsonpath(ns, "pvc/pinned", "{.spec.volumeName}"))
 	rollOver(t, k)
 	cases := []struct{ name, class, size, mode, source, read, want string }{
 		{"x-restore", "hostpath", "256Mi", "Filesystem", "{kind: VolumeSnapshot, name: xsnap, apiGroup: snapshot.storage.k8s.io}", "sha256sum /data/random", fileSum},
