@@ -69,34 +69,9 @@ func TestFreezeLiftsWriteLimits(t *testing.T) {
 	cfg.EnableModifyVolume, cfg.CgroupMount, cfg.IOLimitInterval = true, "/sys/fs/cgroup", time.Hour
 	cfg.MaxFreeze = 5 * time.Second
 	d := newDriver(t, cfg)
-	b := make([]byte, 8)
-	rand.Read(b)
-	uid := fmt.Sprintf("%x-0000-4000-8000-000000000000", b)
+	uid := podUID()
 	podDir, ctrDir := testutil.PodCgroups(t, h.Root, h.V2, "cgroupfs", uid)
-
-	r := createReq("limited-writes", 256<<20)
-	r.Parameters = imageParams
-	r.MutableParameters = map[string]string{engine.MutableWriteBPS: "1048576"}
-	v, err := d.CreateVolume(ctx, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := v.GetVolume().GetVolumeId()
-	t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}) })
-	base := t.TempDir()
-	staging := filepath.Join(base, "staging")
-	target := filepath.Join(base, "pods", uid, "volumes", "kubernetes.io~csi", "pvc-1", "mount")
-	unmountAll(t, staging, target)
-	if _, err := d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwo}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		d.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
-	})
-	if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rwo}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}) })
+	id, target := publishedForPod(t, d, "limited-writes", 256<<20, map[string]string{engine.MutableWriteBPS: "1048576"}, uid)
 	dev, err := iolimit.DeviceOf(target)
 	if err != nil {
 		t.Fatal(err)

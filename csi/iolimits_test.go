@@ -20,6 +20,45 @@ import (
 	"github.com/hostpath-csi/hostpath/iolimit"
 )
 
+// podUID is a pod uid of its own.
+func podUID() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return fmt.Sprintf("%x-0000-4000-8000-000000000000", b)
+}
+
+// publishedForPod makes an image volume of size with the mutable
+// parameters, stages it and publishes it at a kubelet-shaped target of
+// pod uid; all undone when the test ends. It returns the volume's id and
+// its target.
+func publishedForPod(t *testing.T, d *Driver, name string, size int64, mutable map[string]string, uid string) (id, target string) {
+	t.Helper()
+	r := createReq(name, size)
+	r.Parameters = imageParams
+	r.MutableParameters = mutable
+	v, err := d.CreateVolume(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = v.GetVolume().GetVolumeId()
+	t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}) })
+	base := t.TempDir()
+	staging := filepath.Join(base, "staging")
+	target = filepath.Join(base, "pods", uid, "volumes", "kubernetes.io~csi", "pvc-1", "mount")
+	unmountAll(t, staging, target)
+	if _, err := d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwo}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+	})
+	if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rwo}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}) })
+	return id, target
+}
+
 // TestIOLimits: an image volume's I/O limits (mutable parameters) are
 // set in the cgroups of the pod that publishes it, and in a container's
 // made after the publish; a modify changes them online; a bad limit, a
@@ -36,34 +75,9 @@ func TestIOLimits(t *testing.T) {
 	// modify's and the watch's doing.
 	cfg.EnableModifyVolume, cfg.CgroupMount, cfg.IOLimitInterval = true, "/sys/fs/cgroup", time.Hour
 	d := newDriver(t, cfg)
-	b := make([]byte, 8)
-	rand.Read(b)
-	uid := fmt.Sprintf("%x-0000-4000-8000-000000000000", b)
+	uid := podUID()
 	podDir, ctrDir := testutil.PodCgroups(t, h.Root, h.V2, "cgroupfs", uid)
-
-	r := createReq("limited", 32<<20)
-	r.Parameters = imageParams
-	r.MutableParameters = map[string]string{engine.MutableReadIOPS: "1000", engine.MutableWriteBPS: "1048576"}
-	v, err := d.CreateVolume(ctx, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := v.GetVolume().GetVolumeId()
-	t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}) })
-	base := t.TempDir()
-	staging := filepath.Join(base, "staging")
-	target := filepath.Join(base, "pods", uid, "volumes", "kubernetes.io~csi", "pvc-1", "mount")
-	unmountAll(t, staging, target)
-	if _, err := d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwo}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		d.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
-	})
-	if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rwo}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}) })
+	id, target := publishedForPod(t, d, "limited", 32<<20, map[string]string{engine.MutableReadIOPS: "1000", engine.MutableWriteBPS: "1048576"}, uid)
 	dev, err := iolimit.DeviceOf(target)
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@ package route
 import (
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -103,17 +102,7 @@ func TestSnapshotsBoundedPerNode(t *testing.T) {
 	<-b.done
 	// node-b again, its snapshots slow.
 	slow := &slowSnapshots{Target: b.d, gate: make(chan struct{})}
-	ln, err := net.Listen("tcp", b.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ServeNode(served, ln, creds(t, store, "node-b"), slow, b.d.UnaryInterceptor())
-	}()
-	defer func() { cancel(); <-done }()
+	serveAgain(t, store, b, slow)
 	nodes := resolver{engine.NodeTag("node-a"): a, engine.NodeTag("node-b"): b}
 	c := &Controller{Name: driverName, Version: "test", Creds: creds(t, store, transfer.ControllerPeer), Resolver: nodes, KeyOf: engine.KeyOf,
 		Caps: []csi.ControllerServiceCapability_RPC_Type{csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT}, MaxSnapshotsPerNode: 2}
@@ -133,7 +122,7 @@ func TestSnapshotsBoundedPerNode(t *testing.T) {
 		}
 	}
 	start := time.Now()
-	_, err = c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "one-more", SourceVolumeId: vb})
+	_, err := c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "one-more", SourceVolumeId: vb})
 	if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "2 snapshots being asked for") || time.Since(start) > 5*time.Second {
 		t.Fatalf("a third snapshot on node-b: %v after %v, want Aborted at once naming the bound", err, time.Since(start))
 	}

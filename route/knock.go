@@ -36,10 +36,8 @@ func (k *knocking) ClientHandshake(ctx context.Context, authority string, raw ne
 	knock := time.Since(k.refused) > noKnockFor
 	k.mu.Unlock()
 	if knock {
-		if b, err := k.creds.Knock(k.node); err == nil {
-			if _, err := raw.Write(b); err != nil {
-				return nil, nil, err
-			}
+		if err := k.creds.KnockOn(raw, k.node); err != nil {
+			return nil, nil, err
 		}
 	}
 	conn, info, err := k.TransportCredentials.ClientHandshake(ctx, authority, raw)

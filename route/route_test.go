@@ -64,6 +64,23 @@ func startNode(t *testing.T, store transfer.Store, name string) *testNode {
 	return n
 }
 
+// serveAgain serves target as node n again, at n's address, after n was
+// stopped, until the test ends.
+func serveAgain(t *testing.T, store transfer.Store, n *testNode, target Target) {
+	t.Helper()
+	ln, err := net.Listen("tcp", n.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ServeNode(served, ln, creds(t, store, n.name), target, n.d.UnaryInterceptor())
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 // resolver is a Resolver over fixed nodes.
 type resolver map[string]*testNode
 
@@ -292,17 +309,7 @@ func TestControllerReconnects(t *testing.T) {
 			t.Fatalf("a snapshot while its node is down: %v, want Unavailable", err)
 		}
 	}
-	ln, err := net.Listen("tcp", b.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ServeNode(served, ln, creds(t, store, "node-b"), b.d, b.d.UnaryInterceptor())
-	}()
-	defer func() { cancel(); <-done }()
+	serveAgain(t, store, b, b.d)
 	back := time.Now()
 	for {
 		_, err := c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "after", SourceVolumeId: vb})

@@ -82,8 +82,14 @@ func (c *Client) Open(ctx context.Context, addr, node, kind, id string, statOnly
 			var err error
 			for _, knock := range []bool{true, false} {
 				var raw net.Conn
-				if raw, err = dialKnocking(dial, c.Creds, node, knock); err != nil {
+				if raw, err = dial(); err != nil {
 					return nil, err
+				}
+				if knock {
+					if err = c.Creds.KnockOn(raw, node); err != nil {
+						raw.Close()
+						return nil, err
+					}
 				}
 				tc := tls.Client(raw, tlsConfig)
 				hctx, cancel := context.WithTimeout(ctx, timeout)

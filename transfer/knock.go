@@ -157,19 +157,14 @@ func (c *Credentials) verifyKnock(b []byte) (string, error) {
 	return name, nil
 }
 
-// dialKnocking dials addr and knocks for server, unless knock is false.
-func dialKnocking(dial func() (net.Conn, error), creds *Credentials, server string, knock bool) (net.Conn, error) {
-	conn, err := dial()
-	if err != nil || !knock {
-		return conn, err
-	}
-	k, err := creds.Knock(server)
+// KnockOn sends, on conn just dialled to server, the knock for it, if
+// these credentials can make one (none to give: the connection is served
+// as a driver of before is). The error is the write's.
+func (c *Credentials) KnockOn(conn net.Conn, server string) error {
+	k, err := c.Knock(server)
 	if err != nil {
-		return conn, nil // no knock to give: served as a driver of before
+		return nil
 	}
-	if _, err := conn.Write(k); err != nil {
-		conn.Close()
-		return nil, err
-	}
-	return conn, nil
+	_, err = conn.Write(k)
+	return err
 }
