@@ -5,7 +5,7 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -o /hostpathplugin ./cmd/hostpathplugin
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /hostpathplugin ./cmd/hostpathplugin
 
 FROM gcr.io/distroless/static
 COPY --from=build /hostpathplugin /hostpathplugin

@@ -57,7 +57,7 @@ test-chart:
 
 # The packages make test-unit runs; make lint fails on a package that is
 # in none of these nor in UNIT_ELSEWHERE (run by their own targets).
-UNIT_PKGS := ./loop/... ./fsops/... ./iolimit/... ./archive/... ./format/... ./csi/... ./engine/... ./route/... ./cmd/... ./registrar/... ./snapimport/... ./transfer/... ./kubepeers/... ./kubeauth/... ./lostnodes/... ./internal/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
+UNIT_PKGS := ./loop/... ./kube/... ./fsops/... ./iolimit/... ./archive/... ./format/... ./csi/... ./engine/... ./route/... ./cmd/... ./registrar/... ./snapimport/... ./transfer/... ./kubepeers/... ./kubeauth/... ./lostnodes/... ./internal/... ./bench/cmd/... ./test/e2e/... ./test/crash/... ./test/stress/...
 UNIT_ELSEWHERE := /bench /test/sanity /test/upgrade /test/kernel /test/kernel/guest /test/kernel/plan /test/powerloss/guest /test/powerloss/logwrites
 test-unit: deps
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m $(UNIT_PKGS)
@@ -134,7 +134,7 @@ IMAGE     ?= ghcr.io/hostpath-csi/hostpathplugin
 # gives the same bytes. Load it with `ctr -n k8s.io images import`,
 # `docker load` or `podman load`. (The Dockerfile is for a registry build.)
 image:
-	$(GO) build -trimpath -o $(BIN) ./cmd/hostpathplugin
+	$(GO) build -trimpath -ldflags="-s -w" -o $(BIN) ./cmd/hostpathplugin
 	mkdir -p $(IMAGE_DIR)
 	v=$$($(BIN) --version | tr + -) && \
 	$(GO) -C test/cluster run ./cmd/ociimage -o $(IMAGE_DIR)/hostpathplugin.tar \

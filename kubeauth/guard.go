@@ -21,12 +21,13 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+
+	"github.com/hostpath-csi/hostpath/kube"
 )
 
 // Guard wraps handlers with the review.
 type Guard struct {
-	Client kubernetes.Interface
+	Client kube.Interface
 	// TTL is how long an allowance is cached (zero: a minute); a refusal
 	// is cached for a tenth of it.
 	TTL time.Duration
@@ -138,7 +139,7 @@ func (g *Guard) take(now time.Time) bool {
 // review asks the API server who the token is and whether they may get
 // path; false with no error is a refusal.
 func (g *Guard) review(ctx context.Context, token, path string) (bool, error) {
-	tr, err := g.Client.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
+	tr, err := g.Client.TokenReviews().Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
 	if err != nil {
 		return false, err
 	}
@@ -150,7 +151,7 @@ func (g *Guard) review(ctx context.Context, token, path string) (bool, error) {
 	for k, v := range u.Extra {
 		extra[k] = authzv1.ExtraValue(v)
 	}
-	sar, err := g.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+	sar, err := g.Client.SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 		User: u.Username, UID: u.UID, Groups: u.Groups, Extra: extra,
 		NonResourceAttributes: &authzv1.NonResourceAttributes{Path: path, Verb: "get"},
 	}}, metav1.CreateOptions{})

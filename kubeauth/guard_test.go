@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/hostpath-csi/hostpath/kube/kubefake"
 )
 
 // TestGuard: /metrics answers only a token of a user allowed to get it;
@@ -35,7 +37,7 @@ func TestGuard(t *testing.T) {
 		return true, sar, nil
 	})
 	now := time.Unix(1e9, 0)
-	g := &Guard{Client: client, Reviews: 5, Now: func() time.Time { return now }}
+	g := &Guard{Client: kubefake.New(client, nil), Reviews: 5, Now: func() time.Time { return now }}
 	h := g.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("volume_id=vol-1 path=/var/lib/x")) }))
 	get := func(token string) int {
 		r := httptest.NewRequest("GET", "/metrics", nil)

@@ -11,8 +11,8 @@ import (
 
 	certv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
+	"github.com/hostpath-csi/hostpath/kube"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
 
@@ -22,7 +22,7 @@ import (
 // the node its token is bound to), and trusts the authorities the Signer
 // publishes in its ConfigMap, which nodes may read and not write.
 type CSRAuthority struct {
-	Client kubernetes.Interface
+	Client kube.Interface
 	// Signer is the signer name the requests ask for.
 	Signer string
 	// Namespace and Bundle name the Signer's ConfigMap.
@@ -45,7 +45,7 @@ var ErrDenied = errors.New("the transfer's signer refused this node's certificat
 // Trust implements transfer.Authority: the certificates the Signer
 // publishes, those still valid, newest first.
 func (a *CSRAuthority) Trust(ctx context.Context) ([]*x509.Certificate, error) {
-	cm, err := a.Client.CoreV1().ConfigMaps(a.Namespace).Get(ctx, a.Bundle, metav1.GetOptions{})
+	cm, err := a.Client.ConfigMaps(a.Namespace).Get(ctx, a.Bundle, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("reading the transfer's trusted authorities (ConfigMap %s/%s, written by its signer): %w", a.Namespace, a.Bundle, err)
 	}
@@ -76,7 +76,7 @@ func (a *CSRAuthority) Issue(ctx context.Context, node string, csr []byte, life 
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	secs := int32(max(life, 10*time.Minute) / time.Second) // the API's floor
-	csrs := a.Client.CertificatesV1().CertificateSigningRequests()
+	csrs := a.Client.CertificateSigningRequests()
 	who := node
 	if node == transfer.ControllerPeer {
 		who = "controller" // an object's name takes no '@'

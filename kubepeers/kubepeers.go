@@ -9,8 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
+	"github.com/hostpath-csi/hostpath/kube"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
 
@@ -18,7 +18,7 @@ import (
 // Its resource version is the store's version, so a create or a rollover
 // that races another node's is a conflict, and the loser uses the winner's.
 type SecretStore struct {
-	Client          kubernetes.Interface
+	Client          kube.Interface
 	Namespace, Name string
 	// Owner, when set, owns the Secret (the drivers' DaemonSet): deleting
 	// the deployment (kubectl delete -k, helm uninstall) deletes it too.
@@ -27,7 +27,7 @@ type SecretStore struct {
 
 // Load implements transfer.Store.
 func (s *SecretStore) Load(ctx context.Context) (map[string][]byte, string, error) {
-	sec, err := s.Client.CoreV1().Secrets(s.Namespace).Get(ctx, s.Name, metav1.GetOptions{})
+	sec, err := s.Client.Secrets(s.Namespace).Get(ctx, s.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, "", transfer.ErrNoAuthority
 	}
@@ -55,9 +55,9 @@ func (s *SecretStore) Save(ctx context.Context, data map[string][]byte, version 
 	}
 	var err error
 	if version == "" {
-		_, err = s.Client.CoreV1().Secrets(s.Namespace).Create(ctx, sec, metav1.CreateOptions{})
+		_, err = s.Client.Secrets(s.Namespace).Create(ctx, sec, metav1.CreateOptions{})
 	} else {
-		_, err = s.Client.CoreV1().Secrets(s.Namespace).Update(ctx, sec, metav1.UpdateOptions{})
+		_, err = s.Client.Secrets(s.Namespace).Update(ctx, sec, metav1.UpdateOptions{})
 	}
 	if apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
 		return fmt.Errorf("%w: %v", transfer.ErrConflict, err)
@@ -67,8 +67,8 @@ func (s *SecretStore) Save(ctx context.Context, data map[string][]byte, version 
 
 // ControllerOf is the controller (the DaemonSet) of pod name in
 // namespace, as an owner for what the drivers make; nil when it has none.
-func ControllerOf(ctx context.Context, client kubernetes.Interface, namespace, name string) (*metav1.OwnerReference, error) {
-	pod, err := client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+func ControllerOf(ctx context.Context, client kube.Interface, namespace, name string) (*metav1.OwnerReference, error) {
+	pod, err := client.Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -85,12 +85,12 @@ func ControllerOf(ctx context.Context, client kubernetes.Interface, namespace, n
 // DeploymentOf is the Deployment that runs pod name in namespace (through
 // its ReplicaSet), as an owner for what the transfer signer makes; nil
 // when there is none.
-func DeploymentOf(ctx context.Context, client kubernetes.Interface, namespace, name string) (*metav1.OwnerReference, error) {
+func DeploymentOf(ctx context.Context, client kube.Interface, namespace, name string) (*metav1.OwnerReference, error) {
 	rs, err := ControllerOf(ctx, client, namespace, name)
 	if err != nil || rs == nil || rs.Kind != "ReplicaSet" {
 		return nil, err
 	}
-	set, err := client.AppsV1().ReplicaSets(namespace).Get(ctx, rs.Name, metav1.GetOptions{})
+	set, err := client.ReplicaSets(namespace).Get(ctx, rs.Name, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -105,8 +105,8 @@ func DeploymentOf(ctx context.Context, client kubernetes.Interface, namespace, n
 
 // CSIDriverOwner is the driver's CSIDriver object as an owner (of the
 // cluster-scoped objects a node makes); nil when there is none.
-func CSIDriverOwner(ctx context.Context, client kubernetes.Interface, driver string) (*metav1.OwnerReference, error) {
-	d, err := client.StorageV1().CSIDrivers().Get(ctx, driver, metav1.GetOptions{})
+func CSIDriverOwner(ctx context.Context, client kube.Interface, driver string) (*metav1.OwnerReference, error) {
+	d, err := client.CSIDrivers().Get(ctx, driver, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}
@@ -119,7 +119,7 @@ func CSIDriverOwner(ctx context.Context, client kubernetes.Interface, driver str
 // Resolver finds the node whose driver id has a given key, and its
 // transfer address: the Node's internal IP and Port.
 type Resolver struct {
-	Client kubernetes.Interface
+	Client kube.Interface
 	Driver string
 	Port   int
 	// KeyOf makes the key of a node's driver id (for the CSI driver, the
@@ -130,7 +130,7 @@ type Resolver struct {
 // Keys are the keys of every node that runs the driver, as Resolve trusts
 // them (a CSINode whose driver id is its own name).
 func (r *Resolver) Keys(ctx context.Context) ([]string, error) {
-	list, err := r.Client.StorageV1().CSINodes().List(ctx, metav1.ListOptions{})
+	list, err := r.Client.CSINodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("listing CSINodes: %w", err)
 	}
@@ -156,7 +156,7 @@ func (r *Resolver) Keys(ctx context.Context) ([]string, error) {
 // id is not its name is passed over, and the client then checks that the
 // server's certificate names that node.
 func (r *Resolver) Resolve(ctx context.Context, key string) (string, string, error) {
-	list, err := r.Client.StorageV1().CSINodes().List(ctx, metav1.ListOptions{})
+	list, err := r.Client.CSINodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return "", "", fmt.Errorf("listing CSINodes: %w", err)
 	}
@@ -183,7 +183,7 @@ func (r *Resolver) Resolve(ctx context.Context, key string) (string, string, err
 		return "", "", fmt.Errorf("no node of the cluster runs driver %s with key %s (the node may be gone)", r.Driver, key)
 	}
 	name := found[0]
-	node, err := r.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	node, err := r.Client.Nodes().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return "", name, fmt.Errorf("node %s: %w", name, err)
 	}

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/hostpath-csi/hostpath/kube/kubefake"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
 
@@ -25,7 +26,7 @@ func TestSecretStoreOneAuthority(t *testing.T) {
 	creds := make([]*transfer.Credentials, 5)
 	errs := make([]error, len(creds))
 	for i := range creds {
-		creds[i] = &transfer.Credentials{Store: &SecretStore{Client: client, Namespace: "ns", Name: "ca"}, Driver: "d", Node: string(rune('a' + i))}
+		creds[i] = &transfer.Credentials{Store: &SecretStore{Client: kubefake.New(client, nil), Namespace: "ns", Name: "ca"}, Driver: "d", Node: string(rune('a' + i))}
 		wg.Add(1)
 		go func() { defer wg.Done(); errs[i] = creds[i].Refresh(context.Background()) }()
 	}
@@ -48,7 +49,7 @@ func TestSecretStoreOneAuthority(t *testing.T) {
 	}
 	// (The fake clientset does not check resource versions, so a stale
 	// update is not tried here; the API server refuses it with Conflict.)
-	s := &SecretStore{Client: client, Namespace: "ns", Name: "ca"}
+	s := &SecretStore{Client: kubefake.New(client, nil), Namespace: "ns", Name: "ca"}
 	if err := s.Save(context.Background(), sec.Data, ""); !errors.Is(err, transfer.ErrConflict) {
 		t.Fatalf("a second create: %v", err)
 	}
@@ -72,7 +73,7 @@ func TestResolver(t *testing.T) {
 		csiNode("n3", storagev1.CSINodeDriver{Name: "d", NodeID: "id-3"}),
 		node("a-evil", "10.0.0.66"), node("n1", "10.0.0.1"), node("n3", "10.0.0.3"),
 	)
-	r := &Resolver{Client: client, Driver: "d", Port: 9470, KeyOf: func(id string) string { return "k-" + id }}
+	r := &Resolver{Client: kubefake.New(client, nil), Driver: "d", Port: 9470, KeyOf: func(id string) string { return "k-" + id }}
 	for _, c := range []struct {
 		key, addr, node, inErr string
 	}{
@@ -102,14 +103,14 @@ func TestSecretOwnedByDaemonSet(t *testing.T) {
 	ds := metav1.OwnerReference{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "hostpath-csi-node", UID: "ds-uid", Controller: &yes, BlockOwnerDeletion: &yes}
 	client := fake.NewClientset(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "hostpath-csi-node-x", Namespace: "ns", OwnerReferences: []metav1.OwnerReference{ds}}},
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bare", Namespace: "ns"}})
-	owner, err := ControllerOf(context.Background(), client, "ns", "hostpath-csi-node-x")
+	owner, err := ControllerOf(context.Background(), kubefake.New(client, nil), "ns", "hostpath-csi-node-x")
 	if err != nil || owner == nil || owner.UID != "ds-uid" || owner.BlockOwnerDeletion != nil {
 		t.Fatalf("controller of the driver pod: %+v %v", owner, err)
 	}
-	if o, err := ControllerOf(context.Background(), client, "ns", "bare"); o != nil || err != nil {
+	if o, err := ControllerOf(context.Background(), kubefake.New(client, nil), "ns", "bare"); o != nil || err != nil {
 		t.Fatalf("a pod without a controller: %+v %v", o, err)
 	}
-	s := &SecretStore{Client: client, Namespace: "ns", Name: "auth", Owner: owner}
+	s := &SecretStore{Client: kubefake.New(client, nil), Namespace: "ns", Name: "auth", Owner: owner}
 	for _, version := range []string{"", "1"} {
 		if err := s.Save(context.Background(), map[string][]byte{"k": []byte(version)}, version); err != nil {
 			t.Fatal(err)

@@ -7,12 +7,11 @@ import (
 	"time"
 
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
-	"github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
+	"github.com/hostpath-csi/hostpath/kube"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
 
@@ -64,9 +63,8 @@ type Owner struct {
 // cache), however many requests come; the data sources of the claims
 // selected for the asking node are looked up as asked, once per list.
 type Pending struct {
-	Client    kubernetes.Interface
-	Snapshots versioned.Interface
-	Driver    string
+	Client kube.Interface
+	Driver string
 	// Node is this node's name; TopologyKey the node-affinity key of the
 	// driver's volumes.
 	Node, TopologyKey string
@@ -206,7 +204,7 @@ func (p *Pending) list(ctx context.Context) (*claimList, error) {
 // pendingClaims lists the claims that wait on a node for a data source.
 func (p *Pending) pendingClaims(ctx context.Context) ([]pendingClaim, error) {
 	// ResourceVersion "0": from the API server's cache, not etcd.
-	pvcs, err := p.Client.CoreV1().PersistentVolumeClaims("").List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+	pvcs, err := p.Client.PersistentVolumeClaims("").List(ctx, metav1.ListOptions{ResourceVersion: "0"})
 	if err != nil {
 		return nil, err
 	}
@@ -281,7 +279,7 @@ func (p *Pending) allows(ctx context.Context, c pendingClaim, id string, owner O
 // VolumeSnapshot, whose handle is id: in its spec, or in its status where
 // it is labelled managed-by this node.
 func (p *Pending) allowsSnapshot(ctx context.Context, c pendingClaim, id string, owner Owner, known bool) (bool, error) {
-	vs, err := p.Snapshots.SnapshotV1().VolumeSnapshots(c.namespace).Get(ctx, c.name, metav1.GetOptions{})
+	vs, err := p.Client.VolumeSnapshots(c.namespace).Get(ctx, c.name, metav1.GetOptions{})
 	if err != nil {
 		return false, ignoreNotFound(err)
 	}
@@ -295,7 +293,7 @@ func (p *Pending) allowsSnapshot(ctx context.Context, c pendingClaim, id string,
 	if known && owner.Group {
 		return p.allowsMember(ctx, c, vs, id, owner)
 	}
-	vsc, err := p.Snapshots.SnapshotV1().VolumeSnapshotContents().Get(ctx, bound, metav1.GetOptions{})
+	vsc, err := p.Client.VolumeSnapshotContents().Get(ctx, bound, metav1.GetOptions{})
 	if err != nil {
 		return false, ignoreNotFound(err)
 	}
@@ -330,7 +328,7 @@ func (p *Pending) allowsSnapshot(ctx context.Context, c pendingClaim, id string,
 // content or change its spec, and a claim's snapshot in another namespace
 // cannot source a volume it cannot see.
 func (p *Pending) contentOf(ctx context.Context, name string, c pendingClaim, source string) (bool, error) {
-	vsc, err := p.Snapshots.SnapshotV1().VolumeSnapshotContents().Get(ctx, name, metav1.GetOptions{})
+	vsc, err := p.Client.VolumeSnapshotContents().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return false, ignoreNotFound(err)
 	}
@@ -350,14 +348,14 @@ func (p *Pending) allowsMember(ctx context.Context, c pendingClaim, vs *snapv1.V
 	if owner.Namespace != c.namespace || vs.Status.VolumeGroupSnapshotName == nil || *vs.Status.VolumeGroupSnapshotName != owner.Name {
 		return false, nil
 	}
-	g, err := p.Snapshots.GroupsnapshotV1().VolumeGroupSnapshots(owner.Namespace).Get(ctx, owner.Name, metav1.GetOptions{})
+	g, err := p.Client.VolumeGroupSnapshots(owner.Namespace).Get(ctx, owner.Name, metav1.GetOptions{})
 	if err != nil {
 		return false, ignoreNotFound(err)
 	}
 	if g.DeletionTimestamp != nil || g.Status == nil || g.Status.BoundVolumeGroupSnapshotContentName == nil || *g.Status.BoundVolumeGroupSnapshotContentName != owner.Object {
 		return false, nil
 	}
-	vsc, err := p.Snapshots.SnapshotV1().VolumeSnapshotContents().Get(ctx, *vs.Status.BoundVolumeSnapshotContentName, metav1.GetOptions{})
+	vsc, err := p.Client.VolumeSnapshotContents().Get(ctx, *vs.Status.BoundVolumeSnapshotContentName, metav1.GetOptions{})
 	if err != nil {
 		return false, ignoreNotFound(err)
 	}
@@ -375,7 +373,7 @@ func (p *Pending) allowsMember(ctx context.Context, c pendingClaim, vs *snapv1.V
 // of this driver with handle id, bound to the source claim (its UID too),
 // whose node affinity is this node.
 func (p *Pending) allowsVolume(ctx context.Context, c pendingClaim, id string, owner Owner, known bool) (bool, error) {
-	src, err := p.Client.CoreV1().PersistentVolumeClaims(c.namespace).Get(ctx, c.name, metav1.GetOptions{})
+	src, err := p.Client.PersistentVolumeClaims(c.namespace).Get(ctx, c.name, metav1.GetOptions{})
 	if err != nil {
 		return false, ignoreNotFound(err)
 	}
@@ -385,7 +383,7 @@ func (p *Pending) allowsVolume(ctx context.Context, c pendingClaim, id string, o
 	if known {
 		return owner.Namespace == c.namespace && owner.Name == c.name && owner.Object == src.Spec.VolumeName, nil
 	}
-	pv, err := p.Client.CoreV1().PersistentVolumes().Get(ctx, src.Spec.VolumeName, metav1.GetOptions{})
+	pv, err := p.Client.PersistentVolumes().Get(ctx, src.Spec.VolumeName, metav1.GetOptions{})
 	if err != nil {
 		return false, ignoreNotFound(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	certv1 "k8s.io/api/certificates/v1"
@@ -16,12 +17,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/hostpath-csi/hostpath/kube"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
 
@@ -54,7 +53,7 @@ const DefaultMaxCertLifetime = 6 * time.Hour
 // service account may read), and publishes the authorities to trust in a
 // ConfigMap the nodes read and only it writes.
 type Signer struct {
-	Client kubernetes.Interface
+	Client kube.Interface
 	// Name is the signer name requests ask for (DRIVER/transfer).
 	Name   string
 	Driver string
@@ -141,7 +140,7 @@ func (s *Signer) check(ctx context.Context, csr *certv1.CertificateSigningReques
 	if len(names) != 1 || len(uids) != 1 || names[0] == "" || uids[0] == "" {
 		return fmt.Errorf("the requester's token is bound to no pod (%s %v, %s %v): only %s pod's own token is granted", PodNameExtra, names, PodUIDExtra, uids, want.what), nil
 	}
-	pod, err := s.Client.CoreV1().Pods(s.Namespace).Get(ctx, names[0], metav1.GetOptions{})
+	pod, err := s.Client.Pods(s.Namespace).Get(ctx, names[0], metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("the token's pod %s/%s does not exist", s.Namespace, names[0]), nil
 	}
@@ -200,7 +199,7 @@ func (s *Signer) Handle(ctx context.Context, csr *certv1.CertificateSigningReque
 			Type: certv1.CertificateDenied, Status: corev1.ConditionTrue, Reason: "NotThisNode",
 			Message: "refused by " + s.Name + ": " + err.Error(), LastUpdateTime: metav1.Now(),
 		})
-		_, uerr := s.Client.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{})
+		_, uerr := s.Client.CertificateSigningRequests().UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{})
 		s.tell(csr.Name, node, false, err.Error())
 		return uerr
 	}
@@ -209,7 +208,7 @@ func (s *Signer) Handle(ctx context.Context, csr *certv1.CertificateSigningReque
 			Type: certv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "NodeBoundToken",
 			Message: "the requester's token is bound to a pod on node " + node + ", the node the request names", LastUpdateTime: metav1.Now(),
 		})
-		if csr, err = s.Client.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{}); err != nil {
+		if csr, err = s.Client.CertificateSigningRequests().UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{}); err != nil {
 			return err
 		}
 	}
@@ -222,7 +221,7 @@ func (s *Signer) Handle(ctx context.Context, csr *certv1.CertificateSigningReque
 		return fmt.Errorf("signing %s for node %s: %w", csr.Name, node, err)
 	}
 	csr.Status.Certificate = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	if _, err := s.Client.CertificatesV1().CertificateSigningRequests().UpdateStatus(ctx, csr, metav1.UpdateOptions{}); err != nil {
+	if _, err := s.Client.CertificateSigningRequests().UpdateStatus(ctx, csr, metav1.UpdateOptions{}); err != nil {
 		return err
 	}
 	s.tell(csr.Name, node, true, fmt.Sprintf("signed for %s", life))
@@ -265,7 +264,7 @@ func (s *Signer) Publish(ctx context.Context) error {
 	for _, ca := range cas {
 		certs = append(certs, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})...)
 	}
-	cms := s.Client.CoreV1().ConfigMaps(s.Namespace)
+	cms := s.Client.ConfigMaps(s.Namespace)
 	cm, err := cms.Get(ctx, s.Bundle, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		cm := &corev1.ConfigMap{
@@ -304,14 +303,13 @@ func (s *Signer) Run(ctx context.Context, onErr func(error), onReady func()) err
 	if err := s.Publish(ctx); err != nil {
 		return fmt.Errorf("publishing the transfer's authorities: %w", err)
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(s.Client, 10*time.Minute,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+	inf := kube.Informer(s.Client, s.Client.CertificateSigningRequests(), &certv1.CertificateSigningRequest{}, 10*time.Minute,
+		func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.signerName", s.Name).String()
-		}))
-	inf := factory.Certificates().V1().CertificateSigningRequests()
+		})
 	// The cache keeps of each request only what deciding it needs: 150
 	// requests of 900 KiB each would otherwise be held whole.
-	if err := inf.Informer().SetTransform(slim); err != nil {
+	if err := inf.SetTransform(slim); err != nil {
 		return err
 	}
 	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
@@ -321,15 +319,25 @@ func (s *Signer) Run(ctx context.Context, onErr func(error), onReady func()) err
 			queue.Add(csr.Name)
 		}
 	}
-	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: enqueue, UpdateFunc: func(_, obj any) { enqueue(obj) },
 	}); err != nil {
 		return err
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+	var informing sync.WaitGroup
+	informing.Go(func() { inf.Run(ctx.Done()) })
+	defer informing.Wait() // Run returns once ctx is done, as the queue does
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return ctx.Err()
+	}
+	cached := func() []*certv1.CertificateSigningRequest {
+		var out []*certv1.CertificateSigningRequest
+		for _, obj := range inf.GetStore().List() {
+			if csr, ok := obj.(*certv1.CertificateSigningRequest); ok {
+				out = append(out, csr)
+			}
+		}
+		return out
 	}
 	if onReady != nil {
 		onReady()
@@ -346,7 +354,7 @@ func (s *Signer) Run(ctx context.Context, onErr func(error), onReady func()) err
 				if err := s.Publish(ctx); err != nil && onErr != nil {
 					onErr(fmt.Errorf("publishing the transfer's authorities: %w", err))
 				}
-				s.sweep(ctx, inf.Lister().List, onErr)
+				s.sweep(ctx, cached(), onErr)
 			}
 		}
 	}()
@@ -356,12 +364,13 @@ func (s *Signer) Run(ctx context.Context, onErr func(error), onReady func()) err
 			return ctx.Err()
 		}
 		err := func() error {
-			csr, err := inf.Lister().Get(name)
-			if apierrors.IsNotFound(err) {
-				return nil
-			}
+			obj, found, err := inf.GetStore().GetByKey(name)
 			if err != nil {
 				return err
+			}
+			csr, ok := obj.(*certv1.CertificateSigningRequest)
+			if !found || !ok {
+				return nil
 			}
 			return s.Handle(ctx, csr)
 		}()
@@ -392,16 +401,12 @@ const sweepAfter = 5 * time.Minute
 // sweep deletes the requests of its signer name decided more than
 // sweepAfter ago, so nodes need no delete permission on requests (which
 // cannot be narrowed to their own) and an uninstall leaves few.
-func (s *Signer) sweep(ctx context.Context, list func(labels.Selector) ([]*certv1.CertificateSigningRequest, error), onErr func(error)) {
-	csrs, err := list(labels.Everything())
-	if err != nil {
-		return
-	}
+func (s *Signer) sweep(ctx context.Context, csrs []*certv1.CertificateSigningRequest, onErr func(error)) {
 	for _, csr := range csrs {
 		if csr.Spec.SignerName != s.Name || !decided(csr) || time.Since(csr.CreationTimestamp.Time) < sweepAfter {
 			continue
 		}
-		err := s.Client.CertificatesV1().CertificateSigningRequests().Delete(ctx, csr.Name, metav1.DeleteOptions{})
+		err := s.Client.CertificateSigningRequests().Delete(ctx, csr.Name, metav1.DeleteOptions{})
 		if err != nil && !apierrors.IsNotFound(err) && onErr != nil {
 			onErr(fmt.Errorf("deleting the decided request %s: %w", csr.Name, err))
 		}

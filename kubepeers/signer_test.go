@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/hostpath-csi/hostpath/kube/kubefake"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
 
@@ -96,7 +97,7 @@ func publish(t *testing.T, s *Signer, now time.Time) []*x509.Certificate {
 	if err := s.Publish(ctx); err != nil {
 		t.Fatal(err)
 	}
-	cm, err := s.Client.CoreV1().ConfigMaps(s.Namespace).Get(ctx, s.Bundle, metav1.GetOptions{})
+	cm, err := s.Client.ConfigMaps(s.Namespace).Get(ctx, s.Bundle, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,8 +124,8 @@ func TestSignerGrantsOnlyTheTokensNode(t *testing.T) {
 	pod(t, client, "ctrl", "n2", "ctrl-sa", "ReplicaSet")
 	pod(t, client, "ctrl-ds", "n1", "ctrl-sa", "DaemonSet")
 	var decisions sync.Map
-	s := &Signer{Client: client, Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa", ControllerServiceAccount: "ctrl-sa",
-		Authority: &transfer.StoreAuthority{Store: &SecretStore{Client: client, Namespace: "csi", Name: "signer-key"}, Driver: "d"},
+	s := &Signer{Client: kubefake.New(client, nil), Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa", ControllerServiceAccount: "ctrl-sa",
+		Authority: &transfer.StoreAuthority{Store: &SecretStore{Client: kubefake.New(client, nil), Namespace: "csi", Name: "signer-key"}, Driver: "d"},
 		Bundle:    "trust", MaxLifetime: 6 * time.Hour,
 		OnDecision: func(csr, node string, granted bool, reason string) { decisions.Store(csr, reason) }}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -133,7 +134,7 @@ func TestSignerGrantsOnlyTheTokensNode(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 	node := func(name string) *transfer.Credentials {
 		return &transfer.Credentials{Driver: "d", Node: name, LeafLifetime: 24 * time.Hour,
-			Authority: &CSRAuthority{Client: client, Signer: signerName, Namespace: "csi", Bundle: "trust", Poll: 20 * time.Millisecond, Timeout: 10 * time.Second}}
+			Authority: &CSRAuthority{Client: kubefake.New(client, nil), Signer: signerName, Namespace: "csi", Bundle: "trust", Poll: 20 * time.Millisecond, Timeout: 10 * time.Second}}
 	}
 	// The bundle is up before the first request is decided.
 	deadline := time.Now().Add(10 * time.Second)
@@ -240,7 +241,7 @@ func TestSignerGrantsOnlyTheTokensNode(t *testing.T) {
 		if len(cas) != 1 || cas[0].Equal(theirs[0]) {
 			t.Fatalf("after the signer's publication the bundle holds %d authorities", len(cas))
 		}
-		key, _, _ := (&SecretStore{Client: client, Namespace: "csi", Name: "signer-key"}).Load(ctx)
+		key, _, _ := (&SecretStore{Client: kubefake.New(client, nil), Namespace: "csi", Name: "signer-key"}).Load(ctx)
 		own, _, _ := transfer.ParseAuthority(key, time.Now())
 		if !cas[0].Equal(own[0]) {
 			t.Fatal("the bundle is not the signer's authority")
@@ -255,7 +256,7 @@ func TestSignerRollsOverWhenAsked(t *testing.T) {
 	ctx := context.Background()
 	client := fake.NewClientset()
 	own := &transfer.MemoryStore{}
-	s := &Signer{Client: client, Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa",
+	s := &Signer{Client: kubefake.New(client, nil), Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa",
 		Authority: &transfer.StoreAuthority{Store: own, Driver: "d"}, Bundle: "trust"}
 	published := func() int { t.Helper(); return len(publish(t, s, time.Now())) }
 	if n := published(); n != 1 {
@@ -309,7 +310,7 @@ func TestSignerCacheKeepsLittle(t *testing.T) {
 	client := fake.NewClientset(kept)
 	pod(t, client, "driver-n1", "n1", "node-sa", "DaemonSet")
 	var reason string
-	s := &Signer{Client: client, Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa",
+	s := &Signer{Client: kubefake.New(client, nil), Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa",
 		OnDecision: func(_, _ string, granted bool, r string) { reason = r }}
 	if err := s.Handle(context.Background(), kept); err != nil {
 		t.Fatal(err)
@@ -355,8 +356,8 @@ func TestSignerRefusesExtraMetadata(t *testing.T) {
 			client := fake.NewClientset(kept)
 			pod(t, client, "driver-n1", "n1", "node-sa", "DaemonSet")
 			var reason string
-			s := &Signer{Client: client, Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa",
-				Authority:  &transfer.StoreAuthority{Store: &SecretStore{Client: client, Namespace: "csi", Name: "signer-key"}, Driver: "d"},
+			s := &Signer{Client: kubefake.New(client, nil), Name: signerName, Driver: "d", Namespace: "csi", ServiceAccount: "node-sa",
+				Authority:  &transfer.StoreAuthority{Store: &SecretStore{Client: kubefake.New(client, nil), Namespace: "csi", Name: "signer-key"}, Driver: "d"},
 				OnDecision: func(_, _ string, granted bool, r string) { reason = r }}
 			if err := s.Handle(context.Background(), kept); err != nil {
 				t.Fatal(err)

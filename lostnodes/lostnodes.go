@@ -27,7 +27,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+
+	"github.com/hostpath-csi/hostpath/kube"
 )
 
 // Reason is the reason of the events it puts for a node that is gone;
@@ -41,7 +42,7 @@ const (
 
 // Watcher scans for pods waiting for a node that is gone.
 type Watcher struct {
-	Client      kubernetes.Interface
+	Client      kube.Interface
 	Driver      string // the CSI driver name of the PersistentVolumes
 	TopologyKey string // the node label and PV node-affinity key naming a node
 	Self        string // this node's value of TopologyKey
@@ -78,7 +79,7 @@ func (w *Watcher) Run(ctx context.Context, every time.Duration, report func([]Lo
 // volume of the driver whose node is gone, and returns what it told. On a
 // driver that is not the reporting one it does nothing.
 func (w *Watcher) Scan(ctx context.Context) ([]Lost, error) {
-	nodes, err := w.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	nodes, err := w.Client.Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("listing nodes: %w", err)
 	}
@@ -97,7 +98,7 @@ func (w *Watcher) Scan(ctx context.Context) ([]Lost, error) {
 	if first == "" || reporter != w.Self {
 		return nil, nil
 	}
-	pvs, err := w.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+	pvs, err := w.Client.PersistentVolumes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("listing persistent volumes: %w", err)
 	}
@@ -122,7 +123,7 @@ func (w *Watcher) Scan(ctx context.Context) ([]Lost, error) {
 	if len(claims) == 0 {
 		return nil, nil
 	}
-	pods, err := w.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "status.phase=Pending,spec.nodeName="})
+	pods, err := w.Client.Pods("").List(ctx, metav1.ListOptions{FieldSelector: "status.phase=Pending,spec.nodeName="})
 	if err != nil {
 		return nil, fmt.Errorf("listing pending pods: %w", err)
 	}
@@ -201,7 +202,7 @@ func (w *Watcher) event(ctx context.Context, ref corev1.ObjectReference, node, r
 	}
 	sum := sha256.Sum256([]byte(string(ref.UID) + "/" + ref.Kind + "/" + ref.Name + "/" + node))
 	name := ref.Name + "." + hex.EncodeToString(sum[:8])
-	events := w.Client.CoreV1().Events(ref.Namespace)
+	events := w.Client.Events(ref.Namespace)
 	ev, err := events.Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):

@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/hostpath-csi/hostpath/kube/kubefake"
 )
 
 const (
@@ -88,7 +90,7 @@ func TestScan(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			client := fake.NewClientset(tc.objects...)
-			w := &Watcher{Client: client, Driver: driver, TopologyKey: key, Self: tc.self, Now: func() time.Time { return time.Unix(1e9, 0) }}
+			w := &Watcher{Client: kubefake.New(client, nil), Driver: driver, TopologyKey: key, Self: tc.self, Now: func() time.Time { return time.Unix(1e9, 0) }}
 			for scan := 1; scan <= 2; scan++ {
 				told, err := w.Scan(context.Background())
 				if err != nil {
@@ -142,7 +144,7 @@ func TestScanGoesOnPastAFailedEvent(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	w := &Watcher{Client: client, Driver: driver, TopologyKey: key, Self: "node-1"}
+	w := &Watcher{Client: kubefake.New(client, nil), Driver: driver, TopologyKey: key, Self: "node-1"}
 	told, err := w.Scan(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "Pod app/a") {
 		t.Fatalf("scan error %v, want the failed event named", err)

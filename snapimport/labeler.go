@@ -4,14 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
-	"github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
-	"github.com/kubernetes-csi/external-snapshotter/client/v8/informers/externalversions"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/hostpath-csi/hostpath/kube"
 )
 
 // ManagedByLabel is the label by which the snapshot-controller (with
@@ -21,7 +22,7 @@ const ManagedByLabel = "snapshot.storage.kubernetes.io/managed-by"
 
 // Labeler labels the imported contents of one driver that this node holds.
 type Labeler struct {
-	Client versioned.Interface
+	Client kube.Interface
 	// Driver is the CSI driver name the contents must name.
 	Driver string
 	// Node is this node's name, the label's value.
@@ -37,9 +38,8 @@ type Labeler struct {
 
 // Run watches the unlabelled contents until ctx is done.
 func (l *Labeler) Run(ctx context.Context) error {
-	f := externalversions.NewSharedInformerFactoryWithOptions(l.Client, l.Resync,
-		externalversions.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "!" + ManagedByLabel }))
-	inf := f.Snapshot().V1().VolumeSnapshotContents().Informer()
+	inf := kube.Informer(l.Client, l.Client.VolumeSnapshotContents(), &snapv1.VolumeSnapshotContent{}, l.Resync,
+		func(o *metav1.ListOptions) { o.LabelSelector = "!" + ManagedByLabel })
 	handle := func(obj any) {
 		if c, ok := obj.(*snapv1.VolumeSnapshotContent); ok {
 			l.consider(ctx, c)
@@ -51,8 +51,9 @@ func (l *Labeler) Run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	f.Start(ctx.Done())
-	defer f.Shutdown()
+	var informing sync.WaitGroup
+	informing.Go(func() { inf.Run(ctx.Done()) })
+	defer informing.Wait()
 	// Until ctx is done: the informer lists again on its own after an
 	// error, and a content it misses now comes back at the next resync.
 	<-ctx.Done()
@@ -81,7 +82,7 @@ func (l *Labeler) consider(ctx context.Context, c *snapv1.VolumeSnapshotContent)
 	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{ManagedByLabel: l.Node}}})
 	if err == nil {
-		_, err = l.Client.SnapshotV1().VolumeSnapshotContents().Patch(ctx, c.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		_, err = l.Client.VolumeSnapshotContents().Patch(ctx, c.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	}
 	if l.Labelled != nil {
 		l.Labelled(c.Name, err)

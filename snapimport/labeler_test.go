@@ -9,6 +9,8 @@ import (
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	"github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned/fake"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hostpath-csi/hostpath/kube/kubefake"
 )
 
 func content(name, driver, handle, volume string, labels map[string]string) *snapv1.VolumeSnapshotContent {
@@ -42,7 +44,7 @@ func TestLabeler(t *testing.T) {
 	)
 	var mu sync.Mutex
 	done := map[string]error{}
-	l := &Labeler{Client: client, Driver: driver, Node: node, Resync: time.Minute,
+	l := &Labeler{Client: kubefake.New(nil, client), Driver: driver, Node: node, Resync: time.Minute,
 		Holds: func(h string) bool { return h == "snap-here" || h == "snap-late" },
 		Labelled: func(c string, err error) {
 			mu.Lock()

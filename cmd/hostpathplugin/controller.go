@@ -14,11 +14,11 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	hcsi "github.com/hostpath-csi/hostpath/csi"
 	"github.com/hostpath-csi/hostpath/engine"
+	"github.com/hostpath-csi/hostpath/kube"
 	"github.com/hostpath-csi/hostpath/kubepeers"
 	"github.com/hostpath-csi/hostpath/route"
 	"github.com/hostpath-csi/hostpath/transfer"
@@ -66,11 +66,11 @@ func controllerCaps(cfg engine.Config) []csi.ControllerServiceCapability_RPC_Typ
 // VolumeGroupSnapshots then never become ready or go away. Probe says
 // ready only once this answers, so that question comes when the API
 // server just did.
-func groupSnapshotAPIReady(client kubernetes.Interface) func(context.Context) error {
+func groupSnapshotAPIReady(client kube.Interface) func(context.Context) error {
 	return func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		err := client.Discovery().RESTClient().Get().AbsPath("/apis/groupsnapshot.storage.k8s.io/v1").Do(ctx).Error()
+		err := client.Served(ctx, "/apis/groupsnapshot.storage.k8s.io/v1")
 		if apierrors.IsNotFound(err) {
 			return nil
 		}

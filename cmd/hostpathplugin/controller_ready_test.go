@@ -6,8 +6,9 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/hostpath-csi/hostpath/kube"
 )
 
 // TestGroupSnapshotAPIReady: the controller's Probe waits for the API
@@ -39,7 +40,7 @@ func TestGroupSnapshotAPIReady(t *testing.T) {
 			} else {
 				defer srv.Close()
 			}
-			client, err := kubernetes.NewForConfig(&rest.Config{Host: host})
+			client, err := kube.NewForConfig(&rest.Config{Host: host})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -6,10 +6,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/csi"
+	"github.com/hostpath-csi/hostpath/kube"
 )
 
 // volumeEvents makes the engine's notes about volumes (a file system
@@ -35,13 +35,13 @@ func volumeEvents(d *csi.Driver, o options) {
 // pvEvent creates a Warning event on PersistentVolume pv (events of
 // cluster-scoped objects live in the default namespace), with its UID so
 // kubectl describe finds it.
-func pvEvent(ctx context.Context, client kubernetes.Interface, driver, node, pv, reason, msg string) error {
-	p, err := client.CoreV1().PersistentVolumes().Get(ctx, pv, metav1.GetOptions{})
+func pvEvent(ctx context.Context, client kube.Interface, driver, node, pv, reason, msg string) error {
+	p, err := client.PersistentVolumes().Get(ctx, pv, metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
 	now := metav1.NewTime(time.Now())
-	_, err = client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, &corev1.Event{
+	_, err = client.Events(metav1.NamespaceDefault).Create(ctx, &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{GenerateName: pv + ".", Namespace: metav1.NamespaceDefault},
 		InvolvedObject: corev1.ObjectReference{Kind: "PersistentVolume", APIVersion: "v1", Name: p.Name, UID: p.UID},
 		Reason:         reason, Message: msg, Type: corev1.EventTypeWarning,

@@ -7,6 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/hostpath-csi/hostpath/kube/kubefake"
 )
 
 // TestPVEvent: a note about a volume is a Warning event on its
@@ -16,10 +18,10 @@ import (
 func TestPVEvent(t *testing.T) {
 	ctx := context.Background()
 	client := fake.NewClientset(&corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pvc-1", UID: "uid-1"}})
-	if err := pvEvent(ctx, client, "hostpath.csi.k8s.io", "node-1", "pvc-1", "FileSystemNotGrown", "staged smaller"); err != nil {
+	if err := pvEvent(ctx, kubefake.New(client, nil), "hostpath.csi.k8s.io", "node-1", "pvc-1", "FileSystemNotGrown", "staged smaller"); err != nil {
 		t.Fatal(err)
 	}
-	if err := pvEvent(ctx, client, "hostpath.csi.k8s.io", "node-1", "pvc-gone", "FileSystemNotGrown", "staged smaller"); err == nil {
+	if err := pvEvent(ctx, kubefake.New(client, nil), "hostpath.csi.k8s.io", "node-1", "pvc-gone", "FileSystemNotGrown", "staged smaller"); err == nil {
 		t.Fatal("an event on a PV that does not exist was made")
 	}
 	evs, err := client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})

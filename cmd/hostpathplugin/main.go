@@ -15,9 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/klog/v2"
 
-	"github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
-	"k8s.io/client-go/rest"
-
 	"github.com/hostpath-csi/hostpath/csi"
 	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/kubeauth"
@@ -181,14 +178,8 @@ func metricsGuard(o options) *kubeauth.Guard {
 // when the driver runs in a cluster: it needs the service account's
 // credentials, which a driver run by hand or by csi-sanity does not have.
 func labelImported(ctx context.Context, d *csi.Driver, o options) {
-	cfg, err := rest.InClusterConfig()
-	if err != nil {
-		klog.V(2).InfoS("not in a cluster: imported snapshots are not labelled for this node's snapshotter", "reason", err)
-		return
-	}
-	client, err := versioned.NewForConfig(cfg)
-	if err != nil {
-		klog.ErrorS(err, "imported snapshots are not labelled for this node's snapshotter")
+	_, client, ok := inClusterClient("imported snapshots are not labelled for this node's snapshotter")
+	if !ok {
 		return
 	}
 	l := &snapimport.Labeler{Client: client, Driver: o.cfg.DriverName, Node: o.cfg.NodeID, Holds: d.HoldsSnapshot, Resync: 10 * time.Minute,

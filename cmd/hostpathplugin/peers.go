@@ -8,14 +8,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/hostpath-csi/hostpath/csi"
 	"github.com/hostpath-csi/hostpath/engine"
+	"github.com/hostpath-csi/hostpath/kube"
 	"github.com/hostpath-csi/hostpath/kubepeers"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
@@ -30,11 +29,6 @@ import (
 func servePeers(ctx context.Context, d *csi.Driver, o options) {
 	restConfig, client, ok := inClusterClient("no node-to-node transfer; sources on other nodes cannot be restored here")
 	if !ok {
-		return
-	}
-	snapshots, err := versioned.NewForConfig(restConfig)
-	if err != nil {
-		klog.ErrorS(err, "no node-to-node transfer: no client for VolumeSnapshots, by which a peer's restores are checked")
 		return
 	}
 	_, portStr, err := net.SplitHostPort(o.transferEndpoint)
@@ -72,7 +66,7 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 		}
 		return owner, here, ok
 	}
-	pending := &kubepeers.Pending{Client: client, Snapshots: snapshots, Driver: o.cfg.DriverName,
+	pending := &kubepeers.Pending{Client: client, Driver: o.cfg.DriverName,
 		Node: o.cfg.NodeID, TopologyKey: csi.TopologyKey, Owners: owners, Grants: kubepeers.Grants{Client: dyn}.Allows,
 		SnapshotKind: engine.SourceSnapshot, VolumeKind: engine.SourceVolume}
 	// A peer gets a source only while a claim to be filled from it waits
@@ -97,7 +91,7 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 // signedCredentials are who's transfer credentials (a node's name, or
 // transfer.ControllerPeer), issued by the transfer signer through the CSR
 // API; the key never leaves this process.
-func signedCredentials(ctx context.Context, client kubernetes.Interface, o options, who string) *transfer.Credentials {
+func signedCredentials(ctx context.Context, client kube.Interface, o options, who string) *transfer.Credentials {
 	csrs := &kubepeers.CSRAuthority{Client: client, Signer: signerName(o.cfg.DriverName), Namespace: namespace(), Bundle: o.transferTrust}
 	var err error
 	if csrs.Owner, err = kubepeers.CSIDriverOwner(ctx, client, o.cfg.DriverName); err != nil {
@@ -148,13 +142,13 @@ func namespace() string {
 // service account, and its config (for the clients of other APIs).
 // Outside a cluster (by hand, csi-sanity) there is none; without says, in
 // the log, what the caller then leaves undone.
-func inClusterClient(without string) (*rest.Config, kubernetes.Interface, bool) {
+func inClusterClient(without string) (*rest.Config, kube.Interface, bool) {
 	cfg, err := rest.InClusterConfig()
 	if err != nil {
 		klog.V(2).InfoS("not in a cluster: "+without, "reason", err)
 		return nil, nil, false
 	}
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := kube.NewForConfig(cfg)
 	if err != nil {
 		klog.ErrorS(err, without)
 		return nil, nil, false
