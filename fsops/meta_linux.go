@@ -277,3 +277,28 @@ func OpenBeneathLong(rootfd int, rel string, flags int) (int, error) {
 	}
 	return fd, err
 }
+
+// PunchHole makes n bytes of the open file fd at off read as zeros, as a
+// hole where the file system can punch one (the size is kept), else by
+// writing zeros.
+func PunchHole(fd int, off, n int64) error {
+	err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+	if err == nil || (err != unix.EOPNOTSUPP && err != unix.ENOSYS) {
+		if err != nil {
+			return &os.PathError{Op: "fallocate(PUNCH_HOLE)", Path: "", Err: err}
+		}
+		return nil
+	}
+	zero := make([]byte, min(n, 1<<20))
+	for n > 0 {
+		c := min(n, int64(len(zero)))
+		if err := pwriteAll(fd, zero[:c], off); err != nil {
+			return err
+		}
+		off, n = off+c, n-c
+	}
+	return nil
+}
+
+// PwriteAll writes all of b at offset off of the open file fd.
+func PwriteAll(fd int, b []byte, off int64) error { return pwriteAll(fd, b, off) }
