@@ -68,6 +68,17 @@ func (d *Engine) OtherNode(id string) (string, bool) {
 	return "", false
 }
 
+// nodeTagOf is the tag of the node a well-formed id was made on, "" for
+// an id that is none.
+func nodeTagOf(id string) string {
+	for _, p := range []string{VolumeIDPrefix, SnapshotIDPrefix, GroupIDPrefix} {
+		if validID(p, id) {
+			return id[len(p) : len(p)+nodeTagLen]
+		}
+	}
+	return ""
+}
+
 func validID(prefix, id string) bool {
 	rest, ok := strings.CutPrefix(id, prefix)
 	if !ok || len(rest) != idHexLen {

@@ -260,21 +260,30 @@ func (p *peerSource) Open(ctx context.Context, peer, kind, id string, statOnly b
 
 func (p *peerSource) open(ctx context.Context, peer, kind, id string, statOnly bool) (transfer.Meta, io.ReadCloser, error) {
 	d := (*Engine)(p)
+	own := id // the id of this node's volume or snapshot asked for
 	switch {
 	case kind == SourceSnapshot && ValidSnapshotID(id), kind == SourceVolume && ValidVolumeID(id):
+	case kind == SourceStandby:
+		var ok bool
+		if own, _, ok = parseStandbyID(id); !ok {
+			return transfer.Meta{}, nil, fmt.Errorf("%w: no standby id %q can exist", transfer.ErrInvalid, id)
+		}
 	default:
 		return transfer.Meta{}, nil, fmt.Errorf("%w: no source of kind %q and id %q can exist", transfer.ErrInvalid, kind, id)
 	}
-	if _, other := d.OtherNode(id); other {
+	if _, other := d.OtherNode(own); other {
 		return transfer.Meta{}, nil, fmt.Errorf("%w: %s %s is not of this node", transfer.ErrNotFound, kind, id)
 	}
 	var m transfer.Meta
 	var open func(ctx context.Context) (io.ReadCloser, error)
 	var unpin func()
 	var err error
-	if kind == SourceSnapshot {
+	switch kind {
+	case SourceSnapshot:
 		m, open, unpin, err = d.serveSnapshot(id)
-	} else {
+	case SourceStandby:
+		m, open, unpin, err = d.serveStandby(peer, id)
+	default:
 		m, open, unpin, err = d.serveVolume(id)
 	}
 	if err != nil {

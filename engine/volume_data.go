@@ -61,7 +61,13 @@ func mkdirOpen(dir string) error {
 
 // removeVolumeData removes whatever a volume has on disk; what is already
 // gone is not an error.
-func (d *Engine) removeVolumeData(v VolumeRecord) error { return d.layoutFor(v).removeData(v) }
+func (d *Engine) removeVolumeData(v VolumeRecord) error {
+	if err := d.layoutFor(v).removeData(v); err != nil {
+		return err
+	}
+	// The cuts kept for its standby go with it (none for most volumes).
+	return d.dropStandbyCuts(v)
+}
 
 // mountedAt returns a staging or target path where the volume is mounted
 // right now on this node, or "". Records of mounts that a reboot or an

@@ -62,6 +62,24 @@ type Volume struct {
 	// was made empty (or filled from a tree): empty for ext4 (every record
 	// from before XFS), "xfs". A copy holds what its source's image holds.
 	FSType string `json:"fsType,omitempty"`
+	// Standby is the node that keeps a copy of this image or block volume
+	// by changed blocks (docs/standby.md), the only node it is sent to;
+	// empty for none.
+	Standby string `json:"standby,omitempty"`
+}
+
+// Standby is what the driver keeps about a copy it holds of another
+// node's volume: the volume it stands by for, and the node that is its
+// primary, the only node it pulls it from. Its id is the volume's.
+type Standby struct {
+	Volume  string `json:"volume"`
+	Primary string `json:"primary"`
+	Phase   string `json:"phase"`
+	// Pool is the pool its generations are in; empty for the state dir's.
+	Pool       string    `json:"pool,omitempty"`
+	AccessType string    `json:"accessType"`
+	Layout     string    `json:"layout,omitempty"`
+	CreatedAt  time.Time `json:"createdAt"`
 }
 
 // Snapshot is what the driver keeps about one snapshot.
@@ -150,6 +168,12 @@ func (s Snapshot) Clone() Snapshot {
 	}
 	return s
 }
+
+// RecordID, RecordName and Clone make Standby a Record (named by its
+// volume, as a standby copy is found).
+func (s Standby) RecordID() string   { return s.Volume }
+func (s Standby) RecordName() string { return s.Volume }
+func (s Standby) Clone() Standby     { return s }
 
 // RecordID, RecordName and Clone make Group a Record.
 func (g Group) RecordID() string   { return g.ID }

@@ -301,7 +301,9 @@ type Store struct {
 	Volumes   *Table[Volume]
 	Snapshots *Table[Snapshot]
 	Groups    *Table[Group]
-	journal   *journal
+	// Standbys are the copies this node keeps of other nodes' volumes.
+	Standbys *Table[Standby]
+	journal  *journal
 
 	// rejected are the journal entries redo kept and did not apply.
 	rejected []Damaged
@@ -334,7 +336,7 @@ func (s *Store) AwaitingCheckpoint() int {
 
 // Damaged lists every damaged record file, of every table.
 func (s *Store) Damaged() []Damaged {
-	return slices.Concat(s.Volumes.Damaged(), s.Snapshots.Damaged(), s.Groups.Damaged(), s.rejected)
+	return slices.Concat(s.Volumes.Damaged(), s.Snapshots.Damaged(), s.Groups.Damaged(), s.Standbys.Damaged(), s.rejected)
 }
 
 // IDRules says which file names in each table are records; anything else
@@ -350,7 +352,8 @@ type Options struct {
 	JournalSize int64
 }
 
-// Open makes the tables under dir (volumes/, snapshots/, groups/), redoes
+// Open makes the tables under dir (volumes/, snapshots/, groups/,
+// standbys/: a standby is named by a volume id), redoes
 // the journal's changes (dir/journal) that a power loss may have taken
 // from the record files, and loads every record.
 func Open(dir string, ids IDRules, opts ...Options) (*Store, error) {
@@ -371,6 +374,9 @@ func Open(dir string, ids IDRules, opts ...Options) (*Store, error) {
 	if s.Groups, err = newTable[Group]("group snapshot", filepath.Join(dir, "groups"), ids.Group); err != nil {
 		return nil, err
 	}
+	if s.Standbys, err = newTable[Standby]("standby", filepath.Join(dir, "standbys"), ids.Volume); err != nil {
+		return nil, err
+	}
 	// The directories just made, and their names in the state root,
 	// are durable before any record is written into them.
 	for _, d := range []string{dir, filepath.Dir(dir)} {
@@ -379,7 +385,7 @@ func Open(dir string, ids IDRules, opts ...Options) (*Store, error) {
 		}
 	}
 	tables := map[string]*tableDir{}
-	for _, t := range []*tableDir{&s.Volumes.tableDir, &s.Snapshots.tableDir, &s.Groups.tableDir} {
+	for _, t := range []*tableDir{&s.Volumes.tableDir, &s.Snapshots.tableDir, &s.Groups.tableDir, &s.Standbys.tableDir} {
 		tables[t.name] = t
 	}
 	if s.journal, s.notes, err = openJournal(filepath.Join(dir, "journal"), tables, size); err != nil {
@@ -389,8 +395,8 @@ func Open(dir string, ids IDRules, opts ...Options) (*Store, error) {
 		s.journal.close()
 		return nil, err
 	}
-	s.Volumes.journal, s.Snapshots.journal, s.Groups.journal = s.journal, s.journal, s.journal
-	for _, load := range []func() error{s.Volumes.load, s.Snapshots.load, s.Groups.load} {
+	s.Volumes.journal, s.Snapshots.journal, s.Groups.journal, s.Standbys.journal = s.journal, s.journal, s.journal, s.journal
+	for _, load := range []func() error{s.Volumes.load, s.Snapshots.load, s.Groups.load, s.Standbys.load} {
 		if err := load(); err != nil {
 			s.journal.close()
 			return nil, err
