@@ -140,10 +140,14 @@ func (d *Driver) checkVolumeParameters(params map[string]string) (string, *engin
 			if v != engine.LayoutDirectory && v != engine.LayoutImage {
 				return "", nil, invalid("parameter %s=%q: want %s (a directory in the pool, the default) or %s (an image file with a file system of its own, for snapshots at one instant)", k, v, engine.LayoutDirectory, engine.LayoutImage)
 			}
+		case k == engine.ParamStandby, k == engine.ParamStandbyInterval:
 		case strings.HasPrefix(k, engine.CoParamPrefix):
 		default:
-			return "", nil, invalid("unknown parameter %q; this driver accepts %q, %q, %q and the %s* metadata the provisioner adds", k, engine.ParamPool, engine.ParamKind, engine.ParamLayout, engine.CoParamPrefix)
+			return "", nil, invalid("unknown parameter %q; this driver accepts %q, %q, %q, %q, %q and the %s* metadata the provisioner adds", k, engine.ParamPool, engine.ParamKind, engine.ParamLayout, engine.ParamStandby, engine.ParamStandbyInterval, engine.CoParamPrefix)
 		}
+	}
+	if _, _, err := engine.CheckStandbyParams(params); err != nil {
+		return "", nil, err
 	}
 	p, err := d.ChoosePool(params)
 	return kind, p, err

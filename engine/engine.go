@@ -39,6 +39,9 @@ type Engine struct {
 	// peers reaches the other nodes' drivers for sources they hold
 	// (SetPeers); nil when there are none to reach.
 	peers atomic.Pointer[Peers]
+	// standbyNodes lists the nodes a standby copy may be kept on
+	// (SetStandbyNodes); nil outside a cluster.
+	standbyNodes atomic.Pointer[StandbyNodes]
 
 	// formatMu orders the writes of the state format; format is the one
 	// recorded (format.go).

@@ -230,5 +230,9 @@ func (d *Engine) cutForStandby(ctx context.Context, v VolumeRecord, held uint64)
 // dropStandbyCuts removes volume v's standby directory on the primary (its
 // cuts), when the volume goes.
 func (d *Engine) dropStandbyCuts(v VolumeRecord) error {
-	return fsops.RemoveAll(standbyDir(d.PoolOf(v.Pool).Paths.Root, v.ID))
+	dir := standbyDir(d.PoolOf(v.Pool).Paths.Root, v.ID)
+	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
+		return nil // most volumes have no standby
+	}
+	return fsops.RemoveAll(dir)
 }

@@ -168,6 +168,13 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 	if old, ok := d.Records.Volumes.ByName(spec.Name); ok {
 		return d.existingVolume(old, rec, spec.Capacity, named)
 	}
+	if on, _, err := CheckStandbyParams(spec.Params); err != nil {
+		return VolumeRecord{}, err
+	} else if on {
+		if rec.Standby, err = d.chooseStandby(ctx, spec.Name, rec, spec.Pool); err != nil {
+			return VolumeRecord{}, err
+		}
+	}
 	if src.Tag != "" {
 		handed := unlock
 		unlock = nil
