@@ -57,7 +57,7 @@ test-chart:
 
 # The packages make test-unit runs; make lint fails on a package that is
 # in none of these nor in UNIT_ELSEWHERE (run by their own targets).
-UNIT_PKGS := ./loop/... ./kube/... ./fsops/... ./iolimit/... ./archive/... ./format/... ./csi/... ./engine/... ./route/... ./cmd/... ./registrar/... ./snapimport/... ./transfer/... ./kubepeers/... ./kubeauth/... ./lostnodes/... ./internal/... ./bench/cmd/... ./test/summary/... ./test/e2e/... ./test/crash/... ./test/stress/...
+UNIT_PKGS := ./loop/... ./kube/... ./fsops/... ./iolimit/... ./archive/... ./format/... ./csi/... ./engine/... ./route/... ./cmd/... ./registrar/... ./snapimport/... ./transfer/... ./kubepeers/... ./kubeauth/... ./lostnodes/... ./kubestandby/... ./internal/... ./bench/cmd/... ./test/summary/... ./test/e2e/... ./test/crash/... ./test/stress/...
 UNIT_ELSEWHERE := /bench /test/sanity /test/upgrade /test/kernel /test/kernel/guest /test/kernel/plan /test/powerloss/guest /test/powerloss/logwrites
 test-unit: deps
 	@CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m -json $(UNIT_PKGS) > /tmp/hostpath-unit.json; rc=$$?; \

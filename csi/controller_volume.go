@@ -85,19 +85,10 @@ func (d *Driver) csiVolume(v engine.VolumeRecord) *csi.Volume {
 	if d.Config.EnableTopology {
 		out.AccessibleTopology = []*csi.Topology{d.nodeTopology()}
 	}
-	if v.Standby != "" {
-		// The PV carries them: the standby's node learns from it that
-		// it keeps a copy, and of which node's volume.
-		out.VolumeContext = map[string]string{ContextStandby: v.Standby, ContextPrimary: d.Config.NodeID}
-	}
+	// The PV carries it to the standby's node (kubestandby).
+	out.VolumeContext = engine.StandbyContext(v, d.Config.NodeID)
 	return out
 }
-
-// Volume context keys of a volume with a standby copy.
-const (
-	ContextStandby = "hostpath.csi/standby"
-	ContextPrimary = "hostpath.csi/primary"
-)
 
 // DeleteVolume removes a volume. An unknown or malformed id is success and
 // touches nothing; a volume still mounted on this node is refused.

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/internal/testfs"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 )
@@ -64,8 +65,8 @@ func TestStandbyParameter(t *testing.T) {
 				return
 			}
 			vc := resp.GetVolume().GetVolumeContext()
-			standby := vc[ContextStandby]
-			if (standby != "node-2" && standby != "node-3") || vc[ContextPrimary] != "node-1" {
+			standby := vc[engine.CtxStandby]
+			if (standby != "node-2" && standby != "node-3") || vc[engine.CtxPrimary] != "node-1" || vc[engine.CtxStandbyPool] != "shared" {
 				t.Fatalf("volume context %v: want a standby on node-2 or node-3, primary node-1", vc)
 			}
 			v, _ := d.Records.Volumes.Get(resp.GetVolume().GetVolumeId())
@@ -73,7 +74,7 @@ func TestStandbyParameter(t *testing.T) {
 				t.Errorf("the record names standby %q, the context %q", v.Standby, standby)
 			}
 			again, err := d.CreateVolume(ctx, req("pvc-"+tc.name, tc.block, tc.params))
-			if err != nil || again.GetVolume().GetVolumeContext()[ContextStandby] != standby {
+			if err != nil || again.GetVolume().GetVolumeContext()[engine.CtxStandby] != standby {
 				t.Errorf("a retry: %v, %v; want the same standby %s", again.GetVolume().GetVolumeContext(), err, standby)
 			}
 			if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.ID}); err != nil {

@@ -42,6 +42,8 @@ type Engine struct {
 	// standbyNodes lists the nodes a standby copy may be kept on
 	// (SetStandbyNodes); nil outside a cluster.
 	standbyNodes atomic.Pointer[StandbyNodes]
+	// standby is what RunStandbys keeps of the copies this node keeps.
+	standby standbys
 
 	// formatMu orders the writes of the state format; format is the one
 	// recorded (format.go).

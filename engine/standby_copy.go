@@ -51,20 +51,31 @@ func readStandbyHeader(r io.Reader) (base, gen uint64, err error) {
 // standbyKey is the lock of the copy this node keeps of volume id.
 func standbyKey(id string) string { return "standby/" + id }
 
-// AddStandby records that this node keeps a copy of volume id, in pool
-// (empty: the state dir's), pulled from node primary, which the id itself
-// must name (a volume id carries its node's tag): no one makes this node
-// pull a volume from a node that is not the volume's. It is idempotent for
-// the same primary.
-func (d *Engine) AddStandby(id, primary, pool, access, layout string) (StandbyRecord, error) {
+// StandbySpec is a copy to keep of another node's volume, as that
+// volume's PersistentVolume describes it.
+type StandbySpec struct {
+	// Volume is the volume's id; Primary the node that holds it, which
+	// the id itself must name (a volume id carries its node's tag).
+	Volume, Primary string
+	// Pool is where the copy is kept here ("" for the state dir's).
+	Pool, Access, Layout string
+	Interval             time.Duration
+	PV                   string
+}
+
+// AddStandby records that this node keeps a copy of a volume of another
+// node: no one makes it pull a volume from a node that is not the
+// volume's. It is idempotent for the same primary.
+func (d *Engine) AddStandby(spec StandbySpec) (StandbyRecord, error) {
+	id := spec.Volume
 	if !ValidVolumeID(id) {
 		return StandbyRecord{}, StorageErr(ErrInvalid, "%q is not a volume id", id)
 	}
-	if tag := nodeTagOf(id); tag == d.Tag || tag != NodeTag(primary) {
-		return StandbyRecord{}, StorageErr(ErrInvalid, "volume %s is not a volume of node %s", id, primary)
+	if tag := nodeTagOf(id); tag == d.Tag || tag != NodeTag(spec.Primary) {
+		return StandbyRecord{}, StorageErr(ErrInvalid, "volume %s is not a volume of node %s", id, spec.Primary)
 	}
-	if _, ok := d.Pools[pool]; pool != "" && !ok {
-		return StandbyRecord{}, StorageErr(ErrInvalid, "no pool %q on this node", pool)
+	if _, ok := d.Pools[spec.Pool]; spec.Pool != "" && !ok {
+		return StandbyRecord{}, StorageErr(ErrInvalid, "no pool %q on this node", spec.Pool)
 	}
 	unlock, err := d.Locks.lock("the standby copy of volume "+id, standbyKey(id))
 	if err != nil {
@@ -72,18 +83,23 @@ func (d *Engine) AddStandby(id, primary, pool, access, layout string) (StandbyRe
 	}
 	defer unlock()
 	if s, ok := d.Records.Standbys.Get(id); ok {
-		if s.Primary != primary {
-			return StandbyRecord{}, StorageErr(ErrExists, "this node stands by for volume %s of node %s, not %s", id, s.Primary, primary)
+		if s.Primary != spec.Primary {
+			return StandbyRecord{}, StorageErr(ErrExists, "this node stands by for volume %s of node %s, not %s", id, s.Primary, spec.Primary)
 		}
 		return s, nil
 	}
-	s := StandbyRecord{Volume: id, Primary: primary, Phase: PhaseReady, Pool: pool, AccessType: access, Layout: layout, CreatedAt: time.Now().UTC()}
+	every := spec.Interval
+	if every <= 0 {
+		every = DefaultStandbyInterval
+	}
+	s := StandbyRecord{Volume: id, Primary: spec.Primary, Phase: PhaseReady, Pool: spec.Pool, AccessType: spec.Access,
+		Layout: spec.Layout, CreatedAt: time.Now().UTC(), IntervalSeconds: int(max(every/time.Second, 1)), PV: spec.PV}
 	// The record is durable before its directory holds anything: a start
 	// never finds generations it has no record of.
 	if err := d.Records.Standbys.Put(s); err != nil {
 		return StandbyRecord{}, err
 	}
-	if err := os.MkdirAll(standbyDir(d.PoolOf(pool).Paths.Root, id), 0o700); err != nil {
+	if err := os.MkdirAll(standbyDir(d.PoolOf(spec.Pool).Paths.Root, id), 0o700); err != nil {
 		return StandbyRecord{}, err
 	}
 	return s, nil

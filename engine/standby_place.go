@@ -17,6 +17,26 @@ const (
 	ParamStandbyInterval = "standbyInterval"
 )
 
+// Volume context keys of a volume with a standby copy: the PV carries
+// them, and the standby's node learns from it that it keeps a copy, of
+// which node's volume, in which pool, how often caught up.
+const (
+	CtxStandby         = "hostpath.csi/standby"
+	CtxPrimary         = "hostpath.csi/primary"
+	CtxStandbyPool     = "hostpath.csi/standbyPool"
+	CtxStandbyInterval = "hostpath.csi/standbyInterval"
+)
+
+// StandbyContext is the volume context of v, a volume of node primary
+// with a standby copy (nil without one).
+func StandbyContext(v VolumeRecord, primary string) map[string]string {
+	if v.Standby == "" {
+		return nil
+	}
+	_, every, _ := CheckStandbyParams(v.Parameters)
+	return map[string]string{CtxStandby: v.Standby, CtxPrimary: primary, CtxStandbyPool: v.Pool, CtxStandbyInterval: every.String()}
+}
+
 // DefaultStandbyInterval is how often a standby catches up when its class
 // names no interval.
 const DefaultStandbyInterval = 10 * time.Second

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/internal/testfs"
@@ -117,10 +118,10 @@ func TestStandbyCatchUp(t *testing.T) {
 	if err := a.Records.Volumes.Put(v); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.AddStandby(v.ID, "node-2", "", AccessBlock, ""); !errors.Is(err, ErrInvalid) {
+	if _, err := b.AddStandby(StandbySpec{Volume: v.ID, Primary: "node-2", Access: AccessBlock}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("a standby of a volume named for another node than its own: %v, want ErrInvalid", err)
 	}
-	if _, err := b.AddStandby(v.ID, "node-1", "", AccessBlock, ""); err != nil {
+	if _, err := b.AddStandby(StandbySpec{Volume: v.ID, Primary: "node-1", Access: AccessBlock}); err != nil {
 		t.Fatal(err)
 	}
 	img := a.VolumeDataPath(v)
@@ -224,7 +225,7 @@ func TestStandbyServedOnlyToItsNode(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := nodes[tc.node]
-			if _, err := n.AddStandby(tc.vol, "node-1", "", AccessBlock, ""); err != nil {
+			if _, err := n.AddStandby(StandbySpec{Volume: tc.vol, Primary: "node-1", Access: AccessBlock}); err != nil {
 				t.Fatal(err)
 			}
 			_, err := n.CatchUp(bg, tc.vol)
@@ -235,5 +236,46 @@ func TestStandbyServedOnlyToItsNode(t *testing.T) {
 				t.Errorf("refused with %v, want ErrRefused", err)
 			}
 		})
+	}
+}
+
+// TestStandbyRuns: RunStandbys keeps a copy caught up on its own, at its
+// interval, and says how it went.
+func TestStandbyRuns(t *testing.T) {
+	nodes, _ := standbyNodes(t, "node-1", "node-2")
+	a, b := nodes["node-1"], nodes["node-2"]
+	v := makeVolume(t, a, "pvc-runs", AccessBlock, 16<<20)
+	v.Standby = "node-2"
+	if err := a.Records.Volumes.Put(v); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.AddStandby(StandbySpec{Volume: v.ID, Primary: "node-1", Access: AccessBlock, Interval: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(bg)
+	done := make(chan struct{})
+	go func() { defer close(done); b.RunStandbys(ctx, nil) }()
+	defer func() { cancel(); <-done }()
+	img := a.VolumeDataPath(v)
+	caughtUp := func() bool {
+		_, path, err := b.StandbyGeneration(v.ID)
+		if err != nil || path == "" {
+			return false
+		}
+		got, _ := os.ReadFile(path)
+		exp, _ := os.ReadFile(img)
+		return bytes.Equal(got, exp)
+	}
+	writeAt(t, img, 0, 1<<20, false)
+	testutil.WaitFor(t, 30*time.Second, "the standby never held the first write", caughtUp)
+	first, _, _ := b.StandbyGeneration(v.ID)
+	writeAt(t, img, 8<<20, 1<<20, false)
+	testutil.WaitFor(t, 30*time.Second, "the standby never held the second write", caughtUp)
+	if g, _, _ := b.StandbyGeneration(v.ID); g <= first {
+		t.Errorf("generation %d after %d", g, first)
+	}
+	st, ok := b.StandbyStatusOf(v.ID)
+	if !ok || st.LastErr != nil || st.Bytes < 2<<20 || st.Made.IsZero() {
+		t.Errorf("status %+v (%v), want the last pull good and at least 2 MiB received", st, ok)
 	}
 }

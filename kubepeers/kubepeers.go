@@ -130,19 +130,33 @@ type Resolver struct {
 // Keys are the keys of every node that runs the driver, as Resolve trusts
 // them (a CSINode whose driver id is its own name).
 func (r *Resolver) Keys(ctx context.Context) ([]string, error) {
+	nodes, err := r.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	keys := make([]string, len(nodes))
+	for i, n := range nodes {
+		keys[i] = r.KeyOf(n)
+	}
+	return keys, nil
+}
+
+// Nodes are the names of every node that runs the driver, as Resolve
+// trusts them (a CSINode whose driver id is its own name).
+func (r *Resolver) Nodes(ctx context.Context) ([]string, error) {
 	list, err := r.Client.CSINodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("listing CSINodes: %w", err)
 	}
-	var keys []string
+	var nodes []string
 	for _, cn := range list.Items {
 		for _, d := range cn.Spec.Drivers {
 			if d.Name == r.Driver && d.NodeID == cn.Name {
-				keys = append(keys, r.KeyOf(cn.Name))
+				nodes = append(nodes, cn.Name)
 			}
 		}
 	}
-	return keys, nil
+	return nodes, nil
 }
 
 // Resolve implements transfer.Peers' Resolve. A node that is gone (its

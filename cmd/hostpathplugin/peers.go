@@ -16,6 +16,7 @@ import (
 	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/kube"
 	"github.com/hostpath-csi/hostpath/kubepeers"
+	"github.com/hostpath-csi/hostpath/kubestandby"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
 
@@ -73,12 +74,22 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 	// on the peer's node; refusals are logged here, since the peer is
 	// told only that it was refused.
 	authz := transfer.AuthorizerFunc(func(ctx context.Context, peer, kind, id string) error {
+		if kind == engine.SourceStandby {
+			// A standby copy goes only to the node this node's own
+			// record of the volume names.
+			err := d.AuthorizeStandby(peer, id)
+			if err != nil {
+				klog.InfoS("changed blocks were refused to another node: this node's record names another standby, or none", "peer", peer, "id", id, "err", err)
+			}
+			return err
+		}
 		err := pending.Authorize(ctx, peer, kind, id)
 		if err != nil {
 			klog.InfoS("a source was refused to another node: no claim to be filled from it waits on that node", "peer", peer, "kind", kind, "id", id, "err", err)
 		}
 		return err
 	})
+	keepStandbys(ctx, d, client, res, o)
 	if o.controlEndpoint != "" {
 		go serveControl(ctx, d, creds, o.controlEndpoint)
 	}
@@ -86,6 +97,50 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 	if err := srv.Serve(ctx, ln); err != nil {
 		klog.ErrorS(err, "node-to-node transfer stopped")
 	}
+}
+
+// keepStandbys lets this node's volumes have standby copies on the other
+// nodes running the driver, and keeps the copies this node keeps of
+// theirs: those the PVs name it for (kubestandby), caught up at their
+// intervals (docs/standby.md).
+func keepStandbys(ctx context.Context, d *csi.Driver, client kube.Interface, res *kubepeers.Resolver, o options) {
+	d.SetStandbyNodes(res.Nodes)
+	w := &kubestandby.Watcher{Client: client, Driver: o.cfg.DriverName, Node: o.cfg.NodeID,
+		Add: func(s engine.StandbySpec) error {
+			_, known := d.Records.Standbys.Get(s.Volume)
+			if _, err := d.AddStandby(s); err != nil {
+				return err
+			}
+			if !known {
+				klog.InfoS("keeping a standby copy of another node's volume", "volume", s.Volume, "primary", s.Primary, "pv", s.PV, "interval", s.Interval)
+			}
+			return nil
+		},
+		Drop: func(id string) error {
+			klog.InfoS("the PV of a standby copy is gone: the copy is removed", "volume", id)
+			return d.DropStandby(id)
+		},
+		Kept: func() map[string]string {
+			out := map[string]string{}
+			for _, s := range d.Records.Standbys.All() {
+				out[s.Volume] = s.PV
+			}
+			return out
+		},
+		OnErr: func(err error) { klog.ErrorS(err, "standby copies") },
+	}
+	go func() {
+		if err := w.Run(ctx); err != nil && ctx.Err() == nil {
+			klog.ErrorS(err, "standby copies are not kept: the PVs cannot be watched")
+		}
+	}()
+	go d.RunStandbys(ctx, func(id string, st engine.StandbyState, err error) {
+		if err != nil {
+			klog.ErrorS(err, "a standby copy did not catch up; it is tried again at its next interval", "volume", id)
+			return
+		}
+		klog.V(4).InfoS("standby copy caught up", "volume", id, "generation", st.Generation, "base", st.Base, "bytes", st.Bytes)
+	})
 }
 
 // signedCredentials are who's transfer credentials (a node's name, or

@@ -80,6 +80,12 @@ type Standby struct {
 	AccessType string    `json:"accessType"`
 	Layout     string    `json:"layout,omitempty"`
 	CreatedAt  time.Time `json:"createdAt"`
+	// IntervalSeconds is how often it catches up (its class's
+	// standbyInterval).
+	IntervalSeconds int `json:"intervalSeconds,omitempty"`
+	// PV is the PersistentVolume of the volume, by which this node learned
+	// of it and learns that it is gone.
+	PV string `json:"pv,omitempty"`
 }
 
 // Snapshot is what the driver keeps about one snapshot.

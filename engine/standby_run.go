@@ -1,0 +1,84 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// StandbyStatus is what this node knows of a copy it keeps: the newest
+// generation it holds and when it was made, and the last pull's outcome.
+type StandbyStatus struct {
+	Generation uint64
+	// Made is when the newest generation was named; zero before the first.
+	Made time.Time
+	// LastErr is why the last pull failed; nil after a good one.
+	LastErr error
+	// Bytes is the data received by this node's pulls since it started.
+	Bytes int64
+}
+
+// standbys is what RunStandbys keeps between pulls.
+type standbys struct {
+	mu     sync.Mutex
+	status map[string]StandbyStatus
+	due    map[string]time.Time
+}
+
+// StandbyStatusOf is the status of the copy of volume id this node keeps
+// (ok false when it keeps none, or has not pulled since it started).
+func (d *Engine) StandbyStatusOf(id string) (StandbyStatus, bool) {
+	d.standby.mu.Lock()
+	defer d.standby.mu.Unlock()
+	s, ok := d.standby.status[id]
+	return s, ok
+}
+
+// RunStandbys keeps every copy this node keeps caught up until ctx ends:
+// each is pulled once its interval has passed since its last pull began,
+// one at a time (the node's pulls share its bandwidth in turn, and a
+// primary serves one standby per volume). pulled, when set, is told each
+// pull's outcome.
+func (d *Engine) RunStandbys(ctx context.Context, pulled func(id string, st StandbyState, err error)) {
+	d.standby.mu.Lock()
+	if d.standby.status == nil {
+		d.standby.status, d.standby.due = map[string]StandbyStatus{}, map[string]time.Time{}
+	}
+	d.standby.mu.Unlock()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		for _, s := range d.Records.Standbys.All() {
+			if ctx.Err() != nil {
+				return
+			}
+			now := time.Now()
+			d.standby.mu.Lock()
+			due := d.standby.due[s.Volume]
+			d.standby.mu.Unlock()
+			if now.Before(due) {
+				continue
+			}
+			every := time.Duration(max(s.IntervalSeconds, 1)) * time.Second
+			st, err := d.CatchUp(ctx, s.Volume)
+			d.standby.mu.Lock()
+			d.standby.due[s.Volume] = now.Add(every)
+			cur := d.standby.status[s.Volume]
+			cur.LastErr = err
+			if err == nil {
+				cur.Generation, cur.Made = st.Generation, time.Now()
+				cur.Bytes += st.Bytes
+			}
+			d.standby.status[s.Volume] = cur
+			d.standby.mu.Unlock()
+			if pulled != nil {
+				pulled(s.Volume, st, err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
