@@ -182,6 +182,7 @@ func manyNodes(t *testing.T, k *kube, nodes []string) {
 		k.must("delete", "pod", "hddbig", "-n", ns, "--grace-period=1")
 		k.must("delete", "pvc", "hddbig", "-n", ns)
 	})
+	standbyCopies(t, k, nodes)
 	step(t, "a PVC that fits nowhere stays Pending, and the event says why", func() {
 		k.apply(pvc("huge", "64Gi", "Filesystem", ""))
 		k.apply(pod("huge", "huge", "", "true"))
@@ -521,7 +522,8 @@ spec:
 
 // leftoversIn lists what the driver left on the node whose file system is
 // at root and whose mounts mountinfo lists: CSI mounts of pods, volume and
-// snapshot data; and loop devices of block volumes anywhere.
+// snapshot data, or standby copies and cuts; and loop devices of block
+// volumes anywhere.
 func leftoversIn(root, mountinfo string) []string {
 	var left []string
 	if f, err := os.Open(mountinfo); err == nil {
@@ -543,7 +545,7 @@ func leftoversIn(root, mountinfo string) []string {
 		}
 	}
 	for _, dir := range []string{stateDir, hddPool} {
-		for _, d := range []string{"volumes", "snapshots"} {
+		for _, d := range []string{"volumes", "snapshots", "standby"} {
 			entries, _ := os.ReadDir(filepath.Join(root, dir, d))
 			for _, e := range entries {
 				if e.Name() == ".hostpath-volumes" { // the driver's marker stays

@@ -85,8 +85,11 @@ func (c *cluster) nodes(n int) []*node {
 	return out
 }
 
-// makeDisk makes a sparse ext4 image of mib MiB.
-func makeDisk(img string, mib int, label string) error {
+// makeDisk makes a sparse image of mib MiB holding a file system of
+// fstype: ext4 for the state dir (a pool that cannot share blocks, as on
+// most nodes), XFS for the hdd pool (one that can: reflinked snapshots and
+// standby copies).
+func makeDisk(img string, mib int, label, fstype string) error {
 	f, err := os.Create(img)
 	if err != nil {
 		return err
@@ -95,8 +98,12 @@ func makeDisk(img string, mib int, label string) error {
 	if err := os.Truncate(img, int64(mib)<<20); err != nil {
 		return err
 	}
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-L", label, img).CombinedOutput(); err != nil {
-		return fmt.Errorf("mkfs.ext4 %s: %v: %s", img, err, out)
+	args := []string{"-q", "-F", "-L", label, img}
+	if fstype == "xfs" {
+		args = []string{"-q", "-f", "-L", label, img} // reflink=1, mkfs.xfs's default
+	}
+	if out, err := exec.Command("mkfs."+fstype, args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("mkfs.%s %s: %v: %s", fstype, img, err, out)
 	}
 	return nil
 }
@@ -121,10 +128,10 @@ func (c *cluster) startNode(n *node, p *pki, server string) error {
 			return err
 		}
 	}
-	if err := makeDisk(n.path("disk.img"), n.DiskMiB, n.Name); err != nil {
+	if err := makeDisk(n.path("disk.img"), n.DiskMiB, n.Name, "ext4"); err != nil {
 		return err
 	}
-	if err := makeDisk(n.path("hdd.img"), n.HddMiB, n.Name+"-hdd"); err != nil {
+	if err := makeDisk(n.path("hdd.img"), n.HddMiB, n.Name+"-hdd", "xfs"); err != nil {
 		return err
 	}
 	if err := p.issueNode(n, server); err != nil {

@@ -136,7 +136,7 @@ func (c *cluster) up() error {
 		return c.upNodes(p, server, count)
 	}
 	// The driver's hdd pool is a disk of its own, as on the nodes.
-	if err := makeDisk(c.path("hdd.img"), 1024, "hdd"); err != nil {
+	if err := makeDisk(c.path("hdd.img"), 1024, "hdd", "xfs"); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(hddPool, 0o755); err != nil {

@@ -1,0 +1,80 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+)
+
+// standbyClass keeps a copy of each volume on a second node, caught up
+// every 2 s, in the hdd pool (an XFS on every node of the cluster: a pool
+// that shares blocks).
+const standbyClass = `apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: hostpath-standby}
+provisioner: hostpath.csi.k8s.io
+parameters: {pool: hdd, layout: image, standby: "1", standbyInterval: 2s}
+volumeBindingMode: WaitForFirstConsumer
+reclaimPolicy: Delete
+`
+
+// newestGeneration is the path of the newest generation of volume id's
+// standby copy on node, "" while there is none.
+func newestGeneration(t *testing.T, node, id string) string {
+	t.Helper()
+	gens, _ := filepath.Glob(filepath.Join(nodeRoot(t, node), hddPool, "standby", id, "gen-*.img"))
+	slices.Sort(gens)
+	if len(gens) == 0 {
+		return ""
+	}
+	return gens[len(gens)-1]
+}
+
+// standbyCopies: a claim of a standby class gets a copy on another node
+// than its pod's, named in its PV; what the pod writes and syncs is in the
+// standby's newest generation within a few intervals; the copy goes with
+// the claim.
+func standbyCopies(t *testing.T, k *kube, nodes []string) {
+	step(t, "a standby copy on a second node holds what the pod wrote within a few intervals, and goes with the claim", func() {
+		k.apply(standbyClass)
+		defer k.run("", "delete", "storageclass", "hostpath-standby")
+		k.apply(inClass(pvc("stby", "64Mi", "Filesystem", ""), "hostpath-standby"))
+		k.apply(pod("stby", "stby", "", "echo standby-first-write > /data/f && sync"))
+		k.waitPod(ns, "stby", "Running", 180*time.Second)
+		primary := k.jsonpath(ns, "pod/stby", "{.spec.nodeName}")
+		pv := k.jsonpath(ns, "pvc/stby", "{.spec.volumeName}")
+		id := k.jsonpath("", "pv/"+pv, "{.spec.csi.volumeHandle}")
+		standby := k.jsonpath("", "pv/"+pv, `{.spec.csi.volumeAttributes.hostpath\.csi/standby}`)
+		if standby == "" || standby == primary || !slices.Contains(nodes, standby) {
+			t.Fatalf("PV %s names standby %q for a volume on %s", pv, standby, primary)
+		}
+		holds := func(want string) func() (bool, string) {
+			return func() (bool, string) {
+				g := newestGeneration(t, standby, id)
+				if g == "" {
+					return false, "no generation yet on " + standby
+				}
+				b, err := os.ReadFile(g)
+				return err == nil && bytes.Contains(b, []byte(want)), fmt.Sprintf("%s (%d bytes, %v) lacks %q", g, len(b), err, want)
+			}
+		}
+		start := time.Now()
+		k.waitFor("the standby's copy holding the first write", 60*time.Second, holds("standby-first-write"))
+		first := time.Since(start)
+		k.exec(ns, "stby", "sh", "-c", "echo standby-second-write > /data/g && sync")
+		start = time.Now()
+		k.waitFor("the standby's copy holding the second write", 60*time.Second, holds("standby-second-write"))
+		fmt.Printf("e2e      volume %s on %s, its standby on %s (%s): the first write there %v after the pod ran, the second %v after its sync\n",
+			id, primary, standby, filepath.Base(newestGeneration(t, standby, id)), first.Round(100*time.Millisecond), time.Since(start).Round(100*time.Millisecond))
+		k.must("delete", "pod", "stby", "-n", ns, "--grace-period=1")
+		k.must("delete", "pvc", "stby", "-n", ns)
+		k.waitFor("the standby copy removed with the claim", 120*time.Second, func() (bool, string) {
+			_, err := os.Stat(filepath.Join(nodeRoot(t, standby), hddPool, "standby", id))
+			return os.IsNotExist(err), fmt.Sprintf("%v", err)
+		})
+	})
+}
