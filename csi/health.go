@@ -33,6 +33,9 @@ func (d *Driver) volumeHealth(v engine.VolumeRecord) *csi.VolumeHealth {
 		h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_INACCESSIBLE, "VolumeDataMissing", "the volume's data at "+path+" is gone: "+err.Error()))
 		return h
 	}
+	if err := d.StandbyBehind(v); err != nil {
+		h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "StandbyBehind", err.Error()))
+	}
 	if v.AccessType == engine.AccessBlock {
 		dev, ok, err := loop.Find(path)
 		switch {

@@ -39,7 +39,7 @@ func newMetrics(d *Driver) *metrics {
 	count := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
-	m.reg.MustRegister(m.rpcs, m.latency, m.bytes, &d.Ops, d.PoolCollector(),
+	m.reg.MustRegister(m.rpcs, m.latency, m.bytes, &d.Ops, d.PoolCollector(), d.StandbyCollector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		count("hostpath_volumes", "Volumes on this node.", func() float64 { return float64(len(d.Records.Volumes.All())) }),
 		count("hostpath_snapshots", "Snapshots on this node.", func() float64 { return float64(len(d.Records.Snapshots.All())) }),

@@ -3,6 +3,7 @@ package engine
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hostpath-csi/hostpath/engine/store"
 	"github.com/hostpath-csi/hostpath/fsops"
@@ -42,8 +43,11 @@ type Engine struct {
 	// standbyNodes lists the nodes a standby copy may be kept on
 	// (SetStandbyNodes); nil outside a cluster.
 	standbyNodes atomic.Pointer[StandbyNodes]
-	// standby is what RunStandbys keeps of the copies this node keeps.
+	// standby is what RunStandbys keeps of the copies this node keeps,
+	// and what this node knows of its volumes' standbys.
 	standby standbys
+	// started is when Open made the engine.
+	started time.Time
 
 	// formatMu orders the writes of the state format; format is the one
 	// recorded (format.go).

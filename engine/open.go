@@ -240,7 +240,7 @@ func Open(cfg Config, moved func(op string, n int64)) (*Engine, error) {
 	if err := checkPools(cfg.Pools, root); err != nil {
 		return nil, err
 	}
-	d := &Engine{Config: cfg, Paths: layout{Root: root}, Locks: newKeyLocks(), Tag: NodeTag(cfg.NodeID), MountPoint: fsops.GetMountPoint, Ops: inflight{ops: map[*operation]struct{}{}}, moved: moved}
+	d := &Engine{Config: cfg, Paths: layout{Root: root}, Locks: newKeyLocks(), Tag: NodeTag(cfg.NodeID), MountPoint: fsops.GetMountPoint, Ops: inflight{ops: map[*operation]struct{}{}}, moved: moved, started: time.Now()}
 	d.Heavy = make(heavySlots, cfg.MaxHeavyOps)
 	d.freezes = freezes{held: map[string]*heldFreeze{}, stuck: map[string]error{}}
 	d.bg = newBackground()

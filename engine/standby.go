@@ -123,6 +123,7 @@ func (d *Engine) serveStandby(peer, standbyID string) (transfer.Meta, func(conte
 		unpin()
 		return transfer.Meta{}, nil, nil, fmt.Errorf("%w: volume %s is a directory volume; only image and block volumes have standbys", transfer.ErrInvalid, id)
 	}
+	d.noteAsked(id, standbyDir(d.PoolOf(v.Pool).Paths.Root, id), held)
 	m := transfer.Meta{Format: wireDelta, Size: v.CapacityBytes, Attrs: map[string]string{"access": v.AccessType, "layout": layoutOf(v)}}
 	open := func(ctx context.Context) (io.ReadCloser, error) {
 		cut, base, gen, changed, err := d.cutForStandby(ctx, v, held)
@@ -145,7 +146,8 @@ func (d *Engine) serveStandby(peer, standbyID string) (transfer.Meta, func(conte
 			if err := writeStandbyHeader(w, base, gen); err != nil {
 				return err
 			}
-			_, err := archive.WriteDelta(ctx, f, size, changed, w)
+			st, err := archive.WriteDelta(ctx, f, size, changed, w)
+			d.noteSent(v.ID, st.Bytes)
 			return err
 		}), nil
 	}

@@ -18,11 +18,13 @@ type StandbyStatus struct {
 	Bytes int64
 }
 
-// standbys is what RunStandbys keeps between pulls.
+// standbys is what RunStandbys keeps between pulls (status, due), and
+// what a primary knows of its volumes' standbys (served).
 type standbys struct {
 	mu     sync.Mutex
 	status map[string]StandbyStatus
 	due    map[string]time.Time
+	served map[string]standbyServed
 }
 
 // StandbyStatusOf is the status of the copy of volume id this node keeps

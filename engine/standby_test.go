@@ -9,8 +9,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/internal/testfs"
@@ -277,5 +280,53 @@ func TestStandbyRuns(t *testing.T) {
 	st, ok := b.StandbyStatusOf(v.ID)
 	if !ok || st.LastErr != nil || st.Bytes < 2<<20 || st.Made.IsZero() {
 		t.Errorf("status %+v (%v), want the last pull good and at least 2 MiB received", st, ok)
+	}
+}
+
+// TestStandbyHealth: a volume whose standby has not caught up for three
+// intervals says so (node, age), and stops saying so once the standby has
+// pulled; /metrics shows what was sent to it and its lag.
+func TestStandbyHealth(t *testing.T) {
+	nodes, _ := standbyNodes(t, "node-1", "node-2")
+	a, b := nodes["node-1"], nodes["node-2"]
+	v := makeVolume(t, a, "pvc-health", AccessBlock, 16<<20)
+	v.Standby, v.Parameters = "node-2", map[string]string{ParamStandby: "1", ParamStandbyInterval: "1s"}
+	if err := a.Records.Volumes.Put(v); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.AddStandby(StandbySpec{Volume: v.ID, Primary: "node-1", Access: AccessBlock, Interval: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	var behind error
+	testutil.WaitFor(t, 30*time.Second, "a standby that never pulled was never reported behind", func() bool {
+		behind = a.StandbyBehind(v)
+		return behind != nil
+	})
+	if !strings.Contains(behind.Error(), "node-2") {
+		t.Errorf("behind: %v, want it to name node-2", behind)
+	}
+	writeAt(t, a.VolumeDataPath(v), 0, 1<<20, false)
+	for range 2 { // the second pull says which generation the standby holds
+		if _, err := b.CatchUp(bg, v.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.StandbyBehind(v); err != nil {
+		t.Errorf("after two pulls: %v", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(a.StandbyCollector())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			got[mf.GetName()] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	if got["hostpath_standby_sent_bytes_total"] < 1<<20 || got["hostpath_standby_lag_seconds"] > 30 {
+		t.Errorf("metrics %v: want at least the 1 MiB written sent, and a lag of seconds", got)
 	}
 }
