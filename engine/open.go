@@ -96,6 +96,10 @@ type Config struct {
 	// bound and the snapshot refused: pods never wait longer, and no torn
 	// copy is kept.
 	MaxFreeze time.Duration
+	// StandbyBandwidth bounds, in bytes a second, what this node's
+	// standby copies pull (one pull at a time, so the node's bound); 0
+	// means unbounded.
+	StandbyBandwidth int64
 	// DefaultLayout is the layout of a new mount volume whose class names
 	// none (LayoutDirectory when empty); a restore or clone of a mount
 	// source takes its source's instead.

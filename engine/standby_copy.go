@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	xrate "golang.org/x/time/rate"
 
 	"github.com/hostpath-csi/hostpath/archive"
 	"github.com/hostpath-csi/hostpath/engine/store"
@@ -164,7 +165,11 @@ func (d *Engine) CatchUp(ctx context.Context, id string) (StandbyState, error) {
 		return StandbyState{}, peerStatus(err, SourceStandby, id, node)
 	}
 	defer body.Close()
-	base, gen, err := readStandbyHeader(body)
+	var r io.Reader = body
+	if bw := d.Config.StandbyBandwidth; bw > 0 {
+		r = &paced{r: body, lim: xrate.NewLimiter(xrate.Limit(bw), int(min(bw, 1<<20))), ctx: ctx}
+	}
+	base, gen, err := readStandbyHeader(r)
 	if err != nil {
 		return StandbyState{}, fmt.Errorf("the changes of volume %s from node %s: %w", id, node, err)
 	}
@@ -172,7 +177,7 @@ func (d *Engine) CatchUp(ctx context.Context, id string) (StandbyState, error) {
 		return StandbyState{}, fmt.Errorf("node %s sent generation %d over %d, this node holds %d", node, gen, base, held)
 	}
 	tmp := filepath.Join(dir, genName(gen)+".tmp")
-	st, err := d.applyGeneration(ctx, dir, held, base, tmp, body)
+	st, err := d.applyGeneration(ctx, dir, held, base, tmp, r)
 	if err != nil {
 		os.Remove(tmp)
 		return StandbyState{}, fmt.Errorf("generation %d of volume %s from node %s: %w", gen, id, node, err)
@@ -229,6 +234,26 @@ func (d *Engine) applyGeneration(ctx context.Context, dir string, held, base uin
 	}
 	_, st, err := archive.ApplyDelta(ctx, r, out, room)
 	return st, err
+}
+
+// paced reads no faster than its limiter allows.
+type paced struct {
+	r   io.Reader
+	lim *xrate.Limiter
+	ctx context.Context
+}
+
+func (p *paced) Read(b []byte) (int, error) {
+	if len(b) > p.lim.Burst() {
+		b = b[:p.lim.Burst()]
+	}
+	n, err := p.r.Read(b)
+	if n > 0 {
+		if werr := p.lim.WaitN(p.ctx, n); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	return n, err
 }
 
 // clearPartial removes what an interrupted pull left in dir.

@@ -330,3 +330,32 @@ func TestStandbyHealth(t *testing.T) {
 		t.Errorf("metrics %v: want at least the 1 MiB written sent, and a lag of seconds", got)
 	}
 }
+
+// TestStandbyBandwidth: a node's pulls go no faster than
+// --standby-bandwidth (a lower bound on the time, which a slow machine
+// only lengthens).
+func TestStandbyBandwidth(t *testing.T) {
+	nodes, _ := standbyNodes(t, "node-1", "node-2")
+	a, b := nodes["node-1"], nodes["node-2"]
+	b.Config.StandbyBandwidth = 2 << 20
+	v := makeVolume(t, a, "pvc-paced", AccessBlock, 16<<20)
+	v.Standby = "node-2"
+	if err := a.Records.Volumes.Put(v); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.AddStandby(StandbySpec{Volume: v.ID, Primary: "node-1", Access: AccessBlock}); err != nil {
+		t.Fatal(err)
+	}
+	writeAt(t, a.VolumeDataPath(v), 0, 5<<20, false)
+	start := time.Now()
+	st, err := b.CatchUp(bg, v.ID)
+	took := time.Since(start)
+	if err != nil || st.Bytes != 5<<20 {
+		t.Fatalf("%+v, %v", st, err)
+	}
+	// 5 MiB at 2 MiB/s, the first MiB a burst: at least 2 s.
+	if took < 2*time.Second {
+		t.Errorf("5 MiB pulled in %v at 2 MiB/s", took)
+	}
+	t.Logf("5 MiB pulled in %v at --standby-bandwidth=2Mi", took.Round(10*time.Millisecond))
+}

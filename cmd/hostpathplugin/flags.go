@@ -204,6 +204,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.cfg.ProgressInterval, "progress-interval", 10*time.Second, "how often a snapshot, restore or clone in flight logs its bytes and files done, rate and time left")
 	fs.DurationVar(&o.cfg.ShutdownGrace, "shutdown-grace", 25*time.Second, "how long calls in flight may finish after SIGTERM")
 	fs.DurationVar(&o.cfg.MaxFreeze, "max-freeze", 10*time.Second, "how long an image volume's file system may stay frozen for a snapshot; a copy that takes longer (a pool that cannot share blocks) is thawed then and the snapshot refused")
+	fs.Var(quantityFlag{&o.cfg.StandbyBandwidth}, "standby-bandwidth", "bytes a second the standby copies this node keeps may pull (a quantity, 100Mi; 0: unbounded)")
 	fs.StringVar(&o.cfg.DefaultLayout, "default-layout", "directory", "the layout of a new mount volume whose StorageClass names none: directory (a directory in the pool, the reference driver's volume) or image (an ext4 of its own on a loop device, whose snapshots are one instant); a restore or clone takes its source's layout")
 	fs.Var(quantityFlag{&o.cfg.JournalSize}, "journal-size", "for tests: the state journal's length (default 4Mi); a small one checkpoints every few changes")
 
