@@ -76,9 +76,7 @@ func read(r io.Reader) (*summary, error) {
 			p.build = append(p.build, e.Output)
 		case e.Test != "" && e.Action == "pass":
 			p.passed++
-			if !strings.Contains(e.Test, "/") {
-				s.slow = append(s.slow, slow{e.Package + "." + e.Test, e.Elapsed})
-			}
+			s.slow = append(s.slow, slow{e.Package + "." + e.Test, e.Elapsed})
 			delete(p.output, e.Test)
 		case e.Test != "" && e.Action == "skip":
 			p.skipped++
@@ -118,6 +116,22 @@ func (s *summary) print(w io.Writer, slowest int) bool {
 		}
 		fmt.Fprintf(w, "%s\t%s\t%.1fs\t%d passed, %d failed, %d skipped\n", word, p.name, p.elapsed, p.passed, p.failed, p.skipped)
 	}
+	// A subtest is listed only where it took longer than its parent says
+	// (a parallel subtest runs after its parent's function returns, and
+	// the parent's time leaves it out); otherwise the parent stands for
+	// its subtests.
+	took := map[string]float64{}
+	for _, t := range s.slow {
+		took[t.name] = t.elapsed
+	}
+	var listed []slow
+	for _, t := range s.slow {
+		if i := strings.LastIndex(t.name, "/"); i >= 0 && took[t.name[:i]] >= t.elapsed {
+			continue
+		}
+		listed = append(listed, t)
+	}
+	s.slow = listed
 	if slowest > 0 && len(s.slow) > 0 {
 		slices.SortFunc(s.slow, func(a, b slow) int { return int((b.elapsed - a.elapsed) * 1000) })
 		fmt.Fprintf(w, "slowest tests:\n")

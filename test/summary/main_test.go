@@ -29,6 +29,10 @@ func TestSummary(t *testing.T) {
 			ev("run", "p", "TestA", 0, ""), ev("output", "p", "TestA", 0, "noise\n"), ev("pass", "p", "TestA", 3, ""),
 			ev("pass", "p", "TestB", 5, ""), ev("skip", "p", "TestC", 0, ""), ev("pass", "p", "", 9, ""),
 		}, true, []string{"ok  \tp\t9.0s\t2 passed, 0 failed, 1 skipped", "5s  p.TestB\n        3s  p.TestA"}, []string{"noise"}},
+		{"parallel subtests outlast their parent", []string{
+			ev("pass", "p", "TestP/a", 7, ""), ev("pass", "p", "TestP/b", 6, ""), ev("pass", "p", "TestP", 0, ""),
+			ev("pass", "p", "TestS/x", 1, ""), ev("pass", "p", "TestS", 2, ""), ev("pass", "p", "", 9, ""),
+		}, true, []string{"7s  p.TestP/a\n        6s  p.TestP/b\n        2s  p.TestS\n"}, []string{"TestS/x"}},
 		{"a test fails", []string{
 			ev("output", "p", "TestA", 0, "want 1, got 2\n"), ev("fail", "p", "TestA", 1, ""), ev("fail", "p", "", 2, ""),
 		}, false, []string{"--- FAIL: TestA (p)\nwant 1, got 2", "FAIL\tp\t2.0s\t0 passed, 1 failed"}, nil},
