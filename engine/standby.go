@@ -126,7 +126,15 @@ func (d *Engine) serveStandby(peer, standbyID string) (transfer.Meta, func(conte
 	d.noteAsked(id, standbyDir(d.PoolOf(v.Pool).Paths.Root, id), held)
 	m := transfer.Meta{Format: wireDelta, Size: v.CapacityBytes, Attrs: map[string]string{"access": v.AccessType, "layout": layoutOf(v)}}
 	open := func(ctx context.Context) (io.ReadCloser, error) {
+		// One cut of a volume at a time: a retry while an abandoned
+		// pull's cut is still being made is busy, and tries again at
+		// its next interval.
+		unlock, err := d.Locks.lock("the standby cut of volume "+id, "standby-cut/"+id)
+		if err != nil {
+			return nil, servable(err, SourceStandby, id)
+		}
 		cut, base, gen, changed, err := d.cutForStandby(ctx, v, held)
+		unlock()
 		if err != nil {
 			return nil, err
 		}

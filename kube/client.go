@@ -41,8 +41,7 @@ var (
 )
 
 // Client is the API server's Interface: one REST client per API group
-// version, sharing one connection pool and one rate limit, as a clientset's
-// do.
+// version, sharing one connection pool, as a clientset's do.
 type Client struct {
 	core, apps, storage, certs, authn, authz, snaps, groups rest.Interface
 }
@@ -55,15 +54,15 @@ func NewForConfig(cfg *rest.Config) (*Client, error) {
 	if c.UserAgent == "" {
 		c.UserAgent = rest.DefaultKubernetesUserAgent()
 	}
+	// As a clientset: a QPS set is one limit shared by every group;
+	// none leaves each group's client its own default (5 a second, bursts
+	// of 10), as the driver had with the clientsets.
 	if c.RateLimiter == nil && c.QPS > 0 {
 		burst := c.Burst
 		if burst <= 0 {
 			burst = rest.DefaultBurst
 		}
 		c.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(c.QPS, burst)
-	}
-	if c.RateLimiter == nil {
-		c.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(rest.DefaultQPS, rest.DefaultBurst)
 	}
 	httpClient, err := rest.HTTPClientFor(&c)
 	if err != nil {

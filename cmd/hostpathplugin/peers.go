@@ -107,13 +107,13 @@ func keepStandbys(ctx context.Context, d *csi.Driver, client kube.Interface, res
 	d.SetStandbyNodes(res.Nodes)
 	w := &kubestandby.Watcher{Client: client, Driver: o.cfg.DriverName, Node: o.cfg.NodeID,
 		Add: func(s engine.StandbySpec) error {
-			_, known := d.Records.Standbys.Get(s.Volume)
+			if known, ok := d.Records.Standbys.Get(s.Volume); ok && known.Primary == s.Primary {
+				return nil // every update of its PV says it again
+			}
 			if _, err := d.AddStandby(s); err != nil {
 				return err
 			}
-			if !known {
-				klog.InfoS("keeping a standby copy of another node's volume", "volume", s.Volume, "primary", s.Primary, "pv", s.PV, "interval", s.Interval)
-			}
+			klog.InfoS("keeping a standby copy of another node's volume", "volume", s.Volume, "primary", s.Primary, "pv", s.PV, "interval", s.Interval)
 			return nil
 		},
 		Drop: func(id string) error {
