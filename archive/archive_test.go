@@ -387,7 +387,7 @@ func TestIndexedStreams(t *testing.T) {
 				units := 0
 				for !skipMark(br, end) {
 					_, err := rf.next(br, nil)
-					if err == io.EOF {
+					if errors.Is(err, io.EOF) {
 						break
 					}
 					if err != nil {

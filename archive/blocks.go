@@ -246,7 +246,7 @@ var errTooLarge = errors.New("unit larger than the format allows")
 // stream does not start with prefix.
 func readUnit(r *bufio.Reader, buf, prefix []byte, extra, least, most int) ([]byte, error) {
 	head, err := r.Peek(len(prefix) + 4)
-	if len(head) == 0 && err == io.EOF {
+	if len(head) == 0 && errors.Is(err, io.EOF) {
 		return nil, io.EOF
 	}
 	if err != nil {
@@ -272,7 +272,7 @@ var errNotUnit = errors.New("not a unit of an indexed stream")
 
 // unexpected turns an early end into ErrUnexpectedEOF.
 func unexpected(err error) error {
-	if err == io.EOF {
+	if errors.Is(err, io.EOF) {
 		return io.ErrUnexpectedEOF
 	}
 	return err
@@ -296,7 +296,7 @@ func skipMark(r *bufio.Reader, mark []byte) bool {
 	if !bytes.Equal(head, mark) {
 		return false
 	}
-	r.Discard(len(mark))
+	_, _ = r.Discard(len(mark)) // Peek just returned these bytes: they are buffered
 	return true
 }
 
@@ -320,14 +320,14 @@ func (z *parallelReader) reader(r *bufio.Reader) {
 			}
 		} else {
 			unit, err = z.f.next(r, z.units.get(0))
-			if err == io.EOF && marked {
+			if errors.Is(err, io.EOF) && marked {
 				err = errNoEnd
 			}
 		}
-		if err == io.EOF && units == 0 {
+		if errors.Is(err, io.EOF) && units == 0 {
 			err = io.ErrUnexpectedEOF
 		}
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return
 		}
 		j := &blockJob{in: unit, err: err, ready: make(chan struct{})}
@@ -388,7 +388,7 @@ func (z *parallelReader) WriteTo(w io.Writer) (int64, error) {
 	for {
 		if len(z.cur) == 0 {
 			if _, err := z.Read(nil); err != nil {
-				if err == io.EOF {
+				if errors.Is(err, io.EOF) {
 					return total, nil
 				}
 				return total, err

@@ -56,7 +56,7 @@ func TestExtentsLimit(t *testing.T) {
 				t.Fatalf("error %v, want %v", err, tc.wantErr)
 			}
 			fi, _ := out.Stat()
-			if tc.wantErr == ErrTooLarge && fi.Size() != 0 {
+			if errors.Is(tc.wantErr, ErrTooLarge) && fi.Size() != 0 {
 				t.Fatalf("a refused image wrote %d bytes", fi.Size())
 			}
 			if err != nil {

@@ -200,7 +200,7 @@ func cleanName(name string) (string, error) {
 	}
 	for _, part := range strings.Split(name, "/") {
 		if part == ".." {
-			return "", fmt.Errorf("%w: entry %q leads out with ..", ErrFormat, name)
+			return "", fmt.Errorf("%w: entry %q leads out through a %q part", ErrFormat, name, "..")
 		}
 	}
 	return path.Clean(name), nil
@@ -303,7 +303,7 @@ func (x *extractor) entry(h *tar.Header, r io.Reader) error {
 		x.stats.Dirs++
 		x.dirs = append(x.dirs, dirMeta{rel: rel, meta: meta})
 		return nil
-	case tar.TypeReg, tar.TypeRegA:
+	case tar.TypeReg, tar.TypeRegA: //nolint:staticcheck // archives written before Go 1.11 and by old tars still carry TypeRegA
 		return x.file(pfd, base, rel, h, r, meta)
 	case tar.TypeSymlink:
 		if err := x.replace(pfd, base); err != nil {

@@ -129,7 +129,7 @@ func (g *gzipMembers) decode(dst, unit []byte) ([]byte, error) {
 	src := bytes.NewReader(data)
 	fr, ok := g.readers.Get().(io.ReadCloser)
 	if ok {
-		fr.(flate.Resetter).Reset(src, nil)
+		_ = fr.(flate.Resetter).Reset(src, nil) // flate's Reset returns nil; a bad stream fails the read
 	} else {
 		fr = flate.NewReader(src)
 	}

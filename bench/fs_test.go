@@ -97,7 +97,7 @@ func makeFileSystems() ([]*benchFS, error) {
 			return nil, err
 		}
 		if out, err := exec.Command(fs.mkfs[0], append(fs.mkfs[1:], img)...).CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("%v: %v %s", fs.mkfs, err, out)
+			return nil, fmt.Errorf("%v: %w %s", fs.mkfs, err, out)
 		}
 		dev, err := loop.Attach(img, loop.Options{DirectIO: *poolDirectIO})
 		if err != nil {
@@ -110,7 +110,7 @@ func makeFileSystems() ([]*benchFS, error) {
 		mnt := filepath.Join(root, fs.name)
 		os.Mkdir(mnt, 0o755)
 		if err := unix.Mount(dev.Path(), mnt, fs.name, 0, ""); err != nil {
-			return nil, fmt.Errorf("mount %s: %v", fs.name, err)
+			return nil, fmt.Errorf("mount %s: %w", fs.name, err)
 		}
 		cleanup = append(cleanup, func() { unix.Unmount(mnt, unix.MNT_DETACH) })
 		out = append(out, &benchFS{name: fs.name, reflink: fs.reflink, dir: mnt})

@@ -52,7 +52,7 @@ func TestToStatus(t *testing.T) {
 		{"EBUSY", unix.EBUSY, codes.FailedPrecondition},
 		{"deadline", context.DeadlineExceeded, codes.DeadlineExceeded},
 		{"canceled", context.Canceled, codes.Canceled},
-		{"uncertain commit", fmt.Errorf("fdatasync: %w (%w)", unix.EIO, store.ErrUncertain), codes.Internal},
+		{"uncertain commit", fmt.Errorf("fdatasync: %w (%w)", unix.EIO, store.ErrUncertain), codes.Internal}, //nolint:errorlint // as the journal wraps both
 		{"name taken", &store.NameError{Kind: "volume", Name: "x"}, codes.Aborted},
 		{"source grew", archive.ErrTooLarge, codes.Aborted},
 		{"corrupt archive", archive.ErrFormat, codes.DataLoss},

@@ -127,7 +127,7 @@ func TestIOErrors(t *testing.T) {
 // volume other.
 func failsCleanly(t *testing.T, d *Driver, name, other string, set, clear func(), call func() error) {
 	t.Helper()
-	before := stateFiles(t, d)
+	before := stateFiles(d)
 	set()
 	err := call()
 	clear()
@@ -137,7 +137,7 @@ func failsCleanly(t *testing.T, d *Driver, name, other string, set, clear func()
 	if c := status.Code(err); c != codes.Internal || !strings.Contains(err.Error(), "input/output error") {
 		t.Fatalf("%s: %v, want Internal naming the I/O error", name, err)
 	}
-	if after := stateFiles(t, d); after != before {
+	if after := stateFiles(d); after != before {
 		t.Fatalf("%s left something behind:\nbefore %s\nafter  %s", name, before, after)
 	}
 	// The driver goes on serving other volumes.

@@ -32,7 +32,7 @@ func TestFullDisk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := stateFiles(t, d)
+	before := stateFiles(d)
 
 	_, err = d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "clone", VolumeCapabilities: []*csi.VolumeCapability{rwo},
 		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: src.GetVolumeId()}}}})
@@ -42,7 +42,7 @@ func TestFullDisk(t *testing.T) {
 	_, err = d.CreateVolume(ctx, fromSnapshot("restore", snap.GetSnapshot().GetSnapshotId(), 32<<20))
 	wantCode(t, err, codes.ResourceExhausted)
 
-	if after := stateFiles(t, d); after != before {
+	if after := stateFiles(d); after != before {
 		t.Fatalf("failed operations changed the state dir:\nbefore %s\nafter  %s", before, after)
 	}
 	if got, _ := os.ReadFile(filepath.Join(volumeDir(d, src.GetVolumeId()), "data")); len(got) != len(data) {
@@ -56,7 +56,7 @@ func TestFullDisk(t *testing.T) {
 }
 
 // stateFiles lists what is in the state dir (names only).
-func stateFiles(t *testing.T, d *Driver) string {
+func stateFiles(d *Driver) string {
 	var out []string
 	filepath.Walk(stateRoot(d), func(p string, fi os.FileInfo, err error) error {
 		if err == nil && p != stateRoot(d) {

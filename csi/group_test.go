@@ -66,7 +66,7 @@ func TestGroupSnapshotAllOrNothing(t *testing.T) {
 		t.Fatalf("failed group left data: %v", entries)
 	}
 	for _, tc := range []*csi.CreateVolumeGroupSnapshotRequest{{Name: "x"}, {SourceVolumeIds: []string{a}}, {Name: "x", SourceVolumeIds: []string{a, a}},
-		{Name: "x", SourceVolumeIds: []string{a}, Parameters: map[string]string{"compresion": "zstd"}}} {
+		{Name: "x", SourceVolumeIds: []string{a}, Parameters: map[string]string{"compresion": "zstd"}}} { //nolint:misspell // a misspelt key, which must be refused
 		_, err := d.CreateVolumeGroupSnapshot(ctx, tc)
 		wantCode(t, err, codes.InvalidArgument)
 	}

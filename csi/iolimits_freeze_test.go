@@ -26,16 +26,17 @@ const writerEnv = "HOSTPATH_DIRTY_WRITER"
 
 func TestMain(m *testing.M) {
 	if path := os.Getenv(writerEnv); path != "" {
-		os.Exit(dirtyWriter(path))
+		dirtyWriter(path) // writes until killed; returns only on a failure
+		os.Exit(1)
 	}
 	os.Exit(m.Run())
 }
 
-func dirtyWriter(path string) int {
+func dirtyWriter(path string) {
 	f, err := os.Create(path)
 	if err != nil {
 		fmt.Println(err)
-		return 1
+		return
 	}
 	bufio.NewReader(os.Stdin).ReadString('\n') // in its cgroup now
 	chunk := make([]byte, 1<<20)
@@ -43,7 +44,7 @@ func dirtyWriter(path string) int {
 		rand.Read(chunk)
 		if _, err := f.WriteAt(chunk, int64(i%200)<<20); err != nil {
 			fmt.Println(err)
-			return 1
+			return
 		}
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// logInterceptor is the one place RPCs are logged: method, duration, code
+// LogInterceptor is the one place RPCs are logged: method, duration, code
 // and the request with every csi_secret field replaced. Probe and the
 // capability calls are chatty, so they log at verbosity 5. A panic in a
 // handler becomes Internal here instead of killing the driver.

@@ -69,11 +69,12 @@ func (m *metrics) moved(op string, n int64) { m.bytes.WithLabelValues(op).Add(fl
 // Registry is what an HTTP /metrics endpoint serves.
 func (d *Driver) Registry() *prometheus.Registry { return d.metrics.reg }
 
-// interceptor counts and times every call, around the logging one.
 // UnaryInterceptor is what every call of the driver's own socket goes
 // through (logging, metrics); the node's control endpoint puts the
 // controller's calls through it too.
 func (d *Driver) UnaryInterceptor() grpc.UnaryServerInterceptor { return d.interceptor }
+
+// interceptor counts and times every call, around the logging one.
 
 func (d *Driver) interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	start := time.Now()

@@ -54,6 +54,8 @@ func nodeOfAttachment(key string) string {
 	return n
 }
 
+// AttachedCount is how many volumes are attached to node: what
+// MaxVolumesPerNode is checked against.
 func (d *Engine) AttachedCount(node string) int64 {
 	var n int64
 	for _, v := range d.Records.Volumes.All() {

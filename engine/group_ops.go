@@ -61,7 +61,7 @@ func (d *Engine) CreateGroup(ctx context.Context, name string, srcs []string, pa
 			p, err := d.prepareSnapshot(ctx, fmt.Sprintf("%s/%s", g.ID, id), id, params, g.ID)
 			if err != nil {
 				for _, p := range pending {
-					p.complete(err)
+					_, _ = p.complete(err) // each records err as its failure; err is the answer
 				}
 				return GroupRecord{}, err
 			}

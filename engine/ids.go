@@ -33,6 +33,8 @@ func NodeTag(nodeID string) string {
 	return fmt.Sprintf("%08x", h.Sum32())
 }
 
+// NewID is a fresh random ID with the given prefix, carrying the node tag
+// tag so that any node can tell whose it is.
 func NewID(prefix, tag string) string {
 	b := make([]byte, (idHexLen-nodeTagLen)/2)
 	if _, err := rand.Read(b); err != nil {
@@ -93,6 +95,12 @@ func validID(prefix, id string) bool {
 	return true
 }
 
-func ValidVolumeID(id string) bool   { return validID(VolumeIDPrefix, id) }
+// ValidVolumeID reports whether id has the form of a volume ID this driver
+// makes (an ID of any other form names nothing here).
+func ValidVolumeID(id string) bool { return validID(VolumeIDPrefix, id) }
+
+// ValidSnapshotID reports whether id has the form of a snapshot ID.
 func ValidSnapshotID(id string) bool { return validID(SnapshotIDPrefix, id) }
-func ValidGroupID(id string) bool    { return validID(GroupIDPrefix, id) }
+
+// ValidGroupID reports whether id has the form of a group snapshot ID.
+func ValidGroupID(id string) bool { return validID(GroupIDPrefix, id) }

@@ -123,9 +123,11 @@ func LockForDelete[T store.Record[T]](d *Engine, kind, id string, valid func(str
 	return r, unlock, nil
 }
 
-func volNameKey(name string) string { return "vname/" + name }
-func VolIDKey(id string) string     { return "vid/" + id }
-func snapNameKey(name string) string {
-	return "sname/" + name
-}
+func volNameKey(name string) string  { return "vname/" + name }
+func snapNameKey(name string) string { return "sname/" + name }
+
+// VolIDKey is the lock key of volume id.
+func VolIDKey(id string) string { return "vid/" + id }
+
+// SnapIDKey is the lock key of snapshot id.
 func SnapIDKey(id string) string { return "sid/" + id }

@@ -112,6 +112,7 @@ func (c Config) ControllerExpansion() bool {
 	return c.EnableVolumeExpansion && !c.DisableControllerExpansion
 }
 
+// NodeExpansion says whether NodeExpandVolume is offered.
 func (c Config) NodeExpansion() bool { return c.EnableVolumeExpansion && !c.DisableNodeExpansion }
 
 // layout names the driver's directories under the state dir. Every path the

@@ -6,10 +6,10 @@ import (
 )
 
 const (
-	// maxNameLen bounds volume and snapshot names. The spec asks for at
+	// MaxNameLen bounds volume and snapshot names. The spec asks for at
 	// least 128 bytes; Kubernetes sends "pvc-<uuid>" (40).
 	MaxNameLen = 256
-	// maxPathLen is PATH_MAX.
+	// MaxPathLen is PATH_MAX.
 	MaxPathLen = 4096
 	// defaultVolumeSize is used when a request names no size.
 	defaultVolumeSize = 1 << 30
@@ -17,9 +17,9 @@ const (
 	// volume sizes are rounded up to it, never down.
 	blockSectorSize = 512
 
-	// paramKind selects a simulated --capacity pool, as in the reference.
+	// ParamKind selects a simulated --capacity pool, as in the reference.
 	ParamKind = "kind"
-	// coParamPrefix marks parameters the external-provisioner adds
+	// CoParamPrefix marks parameters the external-provisioner adds
 	// (csi.storage.k8s.io/pvc/name, ...): accepted and kept as metadata.
 	CoParamPrefix = "csi.storage.k8s.io/"
 )

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"os"
 	"path/filepath"
@@ -206,7 +205,7 @@ func treeFormat(m transfer.Meta) error {
 // extractTree extracts a received tree into dir (its format checked) and
 // checks the archive's checksum where the source has one.
 func (d *Engine) extractTree(ctx context.Context, m transfer.Meta, body io.Reader, path string) error {
-	var h hash.Hash = sha256.New()
+	h := sha256.New()
 	in := io.TeeReader(body, h)
 	// What another node serves is untrusted: no device nodes, setuid or
 	// file capabilities (a node taken could plant them for a tenant).

@@ -18,7 +18,7 @@ import (
 // run starts a test's tool (mkfs for testfs).
 func run(name string, args ...string) error {
 	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("%v\n%s", err, out)
+		return fmt.Errorf("%w\n%s", err, out)
 	}
 	return nil
 }
@@ -56,14 +56,14 @@ func deleteVolume(t *testing.T, e *Engine, id string) {
 // (another file system): the case where an empty mount point is not on
 // the state dir's file system, so only the memory of marked pools keeps
 // the engine from marking it.
-func statePool(t *testing.T) (cfg Config, fast, disk string) {
+func statePool(t *testing.T) (cfg Config, fast string) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	cfg = testConfig(t)
 	cfg.StateDir = filepath.Join(testfs.FileSystem(t, run, "ext4", 300<<20, nil, ""), "state")
-	fast, disk = testfs.PoolDir(t, run, "ext4")
+	fast, _ = testfs.PoolDir(t, run, "ext4")
 	cfg.Pools = map[string]string{"fast": fast}
-	return cfg, fast, disk
+	return cfg, fast
 }
 
 // TestPoolNeverMarkedTwice: the engine marks a pool by itself once; a
@@ -74,7 +74,7 @@ func statePool(t *testing.T) (cfg Config, fast, disk string) {
 // root disk). hostpathplugin --mark-pool marks a new disk, and a running
 // engine brings it up.
 func TestPoolNeverMarkedTwice(t *testing.T) {
-	cfg, fast, _ := statePool(t)
+	cfg, fast := statePool(t)
 	cfg.PoolRetryInterval = 20 * time.Millisecond
 	e := openEngine(t, cfg)
 	deleteVolume(t, e, makeInPool(t, e, "v", "fast").ID)
@@ -112,7 +112,7 @@ func TestPoolNeverMarkedTwice(t *testing.T) {
 // is unmarked is not marked while any record is damaged: that record may
 // be the pool's (the first version counted such a pool as empty).
 func TestPoolNotMarkedBesideDamage(t *testing.T) {
-	cfg, fast, _ := statePool(t)
+	cfg, fast := statePool(t)
 	e := openEngine(t, cfg)
 	id := makeInPool(t, e, "v", "fast").ID
 	e.Close()

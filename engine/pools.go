@@ -131,9 +131,10 @@ type PoolState struct {
 // fileID is a file's device and inode.
 type fileID struct{ dev, ino uint64 }
 
+// Get is the pool's state as last probed.
 func (p *Pool) Get() *PoolState { return p.state.Load() }
 
-// pools lists the pools, the default first, then by name.
+// PoolList lists the pools, the default first, then by name.
 func (d *Engine) PoolList() []*Pool {
 	out := []*Pool{d.Pools[DefaultPool]}
 	names := make([]string, 0, len(d.Pools))

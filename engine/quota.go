@@ -12,13 +12,13 @@ import (
 type QuotaMode int
 
 const (
-	// quotaNone: the file system cannot limit a directory; capacity is
+	// QuotaNone means the file system cannot limit a directory; capacity is
 	// accounted, not enforced.
 	QuotaNone QuotaMode = iota
-	// quotaProject: XFS, or ext4 with the project feature, mounted with
+	// QuotaProject is XFS, or ext4 with the project feature, mounted with
 	// prjquota: each volume is a project with a hard limit.
 	QuotaProject
-	// quotaBtrfs: btrfs with quota groups on: each volume is a subvolume
+	// QuotaBtrfs is btrfs with quota groups on: each volume is a subvolume
 	// with a qgroup limit.
 	QuotaBtrfs
 )

@@ -316,27 +316,27 @@ func (d *Engine) writeArchive(ctx context.Context, tree string, s SnapshotRecord
 // writeReflinkSnapshot makes the snapshot a reflinked copy of the volume:
 // blocks are shared, so it costs metadata only, and the copy is made
 // durable with one syncfs(2) before it is renamed into place.
-func (d *Engine) writeReflinkSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord) (int64, string, error) {
+func (d *Engine) writeReflinkSnapshot(ctx context.Context, v VolumeRecord, s SnapshotRecord) (int64, error) {
 	tmp := d.snapshotTempPath(s)
 	if err := os.Mkdir(tmp, 0o700); err != nil {
-		return 0, "", err
+		return 0, err
 	}
 	cst, err := fsops.CopyTree(ctx, d.VolumeDataPath(v), tmp)
 	d.moved("archive", cst.Bytes)
 	if err != nil {
-		return 0, "", err
+		return 0, err
 	}
 	u, err := fsops.TreeUsage(tmp)
 	if err != nil {
-		return 0, "", err
+		return 0, err
 	}
 	if err := fsops.SyncFS(tmp); err != nil {
-		return 0, "", err
+		return 0, err
 	}
 	if err := os.Rename(tmp, d.SnapshotDataPath(s)); err != nil {
-		return 0, "", err
+		return 0, err
 	}
-	return u.Bytes, "", fsops.SyncDir(d.PoolOf(s.Pool).Paths.Snapshots())
+	return u.Bytes, fsops.SyncDir(d.PoolOf(s.Pool).Paths.Snapshots())
 }
 
 // restoreSnapshot fills dir from a snapshot and checks the archive's

@@ -2,6 +2,7 @@ package fsops
 
 import (
 	"encoding/binary"
+	"errors"
 	"os"
 	"unsafe"
 
@@ -69,11 +70,7 @@ func fiemap(f *os.File, start uint64, fn func(fiemapExtent) bool) error {
 
 // noFiemap reports whether err says the file system has no FIEMAP.
 func noFiemap(err error) bool {
-	var pe *os.PathError
-	if pe, _ = err.(*os.PathError); pe == nil {
-		return false
-	}
-	return pe.Err == unix.EOPNOTSUPP || pe.Err == unix.ENOTTY
+	return errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTTY)
 }
 
 // HoldsNoData says whether every byte of the file at path reads as zero

@@ -1,6 +1,7 @@
 package fsops
 
 import (
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -106,10 +107,10 @@ func RemoveAllDurable(path string) error {
 
 func removeAt(dirfd int, name, path string) error {
 	err := unix.Unlinkat(dirfd, name, 0)
-	if err == nil || err == unix.ENOENT {
+	if err == nil || errors.Is(err, unix.ENOENT) {
 		return nil
 	}
-	if err != unix.EISDIR && err != unix.EPERM {
+	if !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EPERM) {
 		return &os.PathError{Op: "unlinkat", Path: path, Err: err}
 	}
 	fd, err := OpenDirAt(dirfd, name)

@@ -67,7 +67,7 @@ func reader(dev string) int {
 
 // readIOPS runs the reader in cgroup dir and returns the reads per
 // second it made.
-func readIOPS(t *testing.T, h iolimit.Hierarchy, dir, dev string, n int) float64 {
+func readIOPS(t *testing.T, dir, dev string, n int) float64 {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+dev, helperEnv+"_COUNT="+strconv.Itoa(n))
@@ -98,7 +98,7 @@ func readIOPS(t *testing.T, h iolimit.Hierarchy, dir, dev string, n int) float64
 	return v
 }
 
-func uid(t *testing.T) string {
+func uid() string {
 	b := make([]byte, 16)
 	rand.Read(b)
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
@@ -147,9 +147,9 @@ func TestLimits(t *testing.T) {
 	// guests read a few thousand a second).
 	var free float64
 	{
-		id := uid(t)
+		id := uid()
 		_, ctr := tree(t, h, "cgroupfs", id)
-		free = readIOPS(t, h, ctr, d.Path(), 4000)
+		free = readIOPS(t, ctr, d.Path(), 4000)
 	}
 	low := uint64(1000)
 	if free < 20000 {
@@ -161,7 +161,7 @@ func TestLimits(t *testing.T) {
 	}
 	for _, driver := range []string{"cgroupfs", "systemd"} {
 		t.Run(driver, func(t *testing.T) {
-			id := uid(t)
+			id := uid()
 			pod, ctr := tree(t, h, driver, id)
 			found, err := h.PodCgroup(id)
 			if err != nil || found != pod {
@@ -180,7 +180,7 @@ func TestLimits(t *testing.T) {
 				if got, err := h.Get(check, dev); err != nil || got != (iolimit.Limits{ReadIOPS: limit, WriteBytesPerSecond: 1 << 20}) {
 					t.Fatalf("limits read back from %s: %+v, %v", check, got, err)
 				}
-				got := readIOPS(t, h, ctr, d.Path(), int(limit*2))
+				got := readIOPS(t, ctr, d.Path(), int(limit*2))
 				t.Logf("limit %d: %.0f reads/s", limit, got)
 				if got > float64(limit)*1.1 {
 					t.Fatalf("reads under a %d IOPS limit: %.0f/s, want within 10%%", limit, got)
@@ -189,8 +189,8 @@ func TestLimits(t *testing.T) {
 					// Under the limit: held too hard, or a machine too
 					// busy to read that fast at all? Asked unlimited,
 					// now.
-					_, other := tree(t, h, "cgroupfs", uid(t))
-					if now := readIOPS(t, h, other, d.Path(), 4000); now >= 2*float64(limit) {
+					_, other := tree(t, h, "cgroupfs", uid())
+					if now := readIOPS(t, other, d.Path(), 4000); now >= 2*float64(limit) {
 						t.Fatalf("reads under a %d IOPS limit: %.0f/s, want within 10%% (%.0f/s unlimited now)", limit, got, now)
 					} else {
 						t.Logf("reads under a %d IOPS limit: %.0f/s, but only %.0f/s unlimited now: too busy a machine to tell", limit, got, now)
@@ -208,13 +208,13 @@ func TestLimits(t *testing.T) {
 			// packages' tests share the cores (CI saw 26,393/s against
 			// 70,757 before any limit), but none brings the rate down to
 			// within three times a limit the cgroup no longer has.
-			if got := readIOPS(t, h, ctr, d.Path(), 4000); got < 3*float64(low) {
+			if got := readIOPS(t, ctr, d.Path(), 4000); got < 3*float64(low) {
 				t.Fatalf("reads after the limit was removed: %.0f/s, still held to the %d/s limit (%.0f/s before any)", got, low, free)
 			}
 		})
 	}
 	t.Run("errors", func(t *testing.T) {
-		if _, err := h.PodCgroup(uid(t)); !errors.Is(err, fs.ErrNotExist) {
+		if _, err := h.PodCgroup(uid()); !errors.Is(err, fs.ErrNotExist) {
 			t.Fatalf("an unknown pod: %v, want ENOENT", err)
 		}
 		if _, err := h.PodCgroup("../x"); !errors.Is(err, unix.EINVAL) {
@@ -223,7 +223,7 @@ func TestLimits(t *testing.T) {
 		if err := h.Set(filepath.Join(h.Root, "no-such-cgroup"), dev, iolimit.Limits{ReadIOPS: 1}); !errors.Is(err, fs.ErrNotExist) {
 			t.Fatalf("a cgroup that is gone: %v, want ENOENT", err)
 		}
-		pod, _ := tree(t, h, "cgroupfs", uid(t))
+		pod, _ := tree(t, h, "cgroupfs", uid())
 		if err := h.Set(pod, iolimit.Device{Major: 4000, Minor: 1}, iolimit.Limits{ReadIOPS: 1}); !errors.Is(err, unix.ENODEV) {
 			t.Fatalf("a device the kernel does not know: %v, want ENODEV", err)
 		}

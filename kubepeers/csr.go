@@ -115,7 +115,7 @@ func (a *CSRAuthority) Issue(ctx context.Context, node string, csr []byte, life 
 		select {
 		case <-ctx.Done():
 			if lastErr != nil {
-				return nil, fmt.Errorf("certificate request %s: reading it: %v: %w", made.Name, lastErr, ctx.Err())
+				return nil, fmt.Errorf("certificate request %s: %w (the last read of it: %v)", made.Name, ctx.Err(), lastErr)
 			}
 			return nil, fmt.Errorf("certificate request %s not signed in %s (is the signer %s running?): %w", made.Name, timeout, a.Signer, ctx.Err())
 		case <-t.C:

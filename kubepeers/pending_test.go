@@ -176,7 +176,7 @@ func TestPendingAuthorizes(t *testing.T) {
 		"snap-gm-stale": {Namespace: "app", Name: "db", Object: "groupcontent-0", Group: true},
 	}
 	legacy := map[string]bool{"snap-old": true, "vol-old": true}
-	p := &Pending{Client: kubefake.New(kube, snapfake.NewSimpleClientset(objs...)), Driver: d, Node: "n1", TopologyKey: topologyKey,
+	p := &Pending{Client: kubefake.New(kube, snapfake.NewSimpleClientset(objs...)), Driver: d, Node: "n1", TopologyKey: topologyKey, //nolint:staticcheck // external-snapshotter generates no NewClientset
 		SnapshotKind: "snapshot", VolumeKind: "volume",
 		Owners: func(kind, id string) (Owner, bool, bool) {
 			o, ok := owners[id]
@@ -240,7 +240,7 @@ func TestPendingListsAtMostEveryMaxAge(t *testing.T) {
 		return false, nil, nil
 	})
 	now := time.Unix(1e9, 0)
-	p := &Pending{Client: kubefake.New(kube, snapfake.NewSimpleClientset()), Driver: "d", SnapshotKind: "snapshot", VolumeKind: "volume",
+	p := &Pending{Client: kubefake.New(kube, snapfake.NewSimpleClientset()), Driver: "d", SnapshotKind: "snapshot", VolumeKind: "volume", //nolint:staticcheck // external-snapshotter generates no NewClientset
 		MaxAge: time.Second, Now: func() time.Time { return now },
 		Owners: func(string, string) (Owner, bool, bool) { return Owner{}, true, false }}
 	done := make(chan error)

@@ -386,7 +386,7 @@ func (s *Signer) Run(ctx context.Context, onErr func(error), onReady func()) err
 	}
 }
 
-// RollOverKey, in the signer's Store, asks for a rollover: an RFC 3339
+// RollOverKey is the key of the signer's Store that asks for a rollover: an RFC 3339
 // time, after which the newest authority must have been made (kubectl
 // patch secret ... -p '{"stringData":{"rollover-requested":"<now>"}}').
 // The authority replaced stays trusted for the Store's RetireAfter (see

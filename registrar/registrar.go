@@ -124,7 +124,7 @@ func (r *Registrar) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	go srv.Serve(lis)
+	go func() { _ = srv.Serve(lis) }() // returns once lis is closed
 	defer r.remove()
 	cur := lis
 
@@ -148,7 +148,7 @@ func (r *Registrar) Run(ctx context.Context) error {
 			}
 			cur.Close()
 			cur = lis
-			go srv.Serve(lis)
+			go func() { _ = srv.Serve(lis) }()
 		}
 	}
 }

@@ -35,7 +35,7 @@ func TestLabeler(t *testing.T) {
 	// initial list), which client-go's informers make by default.
 	t.Setenv("KUBE_FEATURE_WatchListClient", "false")
 	const driver, node = "hostpath.csi.k8s.io", "node-2"
-	client := fake.NewSimpleClientset(
+	client := fake.NewSimpleClientset( //nolint:staticcheck // the snapshot clientset has no apply configurations, so no NewClientset
 		content("imported-here", driver, "snap-here", "", nil),
 		content("imported-elsewhere", driver, "snap-elsewhere", "", nil),
 		content("other-driver", "other.csi", "snap-here", "", nil),

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -129,8 +130,8 @@ func TestTransferOneNodeCannotHoldEverySlot(t *testing.T) {
 		go func() {
 			c.SetReadDeadline(time.Now().Add(3 * time.Second))
 			_, err := c.Read(make([]byte, 1))
-			ne, ok := err.(net.Error)
-			timedOut <- ok && ne.Timeout()
+			var ne net.Error
+			timedOut <- errors.As(err, &ne) && ne.Timeout()
 		}()
 	}
 	held := 0

@@ -187,7 +187,7 @@ func (g *gate) sniff(c net.Conn) {
 	el := g.sniffs.PushBack(c)
 	g.mu.Unlock()
 	go func() {
-		c.SetReadDeadline(time.Now().Add(g.handshake))
+		_ = c.SetReadDeadline(time.Now().Add(g.handshake)) // a conn that cannot have one fails its read
 		head := make([]byte, len(knockMagic))
 		_, err := io.ReadFull(c, head)
 		g.mu.Lock()
@@ -212,7 +212,7 @@ func (g *gate) sniff(c net.Conn) {
 			c.Close()
 			return
 		}
-		c.SetReadDeadline(time.Time{})
+		_ = c.SetReadDeadline(time.Time{}) // the handshake sets its own
 		g.handshakeOf(w)
 	}()
 }
@@ -320,7 +320,9 @@ func (g *gate) releaseLocked(w *waiting) {
 // the connection to Accept once it has a slot.
 func (g *gate) handshakeOf(w *waiting) {
 	deadline := time.Now().Add(g.handshake)
-	w.conn.SetDeadline(deadline)
+	// A connection whose deadline cannot be set is closed by the failed
+	// handshake that follows.
+	_ = w.conn.SetDeadline(deadline)
 	tc := tls.Server(w.conn, g.tls)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	err := tc.HandshakeContext(ctx)
@@ -366,7 +368,7 @@ func (g *gate) handshakeOf(w *waiting) {
 		tc.Close()
 		return
 	}
-	w.conn.SetDeadline(time.Time{})
+	_ = w.conn.SetDeadline(time.Time{}) // the stream's own deadlines follow
 	g.release.Store(tc, sync.OnceFunc(func() { <-g.slots; unname() }))
 	select {
 	case g.ready <- tc:

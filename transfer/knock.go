@@ -62,17 +62,18 @@ func (c *Credentials) Knock(server string) ([]byte, error) {
 		return nil, fmt.Errorf("a node name of %d bytes", len(server))
 	}
 	var body bytes.Buffer
-	binary.Write(&body, binary.BigEndian, c.now().Unix())
+	// Writes to a bytes.Buffer do not fail.
+	_ = binary.Write(&body, binary.BigEndian, c.now().Unix())
 	body.WriteByte(byte(len(server)))
 	body.WriteString(server)
-	binary.Write(&body, binary.BigEndian, uint16(len(leaf.Certificate[0])))
+	_ = binary.Write(&body, binary.BigEndian, uint16(len(leaf.Certificate[0])))
 	body.Write(leaf.Certificate[0])
 	digest := sha256.Sum256(append([]byte(knockContext), body.Bytes()...))
 	sig, err := signer.Sign(rand.Reader, digest[:], crypto.SHA256)
 	if err != nil {
 		return nil, err
 	}
-	binary.Write(&body, binary.BigEndian, uint16(len(sig)))
+	_ = binary.Write(&body, binary.BigEndian, uint16(len(sig)))
 	body.Write(sig)
 	if body.Len() > maxKnock {
 		return nil, fmt.Errorf("a knock of %d bytes", body.Len())

@@ -20,10 +20,17 @@ func (c client) demo(ctx context.Context, dir string) (retErr error) {
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 	}
 	suffix := fmt.Sprint(time.Now().UnixNano())
-	var cleanup []func()
+	// Each step's undo, run last first; one that fails is reported and
+	// fails the demo, since it leaves something on the driver.
+	var cleanup []func() error
 	defer func() {
 		for i := len(cleanup) - 1; i >= 0; i-- {
-			cleanup[i]()
+			if err := cleanup[i](); err != nil {
+				fmt.Fprintf(os.Stderr, "cleaning up: %v\n", err)
+				if retErr == nil {
+					retErr = err
+				}
+			}
 		}
 	}()
 	step := func(what string, f func() (string, error)) error {
@@ -52,8 +59,9 @@ func (c client) demo(ctx context.Context, dir string) (retErr error) {
 			return "", err
 		}
 		vol = r.GetVolume()
-		cleanup = append(cleanup, func() {
-			c.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: vol.GetVolumeId()})
+		cleanup = append(cleanup, func() error {
+			_, err := c.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: vol.GetVolumeId()})
+			return err
 		})
 		return vol.GetVolumeId(), nil
 	}); err != nil {
@@ -61,8 +69,9 @@ func (c client) demo(ctx context.Context, dir string) (retErr error) {
 	}
 	if err := step("NodeStageVolume", func() (string, error) {
 		_, err := c.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging, VolumeCapability: mountCap})
-		cleanup = append(cleanup, func() {
-			c.node.NodeUnstageVolume(context.Background(), &csi.NodeUnstageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging})
+		cleanup = append(cleanup, func() error {
+			_, err := c.node.NodeUnstageVolume(context.Background(), &csi.NodeUnstageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging})
+			return err
 		})
 		return "bind mount at " + staging, err
 	}); err != nil {
@@ -70,8 +79,9 @@ func (c client) demo(ctx context.Context, dir string) (retErr error) {
 	}
 	if err := step("NodePublishVolume", func() (string, error) {
 		_, err := c.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging, TargetPath: target, VolumeCapability: mountCap})
-		cleanup = append(cleanup, func() {
-			c.node.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: vol.GetVolumeId(), TargetPath: target})
+		cleanup = append(cleanup, func() error {
+			_, err := c.node.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: vol.GetVolumeId(), TargetPath: target})
+			return err
 		})
 		return "bind mount at " + target, err
 	}); err != nil {
@@ -118,8 +128,9 @@ func (c client) demo(ctx context.Context, dir string) (retErr error) {
 			return "", err
 		}
 		snap = r.GetSnapshot()
-		cleanup = append(cleanup, func() {
-			c.ctrl.DeleteSnapshot(context.Background(), &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshotId()})
+		cleanup = append(cleanup, func() error {
+			_, err := c.ctrl.DeleteSnapshot(context.Background(), &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshotId()})
+			return err
 		})
 		return fmt.Sprintf("%s, %d bytes", snap.GetSnapshotId(), snap.GetSizeBytes()), nil
 	}); err != nil {
@@ -132,8 +143,9 @@ func (c client) demo(ctx context.Context, dir string) (retErr error) {
 			return "", err
 		}
 		restored = r.GetVolume()
-		cleanup = append(cleanup, func() {
-			c.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: restored.GetVolumeId()})
+		cleanup = append(cleanup, func() error {
+			_, err := c.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: restored.GetVolumeId()})
+			return err
 		})
 		return restored.GetVolumeId(), nil
 	}); err != nil {
@@ -146,8 +158,9 @@ func (c client) demo(ctx context.Context, dir string) (retErr error) {
 			return "", err
 		}
 		clone = r.GetVolume()
-		cleanup = append(cleanup, func() {
-			c.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: clone.GetVolumeId()})
+		cleanup = append(cleanup, func() error {
+			_, err := c.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: clone.GetVolumeId()})
+			return err
 		})
 		return clone.GetVolumeId(), nil
 	}); err != nil {

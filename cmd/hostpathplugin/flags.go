@@ -316,7 +316,7 @@ func parseFlags(args []string) (options, error) {
 		return o, errors.New("--drivername must not be empty")
 	}
 	if _, err := csi.SocketPath(o.cfg.Endpoint); err != nil {
-		return o, fmt.Errorf("--endpoint: %v", err)
+		return o, fmt.Errorf("--endpoint: %w", err)
 	}
 	if o.mode == "controller" {
 		if o.cfg.NodeID != "" || o.pluginRegistrationPath != "" || len(pools) > 0 {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -63,8 +64,8 @@ func TestHTTPEndpointBounds(t *testing.T) {
 		go func() {
 			c.SetReadDeadline(time.Now().Add(time.Second))
 			_, err := c.Read(make([]byte, 1))
-			ne, ok := err.(net.Error)
-			ended <- err != nil && (!ok || !ne.Timeout())
+			var ne net.Error
+			ended <- err != nil && (!errors.As(err, &ne) || !ne.Timeout())
 		}()
 	}
 	for range conns {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -74,7 +75,7 @@ func TestOldKernelSaysSoAtStart(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "--endpoint=unix://"+sock, "--nodeid=old-kernel", "--statedir="+filepath.Join(dir, "state"))
 	cmd.Env = append(os.Environ(), asOldKernel+"=1")
 	out, err := cmd.CombinedOutput()
-	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+	if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 1 {
 		t.Fatalf("driver on a kernel without openat2: %v, want exit status 1\n%s", err, out)
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")

@@ -141,7 +141,7 @@ func run(o options) int {
 // guard when there is one.
 func httpHandler(d *csi.Driver, reg *registrar.Registrar, guard *kubeauth.Guard) http.Handler {
 	mux := http.NewServeMux()
-	var metrics http.Handler = promhttp.HandlerFor(d.Registry(), promhttp.HandlerOpts{})
+	metrics := promhttp.HandlerFor(d.Registry(), promhttp.HandlerOpts{})
 	if guard != nil {
 		metrics = guard.Wrap(metrics)
 	}

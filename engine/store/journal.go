@@ -317,6 +317,7 @@ func (j *journal) commit(e entry, place func() (*os.File, error)) error {
 		return err
 	}
 	if err := j.syncTo(seq); err != nil {
+		//nolint:errorlint // both wrapped: csi maps ErrUncertain, and the errno stays visible to errors.Is
 		return fmt.Errorf("%w (%w)", err, ErrUncertain)
 	}
 	f, err := place()

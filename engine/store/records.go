@@ -152,9 +152,14 @@ type Record[T any] interface {
 	Clone() T
 }
 
-// RecordID, RecordName and Clone make Volume a Record.
-func (v Volume) RecordID() string   { return v.ID }
+// RecordID is the volume's id (RecordID, RecordName and Clone make Volume
+// a Record).
+func (v Volume) RecordID() string { return v.ID }
+
+// RecordName is the volume's name.
 func (v Volume) RecordName() string { return v.Name }
+
+// Clone is a copy of the volume that shares no slice or map with it.
 func (v Volume) Clone() Volume {
 	v.Parameters = maps.Clone(v.Parameters)
 	v.Mutable = maps.Clone(v.Mutable)
@@ -164,9 +169,14 @@ func (v Volume) Clone() Volume {
 	return v
 }
 
-// RecordID, RecordName and Clone make Snapshot a Record.
-func (s Snapshot) RecordID() string   { return s.ID }
+// RecordID is the snapshot's id (RecordID, RecordName and Clone make
+// Snapshot a Record).
+func (s Snapshot) RecordID() string { return s.ID }
+
+// RecordName is the snapshot's name.
 func (s Snapshot) RecordName() string { return s.Name }
+
+// Clone is a copy of the snapshot that shares nothing with it.
 func (s Snapshot) Clone() Snapshot {
 	if s.Owner != nil {
 		o := *s.Owner
@@ -175,15 +185,24 @@ func (s Snapshot) Clone() Snapshot {
 	return s
 }
 
-// RecordID, RecordName and Clone make Standby a Record (named by its
-// volume, as a standby copy is found).
-func (s Standby) RecordID() string   { return s.Volume }
-func (s Standby) RecordName() string { return s.Volume }
-func (s Standby) Clone() Standby     { return s }
+// RecordID is the volume a standby copy is of (RecordID, RecordName and
+// Clone make Standby a Record).
+func (s Standby) RecordID() string { return s.Volume }
 
-// RecordID, RecordName and Clone make Group a Record.
-func (g Group) RecordID() string   { return g.ID }
+// RecordName is the volume too: a standby copy is found by its volume.
+func (s Standby) RecordName() string { return s.Volume }
+
+// Clone is a copy of the record (it holds no slice or map).
+func (s Standby) Clone() Standby { return s }
+
+// RecordID is the group's id (RecordID, RecordName and Clone make Group
+// a Record).
+func (g Group) RecordID() string { return g.ID }
+
+// RecordName is the group's name.
 func (g Group) RecordName() string { return g.Name }
+
+// Clone is a copy of the group that shares no slice with it.
 func (g Group) Clone() Group {
 	g.Volumes = slices.Clone(g.Volumes)
 	g.Snapshots = slices.Clone(g.Snapshots)

@@ -408,17 +408,6 @@ func fill(t *testing.T, mnt string) {
 	}
 }
 
-func exitCode(err error) int {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode()
-	}
-	if err == nil {
-		return 0
-	}
-	return -1
-}
-
 // firstLines is e2fsck's findings, its first lines past the passes' names.
 func firstLines(out []byte, n int) []string {
 	var lines []string

@@ -96,12 +96,12 @@ func Create(name string, table []Target) (string, error) {
 		return "", err
 	}
 	if err := load(name, table); err != nil {
-		Remove(name)
+		_ = Remove(name) // the load's error is the one to report
 		return "", err
 	}
 	h, err := call(cmdSuspend, name, 0, 0, nil) // no suspend flag: resume, making the table live
 	if err != nil {
-		Remove(name)
+		_ = Remove(name)
 		return "", err
 	}
 	minor := (h.Dev & 0xff) | ((h.Dev >> 12) & 0xfff00)

@@ -61,10 +61,8 @@ func Mount(t *testing.T, backing, mnt string) *FS {
 		t.Fatal(err)
 	}
 	root := &fs.LoopbackRoot{Path: backing, Dev: uint64(st.Dev)}
-	root.NewNode = func(r *fs.LoopbackRoot, _ *fs.Inode, _ string, _ *syscall.Stat_t) fs.InodeEmbedder {
-		return &node{LoopbackNode: fs.LoopbackNode{RootData: r}, fs: f}
-	}
-	rootNode := root.NewNode(root, nil, "", &st)
+	// Every node below the root is wrapped by its parent (WrapChild).
+	rootNode := &node{LoopbackNode: &fs.LoopbackNode{RootData: root}, fs: f}
 	root.RootNode = rootNode
 	if err := os.MkdirAll(mnt, 0o755); err != nil {
 		t.Fatal(err)
@@ -80,7 +78,9 @@ func Mount(t *testing.T, backing, mnt string) *FS {
 	t.Cleanup(func() {
 		testutil.UnmountUnder(t, mnt+"/")
 		if err := server.Unmount(); err != nil {
-			syscall.Unmount(mnt, syscall.MNT_DETACH)
+			if err := syscall.Unmount(mnt, syscall.MNT_DETACH); err != nil {
+				t.Errorf("unmounting faultfs at %s: %v", mnt, err)
+			}
 		}
 	})
 	return f
@@ -121,8 +121,16 @@ func (f *FS) fail(op Op, path string, off int64) bool {
 
 // node is a loopback node whose files go through fault checks.
 type node struct {
-	fs.LoopbackNode
+	*fs.LoopbackNode
 	fs *FS
+}
+
+// WrapChild makes each node the loopback creates under n a fault node.
+func (n *node) WrapChild(_ context.Context, ops fs.InodeEmbedder) fs.InodeEmbedder {
+	if ln, ok := ops.(*fs.LoopbackNode); ok {
+		return &node{LoopbackNode: ln, fs: n.fs}
+	}
+	return ops
 }
 
 func (n *node) path() string { return filepath.Clean("/" + n.EmbeddedInode().Path(nil)) }

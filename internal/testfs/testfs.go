@@ -41,7 +41,11 @@ func MountImage(t testing.TB, image, fstype, options string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { loop.Detach(dev) })
+	t.Cleanup(func() {
+		if err := loop.Detach(dev); err != nil {
+			t.Errorf("detaching %s: %v", dev.Path(), err)
+		}
+	})
 	mnt := filepath.Join(t.TempDir(), "mnt")
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
@@ -51,7 +55,9 @@ func MountImage(t testing.TB, image, fstype, options string) string {
 	}
 	t.Cleanup(func() {
 		if err := unix.Unmount(mnt, 0); err != nil {
-			unix.Unmount(mnt, unix.MNT_DETACH)
+			if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+				t.Errorf("unmounting %s: %v", mnt, err)
+			}
 		}
 	})
 	return mnt
@@ -184,7 +190,11 @@ func MakeTemplate(t testing.TB, run Run, dir string, spec Spec) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer loop.Detach(dev)
+	defer func() {
+		if err := loop.Detach(dev); err != nil {
+			t.Errorf("detaching %s: %v", dev.Path(), err)
+		}
+	}()
 	mnt := t.TempDir()
 	if err := unix.Mount(dev.Path(), mnt, spec.FSType, 0, ""); err != nil {
 		t.Fatalf("mounting the %s template: %v", spec.Key(), err)

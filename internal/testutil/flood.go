@@ -40,7 +40,7 @@ func FloodFrom(addr string, first byte, peers, each int, hello bool) (open func(
 					}
 					n.Add(1)
 					if hello {
-						c.Write([]byte{0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03})
+						_, _ = c.Write([]byte{0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03})
 					}
 					closed := make(chan struct{})
 					go func() {
@@ -50,7 +50,7 @@ func FloodFrom(addr string, first byte, peers, each int, hello bool) (open func(
 						}
 						c.Close()
 					}()
-					c.Read(make([]byte, 1)) // until the server closes it
+					_, _ = c.Read(make([]byte, 1)) // until the server closes it
 					close(closed)
 					n.Add(-1)
 				}

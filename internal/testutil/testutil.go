@@ -43,8 +43,10 @@ func UnmountUnder(t testing.TB, dir string) {
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir) {
-			syscall.Unmount(f[4], syscall.MNT_DETACH)
 			t.Errorf("mount left behind: %s", f[4])
+			if err := syscall.Unmount(f[4], syscall.MNT_DETACH); err != nil {
+				t.Errorf("unmounting %s: %v", f[4], err)
+			}
 		}
 	}
 }
@@ -77,7 +79,9 @@ func HaveTools(t testing.TB, what string) bool {
 func KernelHas(t testing.TB, option string) bool {
 	t.Helper()
 	var uts unix.Utsname
-	unix.Uname(&uts)
+	if err := unix.Uname(&uts); err != nil {
+		t.Fatalf("uname: %v", err)
+	}
 	rel := unix.ByteSliceToString(uts.Release[:])
 	var config []byte
 	if f, err := os.Open("/proc/config.gz"); err == nil {

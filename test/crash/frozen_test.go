@@ -21,7 +21,7 @@ import (
 
 func runTool(name string, args ...string) error {
 	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("%s %v: %v\n%s", name, args, err, out)
+		return fmt.Errorf("%s %v: %w\n%s", name, args, err, out)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -169,8 +170,8 @@ func TestStartErrors(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := exec.Command(bin, append(tc.args, "--endpoint="+filepath.Join(dir, "s.sock"))...).CombinedOutput()
-			ee, ok := err.(*exec.ExitError)
-			if !ok || ee.ExitCode() != tc.code {
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != tc.code {
 				t.Fatalf("exit %v, want %d: %s", err, tc.code, out)
 			}
 			text := strings.TrimSpace(string(out))

@@ -68,7 +68,7 @@ var templates = []testfs.Spec{
 
 func run(name string, args ...string) error {
 	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("%s %v: %v\n%s", name, args, err, out)
+		return fmt.Errorf("%s %v: %w\n%s", name, args, err, out)
 	}
 	return nil
 }
@@ -206,7 +206,7 @@ func boot(t *testing.T, qemu string, k kernelPackage, bin, work string) ([]resul
 	}
 	timer := time.AfterFunc(75*time.Minute, func() { cmd.Process.Kill() })
 	defer timer.Stop()
-	res, done, kernelLine := readConsole(t, io.TeeReader(out, logf))
+	res, done, kernelLine := readConsole(io.TeeReader(out, logf))
 	werr := cmd.Wait()
 	elapsed := time.Since(bootStart)
 
@@ -276,7 +276,7 @@ var (
 // watching wants (markers, failures, panics, csi-sanity's count) and
 // counts every test and subtest result of each run. csi-sanity's specs
 // are counted from its own line, not as the one Go test that runs them.
-func readConsole(t *testing.T, r io.Reader) (res []result, done bool, kernel string) {
+func readConsole(r io.Reader) (res []result, done bool, kernel string) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	var cur *result

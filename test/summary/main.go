@@ -48,7 +48,6 @@ type slow struct {
 type summary struct {
 	pkgs  []*pkg
 	slow  []slow
-	bad   bool
 	order map[string]*pkg
 }
 

@@ -31,7 +31,7 @@ import (
 
 func run(name string, args ...string) error {
 	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("%s %v: %v\n%s", name, args, err, out)
+		return fmt.Errorf("%s %v: %w\n%s", name, args, err, out)
 	}
 	return nil
 }
@@ -124,7 +124,7 @@ func (d *driver) ready(t *testing.T) error {
 		return nil
 	}
 	if d.cmd.ProcessState != nil {
-		return fmt.Errorf("exited (%v): %s", exit, strings.TrimSpace(d.logs.String()))
+		return fmt.Errorf("exited (%w): %s", exit, strings.TrimSpace(d.logs.String()))
 	}
 	t.Fatalf("not ready in 30 s:\n%s", d.logs.String())
 	return nil

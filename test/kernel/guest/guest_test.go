@@ -10,6 +10,7 @@ package guest
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -175,7 +176,7 @@ func runOne(r plan.Run) {
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
 		if err := cmd.Run(); err != nil {
 			rc = -1
-			if ee, ok := err.(*exec.ExitError); ok {
+			if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
 				rc = ee.ExitCode()
 			} else {
 				fmt.Printf("%s %s: %v\n", plan.Mark, r.Name, err)
