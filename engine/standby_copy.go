@@ -95,12 +95,10 @@ func (d *Engine) AddStandby(spec StandbySpec) (StandbyRecord, error) {
 	}
 	s := StandbyRecord{Volume: id, Primary: spec.Primary, Phase: PhaseReady, Pool: spec.Pool, AccessType: spec.Access,
 		Layout: spec.Layout, CreatedAt: time.Now().UTC(), IntervalSeconds: int(max(every/time.Second, 1)), PV: spec.PV}
-	// The record is durable before its directory holds anything: a start
-	// never finds generations it has no record of.
+	// The record is durable before its directory holds anything (the
+	// first pull makes it): a start never finds generations it has no
+	// record of.
 	if err := d.Records.Standbys.Put(s); err != nil {
-		return StandbyRecord{}, err
-	}
-	if err := os.MkdirAll(standbyDir(d.PoolOf(spec.Pool).Paths.Root, id), 0o700); err != nil {
 		return StandbyRecord{}, err
 	}
 	return s, nil
@@ -150,7 +148,15 @@ func (d *Engine) CatchUp(ctx context.Context, id string) (StandbyState, error) {
 		return StandbyState{}, fmt.Errorf("no node-to-node transfer: the copy of volume %s cannot be kept", id)
 	}
 	tag := nodeTagOf(id)
+	// A pool that is down has its disk missing: what would be written is
+	// the mount point's, on another disk.
+	if down := d.PoolOf(s.Pool).Get().Down; down != nil {
+		return StandbyState{}, fmt.Errorf("the copy of volume %s is kept in pool %s, which is down: %w", id, d.PoolOf(s.Pool).Name, down)
+	}
 	dir := standbyDir(d.PoolOf(s.Pool).Paths.Root, id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return StandbyState{}, err
+	}
 	gens, err := generations(dir, "gen")
 	if err != nil {
 		return StandbyState{}, err

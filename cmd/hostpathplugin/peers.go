@@ -135,6 +135,9 @@ func keepStandbys(ctx context.Context, d *csi.Driver, client kube.Interface, res
 		}
 	}()
 	go d.RunStandbys(ctx, func(id string, st engine.StandbyState, err error) {
+		if ctx.Err() != nil {
+			return // stopping: the pull was cut short on purpose
+		}
 		if err != nil {
 			klog.ErrorS(err, "a standby copy did not catch up; it is tried again at its next interval", "volume", id)
 			return
