@@ -33,14 +33,10 @@ const zeroRange = uint64(1) << 63
 func WriteDelta(ctx context.Context, f *os.File, size int64, changed []fsops.Extent, w io.Writer) (Stats, error) {
 	var st Stats
 	bw := bufio.NewWriterSize(w, extentChunk)
+	if err := writeHead(bw, deltaMagic, size); err != nil {
+		return st, err
+	}
 	hdr := make([]byte, 16)
-	if _, err := bw.WriteString(deltaMagic); err != nil {
-		return st, err
-	}
-	binary.BigEndian.PutUint64(hdr[:8], uint64(size))
-	if _, err := bw.Write(hdr[:8]); err != nil {
-		return st, err
-	}
 	record := func(off, n int64, data []byte) error {
 		l := uint64(n)
 		if data == nil {
@@ -96,12 +92,7 @@ func WriteDelta(ctx context.Context, f *os.File, size int64, changed []fsops.Ext
 		}
 	}
 	st.DataBytes, st.Files = st.Bytes, 1
-	binary.BigEndian.PutUint64(hdr[:8], endMark)
-	binary.BigEndian.PutUint64(hdr[8:], uint64(st.Bytes))
-	if _, err := bw.Write(hdr); err != nil {
-		return st, err
-	}
-	return st, bw.Flush()
+	return st, writeEnd(bw, st.Bytes)
 }
 
 // readFull reads len(b) bytes of f at off; what lies past its end reads as
@@ -128,16 +119,9 @@ func readFull(f *os.File, b []byte, off int64) error {
 func ApplyDelta(ctx context.Context, r io.Reader, f *os.File, max int64) (int64, Stats, error) {
 	var st Stats
 	br := bufio.NewReaderSize(r, extentChunk)
-	head := make([]byte, len(deltaMagic)+8)
-	if _, err := io.ReadFull(br, head); err != nil {
-		return 0, st, fmt.Errorf("%w: no delta header: %v", ErrFormat, err)
-	}
-	if string(head[:len(deltaMagic)]) != deltaMagic {
-		return 0, st, fmt.Errorf("%w: not a delta stream", ErrFormat)
-	}
-	size := binary.BigEndian.Uint64(head[len(deltaMagic):])
-	if size > 1<<62 {
-		return 0, st, fmt.Errorf("%w: size %d", ErrFormat, size)
+	size, err := readHead(br, deltaMagic, "a delta")
+	if err != nil {
+		return 0, st, err
 	}
 	if max > 0 && size > uint64(max) {
 		return 0, st, fmt.Errorf("%w: an image of %d bytes, %d allowed", ErrTooLarge, size, max)

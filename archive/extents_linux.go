@@ -25,6 +25,41 @@ const extentsMagic = "hostpath-extents"
 
 const endMark = ^uint64(0)
 
+// writeHead opens a stream of one image (extents or delta): its magic and
+// the image's size.
+func writeHead(bw *bufio.Writer, magic string, size int64) error {
+	if _, err := bw.WriteString(magic); err != nil {
+		return err
+	}
+	return binary.Write(bw, binary.BigEndian, uint64(size))
+}
+
+// readHead reads what writeHead wrote, for a stream of kind ("extents",
+// "delta"): ErrFormat for another stream or a size no image has.
+func readHead(br *bufio.Reader, magic, kind string) (uint64, error) {
+	head := make([]byte, len(magic)+8)
+	if _, err := io.ReadFull(br, head); err != nil {
+		return 0, fmt.Errorf("%w: no header of %s stream: %v", ErrFormat, kind, err)
+	}
+	if string(head[:len(magic)]) != magic {
+		return 0, fmt.Errorf("%w: not %s stream", ErrFormat, kind)
+	}
+	size := binary.BigEndian.Uint64(head[len(magic):])
+	if size > 1<<62 {
+		return 0, fmt.Errorf("%w: size %d", ErrFormat, size)
+	}
+	return size, nil
+}
+
+// writeEnd closes a stream of one image: the end mark and the count of
+// data bytes sent, then the flush.
+func writeEnd(bw *bufio.Writer, total int64) error {
+	if err := binary.Write(bw, binary.BigEndian, [2]uint64{endMark, uint64(total)}); err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
 // extentChunk is how much of an extent is read and written at once.
 const extentChunk = 1 << 20
 
@@ -36,14 +71,10 @@ func WriteExtents(ctx context.Context, f *os.File, size int64, w io.Writer) (Sta
 		return st, err
 	}
 	bw := bufio.NewWriterSize(w, extentChunk)
+	if err := writeHead(bw, extentsMagic, size); err != nil {
+		return st, err
+	}
 	hdr := make([]byte, 16)
-	if _, err := bw.WriteString(extentsMagic); err != nil {
-		return st, err
-	}
-	binary.BigEndian.PutUint64(hdr[:8], uint64(size))
-	if _, err := bw.Write(hdr[:8]); err != nil {
-		return st, err
-	}
 	p := fsops.ProgressFrom(ctx)
 	buf := make([]byte, extentChunk)
 	for _, e := range exts {
@@ -75,12 +106,7 @@ func WriteExtents(ctx context.Context, f *os.File, size int64, w io.Writer) (Sta
 		}
 	}
 	st.DataBytes, st.Files = st.Bytes, 1
-	binary.BigEndian.PutUint64(hdr[:8], endMark)
-	binary.BigEndian.PutUint64(hdr[8:], uint64(st.Bytes))
-	if _, err := bw.Write(hdr); err != nil {
-		return st, err
-	}
-	return st, bw.Flush()
+	return st, writeEnd(bw, st.Bytes)
 }
 
 // ExtentsLimit bounds what ExtractExtents writes: an image that declares
@@ -100,16 +126,9 @@ type ExtentsLimit struct {
 func ExtractExtents(ctx context.Context, r io.Reader, f *os.File, limit ExtentsLimit) (int64, Stats, error) {
 	var st Stats
 	br := bufio.NewReaderSize(r, extentChunk)
-	head := make([]byte, len(extentsMagic)+8)
-	if _, err := io.ReadFull(br, head); err != nil {
-		return 0, st, fmt.Errorf("%w: no extents header: %v", ErrFormat, err)
-	}
-	if string(head[:len(extentsMagic)]) != extentsMagic {
-		return 0, st, fmt.Errorf("%w: not an extents stream", ErrFormat)
-	}
-	size := binary.BigEndian.Uint64(head[len(extentsMagic):])
-	if size > 1<<62 {
-		return 0, st, fmt.Errorf("%w: size %d", ErrFormat, size)
+	size, err := readHead(br, extentsMagic, "an extents")
+	if err != nil {
+		return 0, st, err
 	}
 	keep := size // what is written of the image
 	if limit.Max > 0 && size > uint64(limit.Max) {

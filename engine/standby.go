@@ -133,28 +133,19 @@ func (d *Engine) serveStandby(peer, standbyID string) (transfer.Meta, func(conte
 		if err != nil {
 			return nil, servable(err, SourceStandby, id)
 		}
-		cut, base, gen, changed, err := d.cutForStandby(ctx, v, held)
+		c, err := d.cutForStandby(ctx, v, held)
 		unlock()
 		if err != nil {
 			return nil, err
 		}
 		// The generations are known only once cut, after the Meta went:
 		// the stream's own header carries them.
-		f, err := os.Open(cut)
-		if err != nil {
-			return nil, err
-		}
-		size, _, err := fsops.FileSize(f)
-		if err != nil {
-			f.Close()
-			return nil, err
-		}
 		return produce(ctx, func(ctx context.Context, w io.Writer) error {
-			defer f.Close()
-			if err := writeStandbyHeader(w, base, gen); err != nil {
+			defer c.f.Close()
+			if err := writeStandbyHeader(w, c.base, c.gen); err != nil {
 				return err
 			}
-			st, err := archive.WriteDelta(ctx, f, size, changed, w)
+			st, err := archive.WriteDelta(ctx, c.f, c.size, c.changed, w)
 			d.noteSent(v.ID, st.Bytes)
 			return err
 		}), nil
@@ -162,37 +153,41 @@ func (d *Engine) serveStandby(peer, standbyID string) (transfer.Meta, func(conte
 	return m, open, unpin, nil
 }
 
+// standbyCut is a new generation's cut, open, and what it sends: the
+// ranges changed since generation base (0: every data range).
+type standbyCut struct {
+	f         *os.File
+	size      int64
+	base, gen uint64
+	changed   []fsops.Extent
+}
+
 // cutForStandby cuts v's image as a new generation in its standby
-// directory and returns the cut's path, the generation the changes apply
-// to (held, or 0 when its cut is gone), the new generation, and the
-// changed ranges.
-func (d *Engine) cutForStandby(ctx context.Context, v VolumeRecord, held uint64) (string, uint64, uint64, []fsops.Extent, error) {
+// directory, after the cut of generation held if it is kept (else from
+// nothing), and returns it open; the caller closes it.
+func (d *Engine) cutForStandby(ctx context.Context, v VolumeRecord, held uint64) (c standbyCut, err error) {
 	dir := standbyDir(d.PoolOf(v.Pool).Paths.Root, v.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", 0, 0, nil, err
+		return c, err
 	}
 	gens, err := generations(dir, "cut")
 	if err != nil {
-		return "", 0, 0, nil, err
+		return c, err
 	}
-	gen := held + 1
+	c.gen = held + 1
 	if len(gens) > 0 {
-		gen = max(gen, gens[len(gens)-1]+1)
+		c.gen = max(c.gen, gens[len(gens)-1]+1)
 	}
-	// Cuts before held are done with: the standby holds held.
-	base := uint64(0)
+	// The standby holds held: earlier cuts are done with, and a later one
+	// it never took is replaced by the new one.
 	for _, g := range gens {
-		switch {
-		case g == held:
-			base = held
-		case g < held:
-			os.Remove(filepath.Join(dir, cutName(g)))
-		case g > held:
-			// A cut the standby never took: the new one replaces it.
+		if g == held {
+			c.base = held
+		} else {
 			os.Remove(filepath.Join(dir, cutName(g)))
 		}
 	}
-	cut := filepath.Join(dir, cutName(gen))
+	cut := filepath.Join(dir, cutName(c.gen))
 	tmp := cut + ".tmp"
 	os.Remove(tmp)
 	err = d.frozen(ctx, []VolumeRecord{v}, func(ctx context.Context) error {
@@ -209,32 +204,32 @@ func (d *Engine) cutForStandby(ctx context.Context, v VolumeRecord, held uint64)
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return "", 0, 0, nil, fmt.Errorf("cutting volume %s for its standby: %w", v.ID, err)
+		return c, fmt.Errorf("cutting volume %s for its standby: %w", v.ID, err)
 	}
-	nf, err := os.Open(cut)
-	if err != nil {
-		return "", 0, 0, nil, err
+	if c.f, err = os.Open(cut); err != nil {
+		return c, err
 	}
-	defer nf.Close()
-	size, _, err := fsops.FileSize(nf)
-	if err != nil {
-		return "", 0, 0, nil, err
-	}
-	var changed []fsops.Extent
-	if base > 0 {
-		bf, err := os.Open(filepath.Join(dir, cutName(base)))
+	defer func() {
 		if err != nil {
-			return "", 0, 0, nil, err
+			c.f.Close()
 		}
-		defer bf.Close()
-		changed, err = fsops.ChangedRanges(bf, nf, 0, size, DeltaBlock)
-		if err != nil {
-			return "", 0, 0, nil, fmt.Errorf("comparing volume %s's cuts %d and %d: %w", v.ID, base, gen, err)
-		}
-	} else if changed, err = fsops.DataExtents(int(nf.Fd()), 0, size); err != nil {
-		return "", 0, 0, nil, err
+	}()
+	if c.size, _, err = fsops.FileSize(c.f); err != nil {
+		return c, err
 	}
-	return cut, base, gen, changed, nil
+	if c.base == 0 {
+		c.changed, err = fsops.DataExtents(int(c.f.Fd()), 0, c.size)
+		return c, err
+	}
+	bf, err := os.Open(filepath.Join(dir, cutName(c.base)))
+	if err != nil {
+		return c, err
+	}
+	defer bf.Close()
+	if c.changed, err = fsops.ChangedRanges(bf, c.f, 0, c.size, DeltaBlock); err != nil {
+		return c, fmt.Errorf("comparing volume %s's cuts %d and %d: %w", v.ID, c.base, c.gen, err)
+	}
+	return c, nil
 }
 
 // dropStandbyCuts removes volume v's standby directory on the primary (its

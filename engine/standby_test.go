@@ -107,6 +107,26 @@ func writeAt(t *testing.T, path string, off, n int64, zero bool) {
 	}
 }
 
+// withStandby makes a block volume of size on a (node-1) whose record
+// names node-2 as its standby, with the class parameters params.
+func withStandby(t *testing.T, a *Engine, name string, size int64, params map[string]string) VolumeRecord {
+	t.Helper()
+	v := makeVolume(t, a, name, AccessBlock, size)
+	v.Standby, v.Parameters = "node-2", params
+	if err := a.Records.Volumes.Put(v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// keepCopy records on b (node-2) that it keeps a copy of node-1's v.
+func keepCopy(t *testing.T, b *Engine, v VolumeRecord, every time.Duration) {
+	t.Helper()
+	if _, err := b.AddStandby(StandbySpec{Volume: v.ID, Primary: "node-1", Access: AccessBlock, Interval: every}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestStandbyCatchUp: a standby of a block volume holds, after each pull,
 // a generation equal byte for byte to the volume at its cut; the first
 // pull brings the data, each later one only the blocks changed (and
@@ -116,17 +136,11 @@ func writeAt(t *testing.T, path string, off, n int64, zero bool) {
 func TestStandbyCatchUp(t *testing.T) {
 	nodes, peers := standbyNodes(t, "node-1", "node-2")
 	a, b := nodes["node-1"], nodes["node-2"]
-	v := makeVolume(t, a, "pvc-standby", AccessBlock, 64<<20)
-	v.Standby = "node-2"
-	if err := a.Records.Volumes.Put(v); err != nil {
-		t.Fatal(err)
-	}
+	v := withStandby(t, a, "pvc-standby", 64<<20, nil)
 	if _, err := b.AddStandby(StandbySpec{Volume: v.ID, Primary: "node-2", Access: AccessBlock}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("a standby of a volume named for another node than its own: %v, want ErrInvalid", err)
 	}
-	if _, err := b.AddStandby(StandbySpec{Volume: v.ID, Primary: "node-1", Access: AccessBlock}); err != nil {
-		t.Fatal(err)
-	}
+	keepCopy(t, b, v, 0)
 	img := a.VolumeDataPath(v)
 	same := func(step string, want uint64) {
 		t.Helper()
@@ -212,11 +226,7 @@ func TestStandbyCatchUp(t *testing.T) {
 func TestStandbyServedOnlyToItsNode(t *testing.T) {
 	nodes, _ := standbyNodes(t, "node-1", "node-2", "node-3")
 	a := nodes["node-1"]
-	with := makeVolume(t, a, "pvc-with", AccessBlock, 8<<20)
-	with.Standby = "node-2"
-	if err := a.Records.Volumes.Put(with); err != nil {
-		t.Fatal(err)
-	}
+	with := withStandby(t, a, "pvc-with", 8<<20, nil)
 	without := makeVolume(t, a, "pvc-without", AccessBlock, 8<<20)
 	for _, tc := range []struct {
 		name, node, vol string
@@ -247,14 +257,8 @@ func TestStandbyServedOnlyToItsNode(t *testing.T) {
 func TestStandbyRuns(t *testing.T) {
 	nodes, _ := standbyNodes(t, "node-1", "node-2")
 	a, b := nodes["node-1"], nodes["node-2"]
-	v := makeVolume(t, a, "pvc-runs", AccessBlock, 16<<20)
-	v.Standby = "node-2"
-	if err := a.Records.Volumes.Put(v); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.AddStandby(StandbySpec{Volume: v.ID, Primary: "node-1", Access: AccessBlock, Interval: time.Second}); err != nil {
-		t.Fatal(err)
-	}
+	v := withStandby(t, a, "pvc-runs", 16<<20, nil)
+	keepCopy(t, b, v, time.Second)
 	ctx, cancel := context.WithCancel(bg)
 	done := make(chan struct{})
 	go func() { defer close(done); b.RunStandbys(ctx, nil) }()
@@ -289,14 +293,8 @@ func TestStandbyRuns(t *testing.T) {
 func TestStandbyHealth(t *testing.T) {
 	nodes, _ := standbyNodes(t, "node-1", "node-2")
 	a, b := nodes["node-1"], nodes["node-2"]
-	v := makeVolume(t, a, "pvc-health", AccessBlock, 16<<20)
-	v.Standby, v.Parameters = "node-2", map[string]string{ParamStandby: "1", ParamStandbyInterval: "1s"}
-	if err := a.Records.Volumes.Put(v); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.AddStandby(StandbySpec{Volume: v.ID, Primary: "node-1", Access: AccessBlock, Interval: time.Second}); err != nil {
-		t.Fatal(err)
-	}
+	v := withStandby(t, a, "pvc-health", 16<<20, map[string]string{ParamStandby: "1", ParamStandbyInterval: "1s"})
+	keepCopy(t, b, v, time.Second)
 	var behind error
 	testutil.WaitFor(t, 30*time.Second, "a standby that never pulled was never reported behind", func() bool {
 		behind = a.StandbyBehind(v)
@@ -338,14 +336,8 @@ func TestStandbyBandwidth(t *testing.T) {
 	nodes, _ := standbyNodes(t, "node-1", "node-2")
 	a, b := nodes["node-1"], nodes["node-2"]
 	b.Config.StandbyBandwidth = 2 << 20
-	v := makeVolume(t, a, "pvc-paced", AccessBlock, 16<<20)
-	v.Standby = "node-2"
-	if err := a.Records.Volumes.Put(v); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.AddStandby(StandbySpec{Volume: v.ID, Primary: "node-1", Access: AccessBlock}); err != nil {
-		t.Fatal(err)
-	}
+	v := withStandby(t, a, "pvc-paced", 16<<20, nil)
+	keepCopy(t, b, v, 0)
 	writeAt(t, a.VolumeDataPath(v), 0, 5<<20, false)
 	start := time.Now()
 	st, err := b.CatchUp(bg, v.ID)

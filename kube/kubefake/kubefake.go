@@ -6,6 +6,7 @@ package kubefake
 
 import (
 	"context"
+	"strings"
 
 	groupv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumegroupsnapshot/v1"
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
@@ -124,9 +125,6 @@ func (a API) Served(_ context.Context, path string) error {
 }
 
 func groupVersion(path string) string {
-	const apis = "/apis/"
-	if len(path) > len(apis) && path[:len(apis)] == apis {
-		return path[len(apis):]
-	}
-	return path
+	gv, _ := strings.CutPrefix(path, "/apis/")
+	return gv
 }
