@@ -12,10 +12,11 @@ import (
 
 // CreateSnapshot archives a volume. The archive is written under a
 // temporary name, fsynced and checksummed, and only then renamed into place
-// and recorded ready: a snapshot is listed only when it is complete and
-// durable. It is made in the background, past a request whose deadline
-// passes (engine.MakeSnapshot): a retry while it is made gets Aborted at
-// once and never starts a second archive.
+// and recorded ready: a snapshot is ready only when it is complete and
+// durable. It is made in the background (engine.MakeSnapshot): the answer
+// comes once its instant is cut, ready_to_use false until the rest is
+// done, so a big snapshot holds no snapshotter worker; a retry never starts
+// a second archive.
 func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (_ *csi.CreateSnapshotResponse, err error) {
 	defer edge(&err)
 	name, srcID := req.GetName(), req.GetSourceVolumeId()
@@ -70,6 +71,10 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 	if err := d.checkIDHere("snapshot_id", id); err != nil {
 		return nil, err
 	}
+	// One answered not ready and still being made is stopped first.
+	if err := d.StopSnapshot(ctx, id); err != nil {
+		return nil, err
+	}
 	s, unlock, err := engine.LockForDelete(d.Engine, "snapshot", id, engine.ValidSnapshotID, engine.SnapIDKey, d.Records.Snapshots)
 	if err != nil {
 		return nil, err
@@ -87,9 +92,10 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 	return &csi.DeleteSnapshotResponse{}, nil
 }
 
-// ListSnapshots pages through ready snapshots in id order, filtered by
-// snapshot id or source volume (every match), with the same tokens as
-// ListVolumes.
+// ListSnapshots pages through snapshots in id order, filtered by snapshot
+// id or source volume (every match), with the same tokens as ListVolumes:
+// the ready ones, and those being made past their cut, not ready (the
+// snapshotter asks by id until it is ready).
 func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (_ *csi.ListSnapshotsResponse, err error) {
 	defer edge(&err)
 	if d.Config.DisableListSnapshots {
@@ -98,7 +104,10 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 	var match []engine.SnapshotRecord
 	for _, s := range d.Records.Snapshots.All() {
 		if s.Phase != engine.PhaseReady {
-			continue
+			var ok bool
+			if s, ok = d.BeingMade(s.ID); !ok {
+				continue
+			}
 		}
 		if req.GetSnapshotId() != "" && s.ID != req.GetSnapshotId() {
 			continue
@@ -126,6 +135,11 @@ func (d *Driver) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (
 		return nil, err
 	}
 	s, ok := d.Records.Snapshots.Get(req.GetSnapshotId())
+	if made, being := d.BeingMade(req.GetSnapshotId()); being {
+		s = made
+	} else if ok && s.Phase == engine.PhaseCreating {
+		ok = false // not cut yet: its id was never given out
+	}
 	if !ok || s.Phase == engine.PhaseDeleting {
 		if err := d.DamagedRecord("snapshot", req.GetSnapshotId()); err != nil {
 			return nil, err

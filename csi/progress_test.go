@@ -106,10 +106,17 @@ func TestProgressReported(t *testing.T) {
 	}
 
 	var snapID string
+	// It is answered once cut, not ready; it is done once a retry
+	// answers it ready.
 	most := watch("snapshot", func() error {
-		s, err := d.CreateSnapshot(ctx, snapReq("snap-progress", v.GetVolumeId(), nil))
-		snapID = s.GetSnapshot().GetSnapshotId()
-		return err
+		for {
+			s, err := d.CreateSnapshot(ctx, snapReq("snap-progress", v.GetVolumeId(), nil))
+			if err != nil || s.GetSnapshot().GetReadyToUse() {
+				snapID = s.GetSnapshot().GetSnapshotId()
+				return err
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 	})
 	if most <= 0 || most > 97<<20 {
 		t.Fatalf("snapshot: /metrics showed at most %v bytes done of 96 MiB", most)

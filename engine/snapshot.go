@@ -132,8 +132,8 @@ func (d *Engine) SnapshotOptions(params map[string]string, layout string, src *P
 // meanwhile, not deleted or expanded). The snapshot is made in the
 // background, past the request (snapshotInBackground).
 func (d *Engine) MakeSnapshot(ctx context.Context, name, srcID string, params map[string]string) (SnapshotRecord, error) {
-	if err := d.snapshotting(name, srcID); err != nil {
-		return SnapshotRecord{}, err
+	if rec, ok, err := d.snapshotting(name, srcID); ok {
+		return rec, err
 	}
 	unlock, err := d.Locks.lock(fmt.Sprintf("snapshot %q", name), snapNameKey(name))
 	if err != nil {
@@ -155,8 +155,9 @@ func (d *Engine) MakeSnapshot(ctx context.Context, name, srcID string, params ma
 }
 
 // takeSnapshot snapshots a volume; the caller holds the lock of the name
-// and has pinned the volume. A failure leaves no data and no record.
-func (d *Engine) takeSnapshot(ctx context.Context, name, srcID string, reqParams map[string]string) (SnapshotRecord, error) {
+// and has pinned the volume. cut hears of the snapshot, not ready yet, once
+// its instant is fixed. A failure leaves no data and no record.
+func (d *Engine) takeSnapshot(ctx context.Context, name, srcID string, reqParams map[string]string, cut func(SnapshotRecord)) (SnapshotRecord, error) {
 	p, err := d.prepareSnapshot(ctx, name, srcID, reqParams, "")
 	if err != nil {
 		return SnapshotRecord{}, err
@@ -167,6 +168,9 @@ func (d *Engine) takeSnapshot(ctx context.Context, name, srcID string, reqParams
 	}
 	defer release()
 	err = d.frozen(ctx, []VolumeRecord{p.v}, p.cut)
+	if err == nil {
+		cut(p.cutRecord())
+	}
 	return p.complete(err)
 }
 
@@ -187,6 +191,20 @@ type pendingSnapshot struct {
 	done func()
 	// rest is what cut leaves for after the thaw (nil until cut).
 	rest snapshotRest
+	// at is the snapshot's instant: when its cut began, in its freeze.
+	at time.Time
+}
+
+// cutRecord is the snapshot as its cut leaves it: its instant fixed, not
+// ready yet; its size is the volume's for a copy of an image (what a
+// restore needs), unknown for an archive until it is written.
+func (p *pendingSnapshot) cutRecord() SnapshotRecord {
+	s := p.s
+	s.CreatedAt = p.at
+	if s.Format == FormatImage {
+		s.SizeBytes = s.VolumeBytes
+	}
+	return s
 }
 
 // snapshotRest is what a snapshot's cut leaves to do after the thaw:
@@ -249,6 +267,7 @@ func (d *Engine) prepareSnapshot(ctx context.Context, name, srcID string, reqPar
 func (p *pendingSnapshot) cut(ctx context.Context) error {
 	// p.ctx carries the snapshot's progress; ctx is frozen's, cancelled
 	// when the freeze overruns its bound: the copy stops on either.
+	p.at = time.Now().UTC()
 	cctx, cancel := context.WithCancel(p.ctx)
 	defer cancel()
 	defer context.AfterFunc(ctx, cancel)()
@@ -274,6 +293,9 @@ func (p *pendingSnapshot) complete(err error) (SnapshotRecord, error) {
 		}
 	}
 	s := p.s
+	if !p.at.IsZero() {
+		s.CreatedAt = p.at
+	}
 	s.Phase, s.SizeBytes, s.SHA256 = PhaseReady, size, sum
 	if s.Format == FormatImage {
 		// A block or image restore needs the whole device, whatever is

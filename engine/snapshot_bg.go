@@ -3,45 +3,69 @@ package engine
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"k8s.io/klog/v2"
 )
 
 // A snapshot takes as long as its volume is big (an archive of a large
-// directory volume, an image volume's copy on a pool that shares no
-// blocks), often longer than the csi-snapshotter's --timeout (a minute by
-// default, which deploy/ keeps). Run under the request's deadline it was
-// cancelled there and taken back, and its retry started it again from
-// nothing, refreezing an image volume each time: a big snapshot was never
-// made. So, as a pull from another node, it runs on its own, under the
-// driver's lifetime, holding the name's lock and the volume's pin; the
-// request waits for it while its deadline allows and otherwise answers
-// Aborted (the CSI spec's answer for an operation pending on the name). A
-// retry is answered at once, with the bytes done so far, until the
-// snapshot is ready, and is then answered with it as any repeated
-// CreateSnapshot is. One that fails has taken back what it made, and the
-// next retry starts it again. Close cancels it, which takes it back too.
+// directory volume, the checksum of a large image), often longer than the
+// csi-snapshotter's --timeout (a minute by default, which deploy/ keeps),
+// and one central snapshotter calls CreateSnapshot for every node: run
+// under the request, ten big snapshots on one node held every worker and
+// stalled snapshots cluster-wide, and one cancelled at its deadline was
+// started again from nothing by its retry. So, as a pull from another
+// node, a snapshot runs on its own, under the driver's lifetime, holding
+// the name's lock and the volume's pin, and the request is answered as
+// soon as the snapshot's instant is fixed (its cut: the freeze and copy of
+// an image volume, the start of a directory volume's archive): with the
+// snapshot, ready_to_use false unless it is done within readyGrace. The
+// snapshotter asks again (CreateSnapshot with the same name, or
+// ListSnapshots by id) until it is ready. Before its cut (waiting for a
+// slot, or a copy under freeze longer than the request), the request
+// answers Aborted, the CSI spec's answer for an operation pending on the
+// name, and a retry is answered at once. One that fails has taken back
+// what it made and the next retry starts it again; DeleteSnapshot of one
+// being made stops it, and Close stops them all, which takes them back.
+
+// readyGrace is how long a request waits, past its snapshot's cut, for the
+// rest (the archive, the checksum): a small snapshot is then answered
+// ready at once, saving the snapshotter a round of polling.
+const readyGrace = time.Second
 
 // snapJob is one snapshot being made in the background.
 type snapJob struct {
-	done chan struct{}
-	src  string
-	rec  SnapshotRecord
-	err  error
+	done   chan struct{}
+	cut    chan struct{} // closed once pending holds the cut snapshot
+	cancel context.CancelFunc
+	src    string
+	// pending is the snapshot as cut: its id and instant, not ready.
+	pending SnapshotRecord
+	// answered says how its request was answered before it was made
+	// ("" while none was): the end is then logged, since nobody waits.
+	answered string
+	rec      SnapshotRecord
+	err      error
 }
 
 // snapshotting answers a CreateSnapshot of a name whose snapshot is being
-// made past an earlier request: ErrBusy, with its progress, or ErrExists
-// for another source volume.
-func (d *Engine) snapshotting(name, srcID string) error {
+// made past an earlier request: the snapshot, not ready, once it is cut;
+// before, ErrBusy with its progress; ErrExists for another source volume.
+// ok is false when no such snapshot is being made.
+func (d *Engine) snapshotting(name, srcID string) (rec SnapshotRecord, ok bool, err error) {
 	d.bg.mu.Lock()
 	job, ok := d.bg.snaps[name]
 	d.bg.mu.Unlock()
 	if !ok {
-		return nil
+		return SnapshotRecord{}, false, nil
 	}
 	if job.src != srcID {
-		return StorageErr(ErrExists, "snapshot %q is being made of volume %s, not of %s", name, job.src, srcID)
+		return SnapshotRecord{}, true, StorageErr(ErrExists, "snapshot %q is being made of volume %s, not of %s", name, job.src, srcID)
+	}
+	select {
+	case <-job.cut:
+		return job.pending, true, nil
+	default:
 	}
 	msg := fmt.Sprintf("snapshot %q of volume %s is being made", name, srcID)
 	if s, ok := d.Records.Snapshots.ByName(name); ok {
@@ -49,42 +73,126 @@ func (d *Engine) snapshotting(name, srcID string) error {
 			msg += fmt.Sprintf(" (%s of %s done)", formatBytes(b), formatBytes(expected))
 		}
 	}
-	return StorageErr(ErrBusy, "%s; it is returned once ready, retry later", msg)
+	return SnapshotRecord{}, true, StorageErr(ErrBusy, "%s; it is returned once it is cut, retry later", msg)
+}
+
+// BeingMade returns the snapshot with this id if it is cut and being made
+// in the background (not ready yet): what ListSnapshots and GetSnapshot
+// report for it.
+func (d *Engine) BeingMade(id string) (SnapshotRecord, bool) {
+	if job := d.snapJobOf(id); job != nil {
+		return job.pending, true
+	}
+	return SnapshotRecord{}, false
+}
+
+// snapJobOf is the background job making the cut snapshot with this id,
+// or nil.
+func (d *Engine) snapJobOf(id string) *snapJob {
+	d.bg.mu.Lock()
+	defer d.bg.mu.Unlock()
+	for _, job := range d.bg.snaps {
+		select {
+		case <-job.cut:
+			if job.pending.ID == id {
+				return job
+			}
+		default:
+		}
+	}
+	return nil
+}
+
+// StopSnapshot stops the snapshot with this id if it is being made (the
+// CO deletes a snapshot it was answered not ready for) and waits until it
+// has ended: taken back, or made if it was done first.
+func (d *Engine) StopSnapshot(ctx context.Context, id string) error {
+	job := d.snapJobOf(id)
+	if job == nil {
+		return nil
+	}
+	job.cancel()
+	select {
+	case <-job.done:
+		return nil
+	case <-ctx.Done():
+		return StorageErr(ErrBusy, "snapshot %s is being stopped: %v", id, ctx.Err())
+	}
+}
+
+// awaitSnapshot waits, within ctx, until the snapshot with this id is no
+// longer being made: a restore from one answered not ready waits for it.
+func (d *Engine) awaitSnapshot(ctx context.Context, id string) error {
+	job := d.snapJobOf(id)
+	if job == nil {
+		return nil
+	}
+	select {
+	case <-job.done:
+		return nil
+	case <-ctx.Done():
+		return StorageErr(ErrBusy, "snapshot %s is still being made (%v); retry once it is ready", id, ctx.Err())
+	}
 }
 
 // snapshotInBackground makes snapshot name of volume srcID in the
 // background and takes over release (the name's lock and the volume's
 // pin), which it calls when the snapshot is made or given up. It returns
-// the snapshot if it is ready within ctx.
+// the snapshot once it is cut (ready if it was done within readyGrace),
+// or ErrBusy if ctx ends before the cut.
 func (d *Engine) snapshotInBackground(ctx context.Context, name, srcID string, params map[string]string, release func()) (SnapshotRecord, error) {
-	job := &snapJob{done: make(chan struct{}), src: srcID}
+	jobCtx, cancel := context.WithCancel(d.bg.ctx)
+	job := &snapJob{done: make(chan struct{}), cut: make(chan struct{}), cancel: cancel, src: srcID}
 	d.bg.mu.Lock()
 	d.bg.snaps[name] = job
 	d.bg.mu.Unlock()
 	d.bg.wg.Add(1)
 	go func() {
 		defer d.bg.wg.Done()
-		job.rec, job.err = d.takeSnapshot(d.bg.ctx, name, srcID, params)
+		defer cancel()
+		job.rec, job.err = d.takeSnapshot(jobCtx, name, srcID, params, func(s SnapshotRecord) {
+			d.bg.mu.Lock()
+			job.pending = s
+			close(job.cut)
+			d.bg.mu.Unlock()
+		})
 		d.bg.mu.Lock()
 		delete(d.bg.snaps, name)
+		how := job.answered
 		d.bg.mu.Unlock()
 		// The name is free before anyone hears of the end: a retry
 		// right after the answer must find the record, not the lock.
 		release()
 		close(job.done)
+		switch {
+		case how == "":
+		case job.err != nil:
+			klog.ErrorS(job.err, "a snapshot failed after its request was answered; a retry starts it again", "name", name, "source_volume_id", srcID, "answered", how)
+		default:
+			klog.InfoS("a snapshot was made after its request was answered", "name", name, "snapshot_id", job.rec.ID, "answered", how)
+		}
 	}()
+	answered := func(how string) {
+		d.bg.mu.Lock()
+		job.answered = how
+		d.bg.mu.Unlock()
+	}
 	select {
 	case <-job.done:
 		return job.rec, job.err
+	case <-job.cut:
+		grace := time.NewTimer(readyGrace)
+		defer grace.Stop()
+		select {
+		case <-job.done:
+			return job.rec, job.err
+		case <-grace.C:
+		case <-ctx.Done():
+		}
+		answered("not ready")
+		return job.pending, nil
 	case <-ctx.Done():
-		go func() {
-			<-job.done
-			if job.err != nil {
-				klog.ErrorS(job.err, "a snapshot failed after its request ended; a retry starts it again", "name", name, "source_volume_id", srcID)
-			} else {
-				klog.InfoS("a snapshot was made after its request ended; a retry returns it", "name", name, "snapshot_id", job.rec.ID)
-			}
-		}()
-		return SnapshotRecord{}, StorageErr(ErrBusy, "snapshot %q of volume %s is being made; it goes on past this request (%v), and a retry returns it once it is ready", name, srcID, ctx.Err())
+		answered("Aborted")
+		return SnapshotRecord{}, StorageErr(ErrBusy, "snapshot %q of volume %s is being made; it goes on past this request (%v), and a retry returns it once it is cut", name, srcID, ctx.Err())
 	}
 }

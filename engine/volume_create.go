@@ -102,6 +102,11 @@ func (d *Engine) MakeVolume(ctx context.Context, spec VolumeSpec) (VolumeRecord,
 			rec.FSType = fsField(fs)
 		}
 	case src.kind == SourceSnapshot:
+		// One answered not ready is restored once made (a CO restores
+		// only ready snapshots; csi-sanity restores at once).
+		if err := d.awaitSnapshot(ctx, src.ID); err != nil {
+			return VolumeRecord{}, err
+		}
 		unpin, err := d.pinSnapshot(src.ID)
 		if err != nil {
 			return VolumeRecord{}, err
