@@ -54,7 +54,7 @@ func BenchmarkZstdAPI(b *testing.B) {
 			var lastSnap string
 			snapshot := func(b *testing.B, _ string) {
 				seq++
-				s, err := d.CreateSnapshot(ctx, &csipb.CreateSnapshotRequest{Name: fmt.Sprint("s", seq), SourceVolumeId: vol.GetVolume().GetVolumeId(),
+				s, err := testutil.SnapshotReady(ctx, d.CreateSnapshot, &csipb.CreateSnapshotRequest{Name: fmt.Sprint("s", seq), SourceVolumeId: vol.GetVolume().GetVolumeId(),
 					Parameters: map[string]string{"compression": "zstd"}})
 				if err != nil {
 					b.Fatal(err)

@@ -162,7 +162,7 @@ func comparedBytes(b *testing.B, p1, p2 string) int64 {
 
 // snapshotOf snapshots volume id through the API and returns its id.
 func snapshotOf(b *testing.B, d *hcsi.Driver, id, name string) string {
-	s, err := d.CreateSnapshot(context.Background(), &csipb.CreateSnapshotRequest{Name: name, SourceVolumeId: id})
+	s, err := testutil.SnapshotReady(context.Background(), d.CreateSnapshot, &csipb.CreateSnapshotRequest{Name: name, SourceVolumeId: id})
 	if err != nil {
 		b.Fatal(err)
 	}

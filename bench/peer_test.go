@@ -87,7 +87,7 @@ func BenchmarkRestoreFromPeer(b *testing.B) {
 				if format.name == "tar.zst" {
 					params = map[string]string{"compression": "zstd"}
 				}
-				snap, err := a.CreateSnapshot(ctx, &csipb.CreateSnapshotRequest{Name: "snap-" + format.name, SourceVolumeId: vol.GetVolume().GetVolumeId(), Parameters: params})
+				snap, err := testutil.SnapshotReady(ctx, a.CreateSnapshot, &csipb.CreateSnapshotRequest{Name: "snap-" + format.name, SourceVolumeId: vol.GetVolume().GetVolumeId(), Parameters: params})
 				if err != nil {
 					b.Fatal(err)
 				}

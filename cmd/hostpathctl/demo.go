@@ -123,7 +123,14 @@ func (c client) demo(ctx context.Context, dir string) (retErr error) {
 		return err
 	}
 	if err := step("CreateSnapshot (tar.gz, in-process)", func() (string, error) {
-		r, err := c.ctrl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "demo-snap-" + suffix, SourceVolumeId: vol.GetVolumeId()})
+		// Answered once cut, ready_to_use false until its archive is
+		// made: asked again, as the csi-snapshotter does, until ready.
+		req := &csi.CreateSnapshotRequest{Name: "demo-snap-" + suffix, SourceVolumeId: vol.GetVolumeId()}
+		r, err := c.ctrl.CreateSnapshot(ctx, req)
+		for err == nil && !r.GetSnapshot().GetReadyToUse() {
+			time.Sleep(50 * time.Millisecond)
+			r, err = c.ctrl.CreateSnapshot(ctx, req)
+		}
 		if err != nil {
 			return "", err
 		}

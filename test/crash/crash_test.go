@@ -126,7 +126,7 @@ func (h *harness) pick(r *rand.Rand) op {
 		src := vols[r.IntN(len(vols))]
 		name := fmt.Sprintf("snap-%d", n)
 		return op{"snapshot " + src, func(ctx context.Context) error {
-			resp, err := h.ctrl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: src})
+			resp, err := testutil.SnapshotReady(ctx, testutil.Client(h.ctrl), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: src})
 			if err != nil {
 				return err
 			}

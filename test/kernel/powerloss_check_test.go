@@ -82,6 +82,9 @@ func (m *mounted) release() {
 //     restored now and holds its volume's data;
 //   - publish, unpublish and modify acknowledged are in the records;
 //   - every byte the writer fsynced is there;
+//   - the image volume grown while not staged stages (which finishes a
+//     growth cut), holds every file fsynced on it, and has grown if its
+//     expand was acknowledged;
 //   - every image volume's file system is clean once its journal is
 //     replayed (on a copy), and holds every byte the image writer
 //     fsynced on it; every snapshot of an image volume is clean as it
@@ -188,6 +191,7 @@ func checkPoint(t *testing.T, fs fsSpec, driver, img string, acked []plan.Op) (p
 	imageFS := map[string]string{} // their file systems (ext4 when empty)
 	var imageWritten int64
 	var imageWriter string
+	imageFiles := map[string][]plan.Op{} // files fsynced on an image volume grown while not staged
 	for _, op := range acked {
 		switch op.Kind {
 		case "create":
@@ -196,6 +200,8 @@ func checkPoint(t *testing.T, fs fsSpec, driver, img string, acked []plan.Op) (p
 			imageFS[op.ID] = op.FSType
 		case "image-write":
 			imageWritten, imageWriter = max(imageWritten, op.Bytes), op.ID
+		case "image-file":
+			imageFiles[op.ID] = append(imageFiles[op.ID], op)
 		case "expand":
 			sizes[op.ID] = op.Size
 		case "issue-delete":
@@ -369,6 +375,15 @@ func checkPoint(t *testing.T, fs fsSpec, driver, img string, acked []plan.Op) (p
 		json.Unmarshal(b, &rec)
 		if rec.Mutable["snapshotFormat"] != "tar.gz" {
 			bad("volume %s: its acknowledged modify is not in its record", id)
+		}
+	}
+	// An image volume grown while not staged is staged first, as its pod's
+	// next start would: that finishes a growth the power loss cut.
+	for id, op := range wantVol {
+		if op.Layout == "image" && op.FSType == "" && (len(imageFiles[id]) > 0 || sizes[id] == plan.GrownSize) {
+			for _, p := range stageGrown(ctx, node, id, imageFiles[id], sizes[id]) {
+				bad("image volume %s, grown while not staged: %s", id, p)
+			}
 		}
 	}
 	// Image volumes: their own file systems, and the image writer's bytes.

@@ -1,11 +1,17 @@
 package kernel
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"syscall"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 
 	"github.com/hostpath-csi/hostpath/loop"
 
@@ -77,6 +83,45 @@ func checkXFSImage(tmp, cp string) (problems []string) {
 	}
 	if out, err := exec.Command("xfs_repair", "-n", "-f", cp).CombinedOutput(); err != nil {
 		problems = append(problems, fmt.Sprintf("not clean after its log's replay: %v: %s", err, lastLines(string(out), 3)))
+	}
+	return problems
+}
+
+// stageGrown stages image volume id, which the workload grew while it was
+// not staged (growOffline), through the driver started on the point: the
+// stage finishes a growth the power loss cut before it mounts. Staged, the
+// volume must hold every file acknowledged on it, and, if its expand to
+// plan.GrownSize was acknowledged, a file system past the old one's single
+// group; then it is unstaged, for checkImage to find it clean.
+func stageGrown(ctx context.Context, node csipb.NodeClient, id string, files []plan.Op, size int64) (problems []string) {
+	staging, err := os.MkdirTemp("", "powerloss-grown-")
+	if err != nil {
+		return []string{err.Error()}
+	}
+	defer os.Remove(staging)
+	mount := &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}},
+		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+	if _, err := node.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: mount}); err != nil {
+		return []string{fmt.Sprintf("staging it: %v", err)}
+	}
+	defer func() {
+		if _, err := node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+			problems = append(problems, fmt.Sprintf("unstaging it: %v", err))
+		}
+	}()
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join(staging, f.File))
+		if h := sha256.Sum256(b); err != nil || hex.EncodeToString(h[:]) != f.Sum {
+			problems = append(problems, fmt.Sprintf("file %s, fsynced, is not there as written (%d bytes, %v)", f.File, len(b), err))
+		}
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(staging, &st); err != nil {
+		return append(problems, fmt.Sprintf("statfs: %v", err))
+	}
+	// One group is 128 MiB; the metadata statfs leaves out is a few.
+	if total := int64(st.Blocks) * st.Bsize; size >= plan.GrownSize && total < 128<<20 {
+		problems = append(problems, fmt.Sprintf("its file system has %d bytes after the acknowledged growth to %d", total, size))
 	}
 	return problems
 }

@@ -236,13 +236,13 @@ func makeWorld(t *testing.T, d *driver, dir string) *world {
 		"tar.zst": {"compression": "zstd"},
 		"reflink": {"format": "reflink"},
 	} {
-		r, err := d.ctl().CreateSnapshot(ctx, &csipb.CreateSnapshotRequest{Name: "snap-" + format, SourceVolumeId: w.dirVol, Parameters: params})
+		r, err := testutil.SnapshotReady(ctx, testutil.Client(d.ctl()), &csipb.CreateSnapshotRequest{Name: "snap-" + format, SourceVolumeId: w.dirVol, Parameters: params})
 		if err != nil {
 			t.Fatalf("previous release: %s snapshot: %v", format, err)
 		}
 		w.snaps[format] = r.GetSnapshot().GetSnapshotId()
 	}
-	r, err := d.ctl().CreateSnapshot(ctx, &csipb.CreateSnapshotRequest{Name: "snap-img", SourceVolumeId: w.blkVol})
+	r, err := testutil.SnapshotReady(ctx, testutil.Client(d.ctl()), &csipb.CreateSnapshotRequest{Name: "snap-img", SourceVolumeId: w.blkVol})
 	if err != nil {
 		t.Fatalf("previous release: block snapshot: %v", err)
 	}

@@ -45,6 +45,8 @@ type Op struct {
 	// Kind is create, delete, snapshot, delete-snapshot, expand, modify,
 	// publish, unpublish, write (the writer's), image-write (the image
 	// writer's, on the image volume's own file system) or write-block;
+	// image-file names a file (File, its sha256 Sum) fsynced on an image
+	// volume grown while not staged;
 	// issue-delete, issue-delete-snapshot and issue-unpublish mark a
 	// request sent (it may finish at start after a power loss); epoch
 	// reports the journal's epoch, and restart a crash of the driver
@@ -57,7 +59,7 @@ type Op struct {
 	Source string `json:"source,omitempty"` // a create's snapshot or volume source
 	Size   int64  `json:"size,omitempty"`   // a volume's capacity after a create or expand
 	Format string `json:"format,omitempty"` // a snapshot's format parameter
-	File   string `json:"file,omitempty"`   // the writer's file, relative to the state dir
+	File   string `json:"file,omitempty"`   // the writer's file, relative to the state dir; an image-file's, in its file system
 	Bytes  int64  `json:"bytes,omitempty"`  // the writer's bytes fsynced
 	Target string `json:"target,omitempty"` // a publish's target path
 	Pool   string `json:"pool,omitempty"`   // a volume's or snapshot's pool, when not the default
@@ -100,6 +102,10 @@ const (
 	JournalSize = "64Ki"
 	// BlockOffset is where BlockData lies in a block volume.
 	BlockOffset = 3 << 20
+	// GrownSize is what the image volume grown while not staged grows
+	// to, from 32 MiB (one short group): its short group widened, and a
+	// group added whose superblock copy ext4 keeps.
+	GrownSize = 160 << 20
 )
 
 // DriverArgs are the flags the driver runs with on a state dir and a pool

@@ -15,6 +15,7 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 
+	"github.com/hostpath-csi/hostpath/internal/testutil"
 	"github.com/hostpath-csi/hostpath/test/kernel/plan"
 )
 
@@ -35,8 +36,9 @@ func sum(b []byte) string { h := sha256.Sum256(b); return hex.EncodeToString(h[:
 // concurrent creates and deletes (commits sharing syncs), a crash of the
 // driver and its start again, with a writer appending and fsyncing to a
 // file in a volume meanwhile; image volumes (ext4 in both pools, XFS), one
-// grown online, a group snapshot of them, and a crash of the driver while
-// a snapshot holds one frozen. The journal is small, so the run crosses
+// grown online and one grown while not staged (growOffline), a group
+// snapshot of them, and a crash of the driver while a snapshot holds one
+// frozen. The journal is small, so the run crosses
 // many checkpoints and epochs.
 func workload(t *testing.T, rec *recorder, state, pool string) {
 	const logs = "/tmp/powerloss-driver.log"
@@ -91,7 +93,7 @@ func workload(t *testing.T, rec *recorder, state, pool string) {
 		return createIn("", name, c, size, src, source, pl, expect)
 	}
 	snapshot := func(name, vol string, params map[string]string, format, pl string) string {
-		r, err := ctl().CreateSnapshot(ctx, &csipb.CreateSnapshotRequest{Name: name, SourceVolumeId: vol, Parameters: params})
+		r, err := testutil.SnapshotReady(ctx, testutil.Client(ctl()), &csipb.CreateSnapshotRequest{Name: name, SourceVolumeId: vol, Parameters: params})
 		must("CreateSnapshot "+name, err)
 		rec.ack(t, plan.Op{Kind: "snapshot", ID: r.GetSnapshot().GetSnapshotId(), Source: vol, Format: format, Pool: pl})
 		return r.GetSnapshot().GetSnapshotId()
@@ -241,6 +243,7 @@ func workload(t *testing.T, rec *recorder, state, pool string) {
 		must("data", f.Sync())
 		f.Close()
 	}
+	growOffline(t, rec, ctl(), node(), createIn("image", "grown-image", mountCap, 32<<20, nil, "", "", nil), targets)
 	_, err = ctl().ControllerExpandVolume(ctx, &csipb.ControllerExpandVolumeRequest{VolumeId: ivol, CapacityRange: &csipb.CapacityRange{RequiredBytes: 48 << 20}, VolumeCapability: mountCap})
 	must("ControllerExpandVolume (image)", err)
 	_, err = node().NodeExpandVolume(ctx, &csipb.NodeExpandVolumeRequest{VolumeId: ivol, VolumePath: itarget, CapacityRange: &csipb.CapacityRange{RequiredBytes: 48 << 20}})
@@ -300,6 +303,51 @@ func workload(t *testing.T, rec *recorder, state, pool string) {
 	rec.ack(t, plan.Op{Kind: "epoch", Epoch: Epoch(state)})
 	close(stop)
 	wg.Wait()
+}
+
+// growOffline grows ext4 image volume id (32 MiB: one short group) while
+// nothing has it staged, as a pod's volume is grown between two of its
+// runs: a file written on it, the expand (its image grows), then its next
+// stage, which grows its file system in-process (format/ext4: the short
+// group widened, a group with a superblock copy added), and a file of 12 MB
+// written on the grown file system. Each file is acknowledged (image-file) once fsynced; a
+// power loss inside the growth leaves what the stage after finishes.
+func growOffline(t *testing.T, rec *recorder, ctl csipb.ControllerClient, node csipb.NodeClient, id, targets string) {
+	ctx := context.Background()
+	staging, target := filepath.Join(targets, "grown-staging"), filepath.Join(targets, "grown-target")
+	os.MkdirAll(staging, 0o755)
+	use := func(file string, data []byte) {
+		if _, err := node.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: mountCap}); err != nil {
+			t.Fatalf("NodeStageVolume (grown image): %v", err)
+		}
+		if _, err := node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: mountCap}); err != nil {
+			t.Fatalf("NodePublishVolume (grown image): %v", err)
+		}
+		f, err := os.Create(filepath.Join(target, file))
+		if err == nil {
+			_, err = f.Write(data)
+		}
+		if err == nil {
+			err = f.Sync()
+		}
+		if err != nil {
+			t.Fatalf("writing %s on the grown image: %v", file, err)
+		}
+		f.Close()
+		rec.ack(t, plan.Op{Kind: "image-file", ID: id, File: file, Sum: sum(data)})
+		if _, err := node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+			t.Fatalf("NodeUnpublishVolume (grown image): %v", err)
+		}
+		if _, err := node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+			t.Fatalf("NodeUnstageVolume (grown image): %v", err)
+		}
+	}
+	use("before", []byte(strings.Repeat("before the growth ", 60000)))
+	if _, err := ctl.ControllerExpandVolume(ctx, &csipb.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csipb.CapacityRange{RequiredBytes: plan.GrownSize}, VolumeCapability: mountCap}); err != nil {
+		t.Fatalf("ControllerExpandVolume (grown image): %v", err)
+	}
+	rec.ack(t, plan.Op{Kind: "expand", ID: id, Size: plan.GrownSize})
+	use("after", []byte(strings.Repeat("after the growth ", 700000)))
 }
 
 // writeBlock stages and publishes block volume id, writes round's data
