@@ -59,11 +59,17 @@ func KeyOf(id string) (string, bool) {
 }
 
 // OtherNode reports whether a well-formed id was made by another node,
-// and that node's tag.
+// and that node's tag: a volume promoted here from a standby copy
+// (PromoteStandby) keeps the id its first node made, and is this node's.
 func (d *Engine) OtherNode(id string) (string, bool) {
 	for _, p := range []string{VolumeIDPrefix, SnapshotIDPrefix, GroupIDPrefix} {
 		if validID(p, id) {
 			tag := id[len(p) : len(p)+nodeTagLen]
+			if tag != d.Tag && p == VolumeIDPrefix {
+				if v, ok := d.Records.Volumes.Get(id); ok && v.Epoch > 0 {
+					return "", false
+				}
+			}
 			return "node tag " + tag, tag != d.Tag
 		}
 	}

@@ -282,6 +282,7 @@ func Open(cfg Config, moved func(op string, n int64)) (*Engine, error) {
 	for _, p := range d.PoolList()[1:] {
 		d.OpenPool(p)
 	}
+	d.finishPromotions()
 	if err := d.reattachBlockVolumes(); err != nil {
 		d.Records.Close()
 		return nil, fmt.Errorf("re-attaching block volumes: %w", err)

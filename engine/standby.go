@@ -233,8 +233,13 @@ func (d *Engine) cutForStandby(ctx context.Context, v VolumeRecord, held uint64)
 }
 
 // dropStandbyCuts removes volume v's standby directory on the primary (its
-// cuts), when the volume goes.
+// cuts), when the volume goes. A directory this node also keeps a copy of
+// the volume in (a promotion under way, or taken back) stays: it holds
+// the copy's generations, which go only with the copy's record.
 func (d *Engine) dropStandbyCuts(v VolumeRecord) error {
+	if _, ok := d.Records.Standbys.Get(v.ID); ok {
+		return nil
+	}
 	dir := standbyDir(d.PoolOf(v.Pool).Paths.Root, v.ID)
 	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
 		return nil // most volumes have no standby

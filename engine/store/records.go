@@ -66,6 +66,10 @@ type Volume struct {
 	// by changed blocks (docs/standby.md), the only node it is sent to;
 	// empty for none.
 	Standby string `json:"standby,omitempty"`
+	// Epoch is the volume's fencing epoch: 0 where it was made, one more
+	// at each promotion of its standby copy, so that of two nodes that
+	// each hold the volume the higher epoch is its owner.
+	Epoch uint64 `json:"epoch,omitempty"`
 }
 
 // Standby is what the driver keeps about a copy it holds of another
@@ -86,6 +90,9 @@ type Standby struct {
 	// PV is the PersistentVolume of the volume, by which this node learned
 	// of it and learns that it is gone.
 	PV string `json:"pv,omitempty"`
+	// Epoch is the fencing epoch of the primary it copies; a promotion
+	// makes the volume here with the next.
+	Epoch uint64 `json:"epoch,omitempty"`
 }
 
 // Snapshot is what the driver keeps about one snapshot.

@@ -1,0 +1,137 @@
+package engine
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestStandbyPromotion: the standby of a volume whose primary is fenced
+// makes its newest generation the volume, under the same id, with the next
+// fencing epoch and the old primary as its standby; it holds what the
+// primary held at the last cut the standby pulled (writes after it are
+// the interval's loss), keeps that cut as the old primary's base, and lets
+// go of the copy. Without a fence, a copy, or a generation, it refuses.
+func TestStandbyPromotion(t *testing.T) {
+	nodes, _ := standbyNodes(t, "node-1", "node-2")
+	a, b := nodes["node-1"], nodes["node-2"]
+	v := withStandby(t, a, "pvc-promoted", 32<<20, nil)
+	img := a.VolumeDataPath(v)
+	for _, tc := range []struct {
+		name, id, fence string
+		want            error
+	}{
+		{"no fence", v.ID, "", ErrInvalid},
+		{"no copy here", v.ID, "node-1 is out of service", ErrNotFound},
+	} {
+		if _, err := b.PromoteStandby(bg, tc.id, tc.fence); !errors.Is(err, tc.want) {
+			t.Fatalf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	keepCopy(t, b, v, 0)
+	if _, err := b.PromoteStandby(bg, v.ID, "node-1 is out of service"); !errors.Is(err, ErrDataMissing) {
+		t.Fatalf("a copy that never pulled: %v, want ErrDataMissing", err)
+	}
+	writeAt(t, img, 0, 2<<20, false)
+	if _, err := b.CatchUp(bg, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	writeAt(t, img, 4<<20, 1<<20, false)
+	st, err := b.CatchUp(bg, v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	atCut, err := os.ReadFile(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeAt(t, img, 8<<20, 1<<20, false) // after the last pull: lost with the primary
+
+	p, err := b.PromoteStandby(bg, v.ID, "node-1 is out of service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.ID != v.ID || p.Epoch != 1 || p.Standby != "node-1" || p.Phase != PhaseReady || p.CapacityBytes != v.CapacityBytes || p.AccessType != AccessBlock {
+		t.Fatalf("promoted: %+v; want %s ready, epoch 1, node-1 its standby, %d bytes", p, v.ID, v.CapacityBytes)
+	}
+	if got, err := os.ReadFile(b.VolumeDataPath(p)); err != nil || !bytes.Equal(got, atCut) {
+		t.Fatalf("the promoted volume does not hold the volume as its last cut was (%v)", err)
+	}
+	if _, other := b.OtherNode(v.ID); other {
+		t.Error("node-2 takes the promoted volume for another node's")
+	}
+	if _, ok := b.Records.Standbys.Get(v.ID); ok {
+		t.Error("the copy's record outlives the promotion")
+	}
+	dir := standbyDir(b.Paths.Root, v.ID)
+	if gens, _ := generations(dir, "gen"); len(gens) != 0 {
+		t.Errorf("generations %v outlive the promotion", gens)
+	}
+	if cut, err := os.ReadFile(filepath.Join(dir, cutName(st.Generation))); err != nil || !bytes.Equal(cut, atCut) {
+		t.Errorf("the cut the old primary goes on from is not kept (%v)", err)
+	}
+	if again, err := b.PromoteStandby(bg, v.ID, "node-1 is out of service"); err != nil || again.Epoch != 1 {
+		t.Errorf("promoted again: %+v, %v; want the same volume", again, err)
+	}
+}
+
+// TestStandbyPromotionCut: a promotion cut by a crash before its volume's
+// record is ready is taken back at the start and leaves the copy whole
+// (the half-made volume's removal never takes the copy's directory); one
+// cut after it is finished at the start.
+func TestStandbyPromotionCut(t *testing.T) {
+	nodes, peers := standbyNodes(t, "node-1", "node-2")
+	a, b := nodes["node-1"], nodes["node-2"]
+	v := withStandby(t, a, "pvc-cut", 16<<20, nil)
+	keepCopy(t, b, v, 0)
+	writeAt(t, a.VolumeDataPath(v), 0, 1<<20, false)
+	if _, err := b.CatchUp(bg, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	g, gen, _ := b.StandbyGeneration(v.ID)
+	held, _ := os.ReadFile(gen)
+	restart := func() {
+		t.Helper()
+		cfg := b.Config
+		b.Close()
+		b = openEngine(t, cfg)
+		b.SetPeers(peers["node-2"])
+	}
+
+	// Before the ready record: a creating record and a half-placed copy.
+	half := VolumeRecord{ID: v.ID, Name: v.ID, CapacityBytes: v.CapacityBytes, AccessType: AccessBlock, Phase: PhaseCreating, Epoch: 1, Standby: "node-1"}
+	if err := b.Records.Volumes.Put(half); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(b.VolumeDataPath(half), held[:4096], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	restart()
+	if _, ok := b.Records.Volumes.Get(v.ID); ok {
+		t.Fatal("a half-made promotion is still recorded after the start")
+	}
+	if g2, gen2, err := b.StandbyGeneration(v.ID); err != nil || g2 != g {
+		t.Fatalf("after a half-made promotion the copy holds generation %d (%v), want %d", g2, err, g)
+	} else if got, _ := os.ReadFile(gen2); !bytes.Equal(got, held) {
+		t.Fatal("the copy's generation changed")
+	}
+
+	// After it: the copy's record still there; the start lets go of it.
+	p, err := b.PromoteStandby(bg, v.ID, "node-1's Node is deleted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := StandbyRecord{Volume: v.ID, Primary: "node-1", Phase: PhaseReady, AccessType: AccessBlock}
+	if err := b.Records.Standbys.Put(s); err != nil {
+		t.Fatal(err)
+	}
+	restart()
+	if _, ok := b.Records.Standbys.Get(v.ID); ok {
+		t.Error("the start did not finish the promotion")
+	}
+	if got, err := os.ReadFile(b.VolumeDataPath(p)); err != nil || !bytes.Equal(got, held) {
+		t.Errorf("the promoted volume after the start: %v", err)
+	}
+}
