@@ -61,7 +61,7 @@ func toStatus(err error, format string, args ...any) error {
 	case errors.Is(err, engine.ErrNoCapacity):
 		return status.Error(codes.ResourceExhausted, msg)
 	case errors.Is(err, engine.ErrDamaged), errors.Is(err, engine.ErrDataMissing), errors.Is(err, engine.ErrInUse),
-		errors.Is(err, engine.ErrUnsure), errors.Is(err, engine.ErrNotStaged):
+		errors.Is(err, engine.ErrUnsure), errors.Is(err, engine.ErrNotStaged), errors.Is(err, engine.ErrNotFenced):
 		return status.Error(codes.FailedPrecondition, msg)
 	// A peer's answer for a source on its node.
 	case errors.Is(err, transfer.ErrNotFound):

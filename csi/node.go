@@ -15,6 +15,20 @@ import (
 // block volume needs no staging mount: its loop device already exists.
 func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (_ *csi.NodeStageVolumeResponse, err error) {
 	defer edge(&err)
+	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	if _, err := d.checkCOPath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
+	}
+	if _, err := capabilityAccessType(req.GetVolumeCapability()); err != nil {
+		return nil, err
+	}
+	// A volume this node keeps the standby copy of: promoted first if
+	// its primary is fenced (engine.TakeOver), else refused.
+	if err := d.TakeOver(ctx, req.GetVolumeId()); err != nil {
+		return nil, err
+	}
 	v, staging, unlock, err := d.lockForMount(ctx, req.GetVolumeId(), "staging_target_path", req.GetStagingTargetPath(), req.GetVolumeCapability(), req.GetVolumeContext())
 	if err != nil {
 		return nil, err

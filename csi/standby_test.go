@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -88,4 +89,28 @@ func TestStandbyParameter(t *testing.T) {
 	if _, err := bare.CreateVolume(ctx, req("pvc-bare", true, map[string]string{"standby": "1"})); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("outside a cluster: %v, want InvalidArgument", err)
 	}
+}
+
+// TestStandbyStageNotFenced: NodeStage of a volume on the node that keeps
+// its standby copy, while the primary is not fenced, is FailedPrecondition
+// naming the primary and the fence that would let it go on (kubelet shows
+// it in the pod's events and tries again), not the ResourceExhausted of a
+// volume of another node.
+func TestStandbyStageNotFenced(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.NodeID = "node-2"
+	d := newDriver(t, cfg)
+	t.Cleanup(func() { d.Close() })
+	id := engine.NewID(engine.VolumeIDPrefix, engine.NodeTag("node-1"))
+	if _, err := d.AddStandby(engine.StandbySpec{Volume: id, Primary: "node-1", Access: engine.AccessBlock}); err != nil {
+		t.Fatal(err)
+	}
+	d.SetFences(func(context.Context, string) (string, error) { return "", nil })
+	_, err := d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: filepath.Join(t.TempDir(), "staging"), VolumeCapability: blockCap()})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "node-1") || !strings.Contains(err.Error(), "out-of-service") {
+		t.Fatalf("stage of a standby copy, primary not fenced: %v, want FailedPrecondition naming node-1 and the out-of-service taint", err)
+	}
+	other := engine.NewID(engine.VolumeIDPrefix, engine.NodeTag("node-3"))
+	_, err = d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: other, StagingTargetPath: filepath.Join(t.TempDir(), "staging"), VolumeCapability: blockCap()})
+	wantCode(t, err, codes.ResourceExhausted)
 }

@@ -43,6 +43,9 @@ type Engine struct {
 	// standbyNodes lists the nodes a standby copy may be kept on
 	// (SetStandbyNodes); nil outside a cluster.
 	standbyNodes atomic.Pointer[StandbyNodes]
+	// fences says whether a node is fenced (SetFences); nil outside a
+	// cluster, where no standby is ever promoted.
+	fences atomic.Pointer[Fences]
 	// standby is what RunStandbys keeps of the copies this node keeps,
 	// and what this node knows of its volumes' standbys.
 	standby standbys

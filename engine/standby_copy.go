@@ -83,6 +83,11 @@ func (d *Engine) AddStandby(spec StandbySpec) (StandbyRecord, error) {
 		return StandbyRecord{}, err
 	}
 	defer unlock()
+	// Promoted here, the volume is this node's: its PV, which still names
+	// this node its standby, makes no copy of it.
+	if v, ok := d.Records.Volumes.Get(id); ok && v.Epoch > 0 {
+		return StandbyRecord{}, nil
+	}
 	if s, ok := d.Records.Standbys.Get(id); ok {
 		if s.Primary != spec.Primary {
 			return StandbyRecord{}, StorageErr(ErrExists, "this node stands by for volume %s of node %s, not %s", id, s.Primary, spec.Primary)

@@ -158,3 +158,42 @@ func (d *Engine) finishPromotions() {
 		}
 	}
 }
+
+// Fences says whether node is fenced: how (for the record and the log),
+// or "" when it is not. In a cluster, Kubernetes' out-of-service taint on
+// its Node, or its Node deleted.
+type Fences func(ctx context.Context, node string) (string, error)
+
+// SetFences lets the standby copies this node keeps be promoted when their
+// primary is fenced.
+func (d *Engine) SetFences(f Fences) { d.fences.Store(&f) }
+
+// TakeOver is what a stage of volume id does first on a node that keeps a
+// standby copy of it (a pod of the volume is to run here): it promotes the
+// copy if the volume's primary is fenced, and otherwise refuses
+// (ErrNotFenced), naming the primary and the fences that would let it go
+// on, since a primary cut off from this node may still be writing. It does
+// nothing where this node holds the volume or keeps no copy of it.
+func (d *Engine) TakeOver(ctx context.Context, id string) error {
+	if v, ok := d.Records.Volumes.Get(id); ok && v.Phase == PhaseReady {
+		return nil
+	}
+	s, ok := d.Records.Standbys.Get(id)
+	if !ok {
+		return nil
+	}
+	f := d.fences.Load()
+	if f == nil {
+		return StorageErr(ErrNotFenced, "volume %s lives on node %s; this node keeps its standby copy, but runs outside a cluster, where nothing can fence node %s", id, s.Primary, s.Primary)
+	}
+	fence, err := (*f)(ctx, s.Primary)
+	if err != nil {
+		return fmt.Errorf("volume %s lives on node %s, and whether that node is fenced cannot be told: %w", id, s.Primary, err)
+	}
+	if fence == "" {
+		return StorageErr(ErrNotFenced, "volume %s lives on node %s, which is not fenced; its standby copy on this node is promoted only once it is, since node %s may still be writing: "+
+			"if node %s is down for good, taint it node.kubernetes.io/out-of-service=nodeshutdown:NoExecute (or delete its Node)", id, s.Primary, s.Primary, s.Primary)
+	}
+	_, err = d.PromoteStandby(ctx, id, fence)
+	return err
+}

@@ -2,9 +2,11 @@ package engine
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -133,5 +135,59 @@ func TestStandbyPromotionCut(t *testing.T) {
 	}
 	if got, err := os.ReadFile(b.VolumeDataPath(p)); err != nil || !bytes.Equal(got, held) {
 		t.Errorf("the promoted volume after the start: %v", err)
+	}
+}
+
+// TestStandbyTakeOver: a stage on the node of a volume's standby copy
+// promotes the copy only when the primary is fenced; otherwise it is
+// refused with ErrNotFenced, naming the primary and the fence that would
+// let it go on. Where the node keeps no copy it does nothing.
+func TestStandbyTakeOver(t *testing.T) {
+	nodes, _ := standbyNodes(t, "node-1", "node-2")
+	a, b := nodes["node-1"], nodes["node-2"]
+	v := withStandby(t, a, "pvc-taken", 16<<20, nil)
+	if err := b.TakeOver(bg, v.ID); err != nil {
+		t.Fatalf("no copy here: %v, want nothing done", err)
+	}
+	keepCopy(t, b, v, 0)
+	writeAt(t, a.VolumeDataPath(v), 0, 1<<20, false)
+	if _, err := b.CatchUp(bg, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.TakeOver(bg, v.ID); !errors.Is(err, ErrNotFenced) {
+		t.Fatalf("outside a cluster: %v, want ErrNotFenced", err)
+	}
+	fence, fenceErr := "", error(nil)
+	b.SetFences(func(_ context.Context, node string) (string, error) {
+		if node != "node-1" {
+			t.Errorf("asked whether %s is fenced, want node-1", node)
+		}
+		return fence, fenceErr
+	})
+	err := b.TakeOver(bg, v.ID)
+	if !errors.Is(err, ErrNotFenced) || !strings.Contains(err.Error(), "node-1") || !strings.Contains(err.Error(), "out-of-service") {
+		t.Fatalf("the primary up: %v, want ErrNotFenced naming node-1 and the out-of-service taint", err)
+	}
+	fenceErr = errors.New("the API server is away")
+	if err := b.TakeOver(bg, v.ID); err == nil || errors.Is(err, ErrNotFenced) {
+		t.Fatalf("fence unknown: %v, want the lookup's error", err)
+	}
+	if _, ok := b.Records.Volumes.Get(v.ID); ok {
+		t.Fatal("promoted without a fence")
+	}
+	fence, fenceErr = "node node-1 carries the out-of-service taint", nil
+	if err := b.TakeOver(bg, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	p, ok := b.Records.Volumes.Get(v.ID)
+	if !ok || p.Epoch != 1 {
+		t.Fatalf("after the fence: %+v, want the volume promoted", p)
+	}
+	t.Cleanup(func() { DetachAll(b.VolumeDataPath(p)) })
+	if err := b.StageVolume(p, filepath.Join(t.TempDir(), "staging")); err != nil {
+		t.Fatalf("staging the promoted volume: %v", err)
+	}
+	if err := b.TakeOver(bg, v.ID); err != nil {
+		t.Fatalf("a second stage: %v, want nothing to do", err)
 	}
 }

@@ -47,6 +47,10 @@ var (
 	// frozen; they were thawed and the cut refused: the same request may
 	// succeed later, or with a larger bound (Aborted).
 	ErrOverran = errors.New("freeze overran")
+	// ErrNotFenced: a pod is to run on the node of a volume's standby
+	// copy while the volume's primary node is not fenced; the copy is
+	// promoted only once it is (FailedPrecondition).
+	ErrNotFenced = errors.New("primary not fenced")
 )
 
 // storageError is a sentence of one kind.

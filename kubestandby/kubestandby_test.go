@@ -100,3 +100,29 @@ func TestWatcher(t *testing.T) {
 		return slices.Contains(dr, "vol-a")
 	})
 }
+
+// TestFences: a node is fenced by the out-of-service taint or by its Node
+// deleted, never by being NotReady or by other taints.
+func TestFences(t *testing.T) {
+	node := func(name string, ready corev1.ConditionStatus, taints ...corev1.Taint) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{Taints: taints},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: ready}}}}
+	}
+	client := fake.NewClientset(
+		node("up", corev1.ConditionTrue),
+		node("unreachable", corev1.ConditionUnknown,
+			corev1.Taint{Key: "node.kubernetes.io/unreachable", Effect: corev1.TaintEffectNoExecute}),
+		node("out", corev1.ConditionUnknown,
+			corev1.Taint{Key: OutOfService, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute}),
+	)
+	fenced := Fences(kubefake.New(client, nil))
+	for _, tc := range []struct {
+		node   string
+		fenced bool
+	}{{"up", false}, {"unreachable", false}, {"out", true}, {"deleted", true}} {
+		how, err := fenced(context.Background(), tc.node)
+		if err != nil || (how != "") != tc.fenced {
+			t.Errorf("node %s: fenced %q (%v), want fenced %v", tc.node, how, err, tc.fenced)
+		}
+	}
+}

@@ -105,6 +105,7 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 // intervals (docs/standby.md).
 func keepStandbys(ctx context.Context, d *csi.Driver, client kube.Interface, res *kubepeers.Resolver, o options) {
 	d.SetStandbyNodes(res.Nodes)
+	d.SetFences(kubestandby.Fences(client))
 	w := &kubestandby.Watcher{Client: client, Driver: o.cfg.DriverName, Node: o.cfg.NodeID,
 		Add: func(s engine.StandbySpec) error {
 			if known, ok := d.Records.Standbys.Get(s.Volume); ok && known.Primary == s.Primary {
