@@ -84,6 +84,12 @@ func (d *Driver) csiVolume(v engine.VolumeRecord) *csi.Volume {
 	}
 	if d.Config.EnableTopology {
 		out.AccessibleTopology = []*csi.Topology{d.nodeTopology()}
+		// A volume with a standby copy may be staged on the copy's node
+		// too (a move, or a promotion once this node is fenced), so its
+		// PV admits both; a PV's node affinity cannot change later.
+		if v.Standby != "" {
+			out.AccessibleTopology = append(out.AccessibleTopology, &csi.Topology{Segments: map[string]string{TopologyKey: v.Standby}})
+		}
 	}
 	// The PV carries it to the standby's node (kubestandby).
 	out.VolumeContext = engine.StandbyContext(v, d.Config.NodeID)

@@ -70,6 +70,13 @@ func TestStandbyParameter(t *testing.T) {
 			if (standby != "node-2" && standby != "node-3") || vc[engine.CtxPrimary] != "node-1" || vc[engine.CtxStandbyPool] != "shared" {
 				t.Fatalf("volume context %v: want a standby on node-2 or node-3, primary node-1", vc)
 			}
+			var admits []string
+			for _, top := range resp.GetVolume().GetAccessibleTopology() {
+				admits = append(admits, top.GetSegments()[TopologyKey])
+			}
+			if len(admits) != 2 || admits[0] != "node-1" || admits[1] != standby {
+				t.Errorf("accessible topology %v: want node-1, then the standby's node %s", admits, standby)
+			}
 			v, _ := d.Records.Volumes.Get(resp.GetVolume().GetVolumeId())
 			if v.Standby != standby {
 				t.Errorf("the record names standby %q, the context %q", v.Standby, standby)

@@ -58,16 +58,21 @@ func KeyOf(id string) (string, bool) {
 	return "", false
 }
 
-// OtherNode reports whether a well-formed id was made by another node,
-// and that node's tag: a volume promoted here from a standby copy
-// (PromoteStandby) keeps the id its first node made, and is this node's.
+// OtherNode reports whether a well-formed id is of another node, and
+// which: the node that made it, but for a volume with a standby copy,
+// which keeps its id as it moves. A volume promoted here (PromoteStandby)
+// is this node's; one this node made and handed over, of which it now
+// keeps the copy, is its new owner's.
 func (d *Engine) OtherNode(id string) (string, bool) {
 	for _, p := range []string{VolumeIDPrefix, SnapshotIDPrefix, GroupIDPrefix} {
 		if validID(p, id) {
 			tag := id[len(p) : len(p)+nodeTagLen]
-			if tag != d.Tag && p == VolumeIDPrefix {
+			if p == VolumeIDPrefix {
 				if v, ok := d.Records.Volumes.Get(id); ok && v.Epoch > 0 {
 					return "", false
+				}
+				if s, ok := d.Records.Standbys.Get(id); ok && tag == d.Tag {
+					return "node " + s.Primary, true
 				}
 			}
 			return "node tag " + tag, tag != d.Tag

@@ -262,7 +262,7 @@ func (p *peerSource) open(ctx context.Context, peer, kind, id string, statOnly b
 	own := id // the id of this node's volume or snapshot asked for
 	switch {
 	case kind == SourceSnapshot && ValidSnapshotID(id), kind == SourceVolume && ValidVolumeID(id):
-	case kind == SourceStandby:
+	case kind == SourceStandby, kind == SourceHandover, kind == SourceHanded:
 		var ok bool
 		if own, _, ok = parseStandbyID(id); !ok {
 			return transfer.Meta{}, nil, fmt.Errorf("%w: no standby id %q can exist", transfer.ErrInvalid, id)
@@ -282,6 +282,14 @@ func (p *peerSource) open(ctx context.Context, peer, kind, id string, statOnly b
 		m, open, unpin, err = d.serveSnapshot(id)
 	case SourceStandby:
 		m, open, unpin, err = d.serveStandby(peer, id)
+	case SourceHandover:
+		m, open, unpin, err = d.serveHandover(peer, id)
+	case SourceHanded:
+		if !statOnly {
+			return transfer.Meta{}, nil, fmt.Errorf("%w: %s is asked, not sent", transfer.ErrInvalid, kind)
+		}
+		m, err = d.serveHanded(peer, id)
+		open, unpin = nil, func() {}
 	default:
 		m, open, unpin, err = d.serveVolume(id)
 	}

@@ -139,6 +139,12 @@ func (d *Engine) StandbyGeneration(id string) (uint64, string, error) {
 // synced, then named. A failure at any point leaves the held generation
 // as it was; older generations are removed once the new one is named.
 func (d *Engine) CatchUp(ctx context.Context, id string) (StandbyState, error) {
+	return d.pullGeneration(ctx, id, SourceStandby)
+}
+
+// pullGeneration is CatchUp, by transfer kind: SourceStandby, or
+// SourceHandover for the last changes of a move.
+func (d *Engine) pullGeneration(ctx context.Context, id, kind string) (StandbyState, error) {
 	s, ok := d.Records.Standbys.Get(id)
 	if !ok {
 		return StandbyState{}, StorageErr(ErrNotFound, "this node keeps no copy of volume %s", id)
@@ -152,7 +158,9 @@ func (d *Engine) CatchUp(ctx context.Context, id string) (StandbyState, error) {
 	if peers == nil {
 		return StandbyState{}, fmt.Errorf("no node-to-node transfer: the copy of volume %s cannot be kept", id)
 	}
-	tag := nodeTagOf(id)
+	// Its primary's, which is the id's own node until a move or a
+	// promotion.
+	tag := NodeTag(s.Primary)
 	// A pool that is down has its disk missing: what would be written is
 	// the mount point's, on another disk.
 	if down := d.PoolOf(s.Pool).Get().Down; down != nil {
@@ -171,9 +179,9 @@ func (d *Engine) CatchUp(ctx context.Context, id string) (StandbyState, error) {
 		held = gens[len(gens)-1]
 	}
 	clearPartial(dir)
-	_, body, node, err := peers.Open(ctx, tag, SourceStandby, StandbyID(id, held), false)
+	_, body, node, err := peers.Open(ctx, tag, kind, StandbyID(id, held), false)
 	if err != nil {
-		return StandbyState{}, peerStatus(err, SourceStandby, id, node)
+		return StandbyState{}, peerStatus(err, kind, id, node)
 	}
 	defer body.Close()
 	var r io.Reader = body

@@ -146,15 +146,24 @@ func (d *Engine) finishPromotion(v VolumeRecord) error {
 }
 
 // finishPromotions finishes, at start, the promotions a crash cut after
-// their volume's record was ready.
+// their volume's record was ready (the volume at a higher epoch than the
+// copy), and the demotions of a move cut after the copy's record was made
+// (the volume handed over to the copy's primary).
 func (d *Engine) finishPromotions() {
 	for _, s := range d.Records.Standbys.All() {
 		v, ok := d.Records.Volumes.Get(s.Volume)
 		if !ok || v.Phase != PhaseReady {
 			continue
 		}
-		if err := d.finishPromotion(v); err != nil {
-			klog.ErrorS(err, "finishing the promotion of a standby copy; the next start tries again", "volume_id", v.ID)
+		var err error
+		switch {
+		case v.HandedTo != "" && v.HandedTo == s.Primary:
+			err = d.RemoveVolume(v)
+		case v.Epoch > s.Epoch:
+			err = d.finishPromotion(v)
+		}
+		if err != nil {
+			klog.ErrorS(err, "finishing the promotion or demotion of a standby copy; the next start tries again", "volume_id", v.ID)
 		}
 	}
 }
@@ -170,12 +179,18 @@ func (d *Engine) SetFences(f Fences) { d.fences.Store(&f) }
 
 // TakeOver is what a stage of volume id does first on a node that keeps a
 // standby copy of it (a pod of the volume is to run here): it promotes the
-// copy if the volume's primary is fenced, and otherwise refuses
-// (ErrNotFenced), naming the primary and the fences that would let it go
-// on, since a primary cut off from this node may still be writing. It does
+// copy if the volume's primary is fenced, and otherwise takes the volume
+// over from the primary (moveHere), which hands it over once its pod has
+// stopped; a primary it cannot reach or that still has it staged is
+// ErrNotFenced, naming the primary and the fences that would let the copy
+// be promoted, since a primary cut off from this node may still be
+// writing. On the node that handed the volume over it is reclaim. It does
 // nothing where this node holds the volume or keeps no copy of it.
 func (d *Engine) TakeOver(ctx context.Context, id string) error {
 	if v, ok := d.Records.Volumes.Get(id); ok && v.Phase == PhaseReady {
+		if v.HandedTo != "" {
+			return d.reclaim(ctx, v)
+		}
 		return nil
 	}
 	s, ok := d.Records.Standbys.Get(id)
@@ -191,8 +206,8 @@ func (d *Engine) TakeOver(ctx context.Context, id string) error {
 		return fmt.Errorf("volume %s lives on node %s, and whether that node is fenced cannot be told: %w", id, s.Primary, err)
 	}
 	if fence == "" {
-		return StorageErr(ErrNotFenced, "volume %s lives on node %s, which is not fenced; its standby copy on this node is promoted only once it is, since node %s may still be writing: "+
-			"if node %s is down for good, taint it node.kubernetes.io/out-of-service=nodeshutdown:NoExecute (or delete its Node)", id, s.Primary, s.Primary, s.Primary)
+		// Up: it hands the volume over once its pod has stopped.
+		return d.moveHere(ctx, s)
 	}
 	_, err = d.PromoteStandby(ctx, id, fence)
 	return err

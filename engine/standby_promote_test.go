@@ -138,10 +138,11 @@ func TestStandbyPromotionCut(t *testing.T) {
 	}
 }
 
-// TestStandbyTakeOver: a stage on the node of a volume's standby copy
-// promotes the copy only when the primary is fenced; otherwise it is
-// refused with ErrNotFenced, naming the primary and the fence that would
-// let it go on. Where the node keeps no copy it does nothing.
+// TestStandbyTakeOver: a stage on the node of a volume's standby copy,
+// while the primary has the volume staged, promotes the copy only when the
+// primary is fenced; otherwise it is refused with ErrNotFenced, naming the
+// primary and the fence that would let it go on. Where the node keeps no
+// copy it does nothing.
 func TestStandbyTakeOver(t *testing.T) {
 	nodes, _ := standbyNodes(t, "node-1", "node-2")
 	a, b := nodes["node-1"], nodes["node-2"]
@@ -164,9 +165,15 @@ func TestStandbyTakeOver(t *testing.T) {
 		}
 		return fence, fenceErr
 	})
+	// Up, with the volume staged (its pod running): no move, no
+	// promotion.
+	t.Cleanup(func() { DetachAll(a.VolumeDataPath(v)) })
+	if err := a.StageVolume(v, filepath.Join(t.TempDir(), "staging-a")); err != nil {
+		t.Fatal(err)
+	}
 	err := b.TakeOver(bg, v.ID)
 	if !errors.Is(err, ErrNotFenced) || !strings.Contains(err.Error(), "node-1") || !strings.Contains(err.Error(), "out-of-service") {
-		t.Fatalf("the primary up: %v, want ErrNotFenced naming node-1 and the out-of-service taint", err)
+		t.Fatalf("the primary up, the volume staged there: %v, want ErrNotFenced naming node-1 and the out-of-service taint", err)
 	}
 	fenceErr = errors.New("the API server is away")
 	if err := b.TakeOver(bg, v.ID); err == nil || errors.Is(err, ErrNotFenced) {

@@ -35,7 +35,7 @@ func (p *directPeers) Open(ctx context.Context, tag, kind, id string, statOnly b
 		if NodeTag(name) != tag || name == p.self {
 			continue
 		}
-		if kind == SourceStandby {
+		if kind == SourceStandby || kind == SourceHandover || kind == SourceHanded {
 			if err := e.AuthorizeStandby(p.self, id); err != nil {
 				return transfer.Meta{}, nil, name, err
 			}

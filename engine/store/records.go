@@ -70,6 +70,10 @@ type Volume struct {
 	// at each promotion of its standby copy, so that of two nodes that
 	// each hold the volume the higher epoch is its owner.
 	Epoch uint64 `json:"epoch,omitempty"`
+	// HandedTo is the node this volume was handed over to (a move to its
+	// standby's node): from then on this node never stages it, and it
+	// becomes the volume's standby once that node says it holds it.
+	HandedTo string `json:"handedTo,omitempty"`
 }
 
 // Standby is what the driver keeps about a copy it holds of another

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -36,10 +37,11 @@ func newestGeneration(t *testing.T, node, id string) string {
 
 // standbyCopies: a claim of a standby class gets a copy on another node
 // than its pod's, named in its PV; what the pod writes and syncs is in the
-// standby's newest generation within a few intervals; the copy goes with
-// the claim.
+// standby's newest generation within a few intervals; a pod made again on
+// the standby's node gets the volume moved there with every write, and
+// back; the copy goes with the claim.
 func standbyCopies(t *testing.T, k *kube, nodes []string) {
-	step(t, "a standby copy on a second node holds what the pod wrote within a few intervals, and goes with the claim", func() {
+	step(t, "a standby copy on a second node holds what the pod wrote within a few intervals, the volume moves to it and back with every write, and the copy goes with the claim", func() {
 		k.apply(standbyClass)
 		defer k.run("", "delete", "storageclass", "hostpath-standby")
 		k.apply(inClass(pvc("stby", "64Mi", "Filesystem", ""), "hostpath-standby"))
@@ -70,6 +72,29 @@ func standbyCopies(t *testing.T, k *kube, nodes []string) {
 		k.waitFor("the standby's copy holding the second write", 60*time.Second, holds("standby-second-write"))
 		fmt.Printf("e2e      volume %s on %s, its standby on %s (%s): the first write there %v after the pod ran, the second %v after its sync\n",
 			id, primary, standby, filepath.Base(newestGeneration(t, standby, id)), first.Round(100*time.Millisecond), time.Since(start).Round(100*time.Millisecond))
+
+		// Moved: the pod comes back on the standby's node, as a drain
+		// reschedules it (its PV admits both nodes); the volume moves
+		// there with every write synced on the first node, and back.
+		move := func(to, script, want string) time.Duration {
+			k.must("delete", "pod", "stby", "-n", ns, "--grace-period=1")
+			start := time.Now()
+			k.apply(onNode(pod("stby", "stby", "", script), to))
+			k.waitPod(ns, "stby", "Running", 180*time.Second)
+			took := time.Since(start)
+			if on := k.jsonpath(ns, "pod/stby", "{.spec.nodeName}"); on != to {
+				t.Fatalf("the pod runs on %s, not %s", on, to)
+			}
+			k.waitFor("the moved volume holding every write", 30*time.Second, func() (bool, string) {
+				out, _ := k.run("", "exec", "-n", ns, "stby", "--", "cat", "/data/seen")
+				return strings.Contains(out, want), fmt.Sprintf("/data/seen holds %q, want %q", out, want)
+			})
+			return took
+		}
+		there := move(standby, "cat /data/f /data/g > /data/seen && echo written-on-the-standby > /data/h && sync", "standby-second-write")
+		back := move(primary, "cat /data/h > /data/seen && sync", "written-on-the-standby")
+		fmt.Printf("e2e      moved to %s with every write: its pod ran %v after it was made there; moved back to %s with what it wrote there in %v\n",
+			standby, there.Round(100*time.Millisecond), primary, back.Round(100*time.Millisecond))
 		k.must("delete", "pod", "stby", "-n", ns, "--grace-period=1")
 		k.must("delete", "pvc", "stby", "-n", ns)
 		k.waitFor("the standby copy removed with the claim", 120*time.Second, func() (bool, string) {

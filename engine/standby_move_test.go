@@ -1,0 +1,105 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"testing"
+)
+
+// TestStandbyMove: a stage on the standby's node while the primary is up
+// and has the volume unstaged moves it: the standby holds every byte the
+// primary held (nothing is lost), at the next epoch, and the old primary
+// becomes its standby, holding the same generation. Moved back, only the
+// blocks written meanwhile travel, and the epochs go on rising.
+func TestStandbyMove(t *testing.T) {
+	nodes, _ := standbyNodes(t, "node-1", "node-2")
+	a, b := nodes["node-1"], nodes["node-2"]
+	for _, e := range nodes {
+		e.SetFences(func(context.Context, string) (string, error) { return "", nil })
+	}
+	v := withStandby(t, a, "pvc-moved", 32<<20, nil)
+	keepCopy(t, b, v, 0)
+	writeAt(t, a.VolumeDataPath(v), 0, 4<<20, false)
+	if _, err := b.CatchUp(bg, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Written after the last pull, before the pod stopped: it must move
+	// too.
+	writeAt(t, a.VolumeDataPath(v), 8<<20, 1<<20, false)
+	want, _ := os.ReadFile(a.VolumeDataPath(v))
+
+	if err := b.TakeOver(bg, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	onB, ok := b.Records.Volumes.Get(v.ID)
+	if !ok || onB.Epoch != 1 || onB.Standby != "node-1" {
+		t.Fatalf("on node-2 after the move: %+v, want the volume at epoch 1, node-1 its standby", onB)
+	}
+	if got, _ := os.ReadFile(b.VolumeDataPath(onB)); !bytes.Equal(got, want) {
+		t.Fatal("the moved volume lacks what the primary held when it handed it over")
+	}
+	if _, ok := a.Records.Volumes.Get(v.ID); ok {
+		t.Error("node-1 still holds the volume it handed over")
+	}
+	s, ok := a.Records.Standbys.Get(v.ID)
+	if !ok || s.Primary != "node-2" || s.Epoch != 1 {
+		t.Fatalf("node-1's copy after the move: %+v (%v), want node-2 its primary, epoch 1", s, ok)
+	}
+	if _, gen, err := a.StandbyGeneration(v.ID); err != nil || gen == "" {
+		t.Fatalf("node-1 holds no generation after the move: %v", err)
+	} else if got, _ := os.ReadFile(gen); !bytes.Equal(got, want) {
+		t.Fatal("node-1's generation differs from what it handed over")
+	}
+	if _, other := a.OtherNode(v.ID); !other {
+		t.Error("node-1 still takes the volume for its own")
+	}
+
+	// Written on node-2, then moved back: only the change travels.
+	writeAt(t, b.VolumeDataPath(onB), 16<<20, 1<<20, false)
+	want, _ = os.ReadFile(b.VolumeDataPath(onB))
+	st, err := a.CatchUp(bg, v.ID)
+	if err != nil || st.Bytes != 1<<20 {
+		t.Fatalf("node-1 catching up from node-2: %+v, %v; want the 1 MiB written there", st, err)
+	}
+	if err := a.TakeOver(bg, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	back, ok := a.Records.Volumes.Get(v.ID)
+	if !ok || back.Epoch != 2 || back.Standby != "node-2" {
+		t.Fatalf("on node-1 after the move back: %+v, want epoch 2, node-2 its standby", back)
+	}
+	if got, _ := os.ReadFile(a.VolumeDataPath(back)); !bytes.Equal(got, want) {
+		t.Fatal("the volume moved back lacks what node-2 held")
+	}
+	if s, ok := b.Records.Standbys.Get(v.ID); !ok || s.Primary != "node-1" || s.Epoch != 2 {
+		t.Fatalf("node-2's copy after the move back: %+v (%v)", s, ok)
+	}
+}
+
+// TestStandbyHanded: a node that handed a volume over and was not told it
+// is held refuses to stage it (ErrNotFenced, naming the node it went to),
+// unless that node is fenced: then it takes the volume back at an epoch
+// above any the other could have reached.
+func TestStandbyHanded(t *testing.T) {
+	nodes, _ := standbyNodes(t, "node-1", "node-2")
+	a := nodes["node-1"]
+	v := withStandby(t, a, "pvc-handed", 8<<20, nil)
+	v.HandedTo = "node-2"
+	if err := a.Records.Volumes.Put(v); err != nil {
+		t.Fatal(err)
+	}
+	fence := ""
+	a.SetFences(func(context.Context, string) (string, error) { return fence, nil })
+	if err := a.TakeOver(bg, v.ID); !errors.Is(err, ErrNotFenced) {
+		t.Fatalf("a stage of a volume handed over: %v, want ErrNotFenced", err)
+	}
+	fence = "node node-2's Node is deleted"
+	if err := a.TakeOver(bg, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := a.Records.Volumes.Get(v.ID); got.HandedTo != "" || got.Epoch != 2 {
+		t.Fatalf("taken back: %+v, want not handed, epoch 2", got)
+	}
+}
