@@ -43,3 +43,31 @@ func fenceOf(n *corev1.Node) string {
 	}
 	return ""
 }
+
+// Holders is the routing controller's way to a volume that moved (route's
+// Controller.Holders): the node keys of the nodes its PV names, its
+// primary and its standby, which are the only nodes that may hold it. It
+// lists the PVs, on the rare path where the id's own node says the volume
+// lives elsewhere or cannot be asked; a failed list names none.
+func Holders(client kube.Interface, driver string) func(ctx context.Context, volumeID string) []string {
+	return func(ctx context.Context, id string) []string {
+		pvs, err := client.PersistentVolumes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return nil
+		}
+		for _, pv := range pvs.Items {
+			c := pv.Spec.CSI
+			if c == nil || c.Driver != driver || c.VolumeHandle != id {
+				continue
+			}
+			var keys []string
+			for _, n := range []string{c.VolumeAttributes[engine.CtxStandby], c.VolumeAttributes[engine.CtxPrimary]} {
+				if n != "" {
+					keys = append(keys, engine.NodeTag(n))
+				}
+			}
+			return keys
+		}
+		return nil
+	}
+}

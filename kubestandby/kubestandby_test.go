@@ -126,3 +126,20 @@ func TestFences(t *testing.T) {
 		}
 	}
 }
+
+// TestHolders: the nodes a volume's PV names (its standby, then its
+// primary), by their keys; none for a volume of another driver or without
+// a copy.
+func TestHolders(t *testing.T) {
+	const d = "hostpath.csi.k8s.io"
+	client := fake.NewClientset(pv("pv-a", d, "vol-a", "node-2", true), pv("pv-o", "other.csi", "vol-o", "node-2", true))
+	holders := Holders(kubefake.New(client, nil), d)
+	if got, want := holders(context.Background(), "vol-a"), []string{engine.NodeTag("node-2"), engine.NodeTag("node-1")}; !slices.Equal(got, want) {
+		t.Errorf("vol-a: %v, want %v", got, want)
+	}
+	for _, id := range []string{"vol-o", "vol-none"} {
+		if got := holders(context.Background(), id); len(got) != 0 {
+			t.Errorf("%s: %v, want none", id, got)
+		}
+	}
+}

@@ -62,6 +62,13 @@ type Controller struct {
 	// snapshot was asked for until they ended. Beyond it a call is
 	// Aborted at once, and the snapshotter retries it.
 	MaxSnapshotsPerNode int
+	// Holders, if set, are the keys of the other nodes that may hold a
+	// volume now: a volume with a standby copy keeps the id its first
+	// node made when it moves to, or is promoted on, the copy's node.
+	// They are asked, in turn, when the id's own node says the volume
+	// lives elsewhere (ResourceExhausted) or cannot be asked
+	// (Unavailable).
+	Holders func(ctx context.Context, volumeID string) []string
 
 	mu       sync.Mutex
 	conns    map[string]*nodeConn // by key
@@ -195,12 +202,38 @@ func call[T any](ctx context.Context, c *Controller, what, id string, fn func(*g
 	if !ok {
 		return zero, status.Errorf(codes.NotFound, "%s %q is not an id this driver makes", what, id)
 	}
+	resp, err := callNode(ctx, c, what, id, key, fn)
+	if what != "volume" || c.Holders == nil || !elsewhere(err) {
+		return resp, err
+	}
+	// The first node's answer stands unless another holds the volume.
+	for _, other := range c.Holders(ctx, id) {
+		if other == key {
+			continue
+		}
+		if r, oerr := callNode(ctx, c, what, id, other, fn); !elsewhere(oerr) {
+			return r, oerr
+		}
+	}
+	return resp, err
+}
+
+// callNode forwards one call about id to the node of key.
+func callNode[T any](ctx context.Context, c *Controller, what, id, key string, fn func(*grpc.ClientConn) (T, error)) (T, error) {
+	var zero T
 	cc, node, err := c.conn(ctx, what+" "+id, key)
 	if err != nil {
 		return zero, err
 	}
 	resp, err := fn(cc)
 	return resp, forwarded(node, err)
+}
+
+// elsewhere says whether a node's answer leaves the volume to be looked
+// for on another node: it lives elsewhere, or the node cannot be asked.
+func elsewhere(err error) bool {
+	c := status.Code(err)
+	return c == codes.ResourceExhausted || c == codes.Unavailable
 }
 
 // GetPluginInfo implements csi.IdentityServer.

@@ -370,3 +370,48 @@ func TestListSnapshotsStopsARepeatingNode(t *testing.T) {
 		})
 	}
 }
+
+// TestControllerFindsAMovedVolume: a volume whose id names one node but
+// which another holds now (moved to, or promoted on, its standby's node)
+// is reached through Holders when its id's node says it lives elsewhere,
+// or is down; without Holders the id's node's answer stands.
+func TestControllerFindsAMovedVolume(t *testing.T) {
+	store := &transfer.MemoryStore{}
+	a, b := startNode(t, store, "node-a"), startNode(t, store, "node-b")
+	nodes := resolver{engine.NodeTag("node-a"): a, engine.NodeTag("node-b"): b}
+	moved := volume(t, b, "pvc-moved")
+	// Its id names node-a, as a moved volume's does.
+	keyOf := func(id string) (string, bool) {
+		if id == moved {
+			return engine.NodeTag("node-a"), true
+		}
+		return engine.KeyOf(id)
+	}
+	expand := func(c *Controller) error {
+		_, err := c.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: moved, CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20}})
+		return err
+	}
+	without := &Controller{Name: driverName, Creds: creds(t, store, transfer.ControllerPeer), Resolver: nodes, KeyOf: keyOf}
+	defer without.Close()
+	if err := expand(without); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("without Holders: %v, want node-a's ResourceExhausted", err)
+	}
+	var asked []string
+	with := &Controller{Name: driverName, Creds: creds(t, store, transfer.ControllerPeer), Resolver: nodes, KeyOf: keyOf,
+		Holders: func(_ context.Context, id string) []string {
+			asked = append(asked, id)
+			return []string{engine.NodeTag("node-a"), engine.NodeTag("node-b")}
+		}}
+	defer with.Close()
+	if err := expand(with); err != nil || len(asked) != 1 {
+		t.Fatalf("with Holders: %v (asked %v), want node-b's answer", err, asked)
+	}
+	a.stop()
+	<-a.done
+	if err := expand(with); err != nil {
+		t.Fatalf("its id's node down: %v, want node-b's answer", err)
+	}
+	if _, err := with.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: volume(t, b, "pvc-b"), CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20}}); err != nil {
+		t.Fatalf("a volume on its own node: %v", err)
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/kube"
 	"github.com/hostpath-csi/hostpath/kubepeers"
+	"github.com/hostpath-csi/hostpath/kubestandby"
 	"github.com/hostpath-csi/hostpath/route"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
@@ -107,7 +108,9 @@ func runController(o options) int {
 
 	c := &route.Controller{Name: o.cfg.DriverName, Version: o.cfg.Version, Creds: creds, KeyOf: engine.KeyOf,
 		Resolver: &kubepeers.Resolver{Client: client, Driver: o.cfg.DriverName, Port: port, KeyOf: engine.NodeTag},
-		Caps:     controllerCaps(o.cfg), Ready: groupSnapshotAPIReady(client)}
+		Caps:     controllerCaps(o.cfg), Ready: groupSnapshotAPIReady(client),
+		// A volume with a standby copy moves with its id.
+		Holders: kubestandby.Holders(client, o.cfg.DriverName)}
 	defer c.Close()
 	ln, path, err := hcsi.ListenSocket(o.cfg.Endpoint)
 	if err != nil {
