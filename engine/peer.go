@@ -262,6 +262,11 @@ func (p *peerSource) open(ctx context.Context, peer, kind, id string, statOnly b
 	own := id // the id of this node's volume or snapshot asked for
 	switch {
 	case kind == SourceSnapshot && ValidSnapshotID(id), kind == SourceVolume && ValidVolumeID(id):
+	case kind == SourceEpoch && ValidVolumeID(id):
+		// Asked of a copy too, which is of another node's volume: the
+		// records of both kinds answer it (serveEpoch).
+		m, err := d.serveEpoch(peer, id)
+		return m, nil, err
 	case kind == SourceStandby, kind == SourceHandover, kind == SourceHanded:
 		var ok bool
 		if own, _, ok = parseStandbyID(id); !ok {

@@ -103,3 +103,51 @@ func TestStandbyHanded(t *testing.T) {
 		t.Fatalf("taken back: %+v, want not handed, epoch 2", got)
 	}
 }
+
+// TestStandbyReturn: a primary whose standby promoted the volume while it
+// was fenced learns it at its next stage (the standby holds the volume at
+// a higher epoch), drops what it wrote past the promoted generation, and
+// takes the volume back by a move: it then holds what was written on the
+// other node, and only the blocks written there travelled.
+func TestStandbyReturn(t *testing.T) {
+	nodes, _ := standbyNodes(t, "node-1", "node-2")
+	a, b := nodes["node-1"], nodes["node-2"]
+	a.SetFences(func(context.Context, string) (string, error) { return "", nil })
+	b.SetFences(func(_ context.Context, node string) (string, error) { return node + " carries the out-of-service taint", nil })
+	v := withStandby(t, a, "pvc-return", 32<<20, nil)
+	keepCopy(t, b, v, 0)
+	writeAt(t, a.VolumeDataPath(v), 0, 4<<20, false)
+	if _, err := b.CatchUp(bg, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	writeAt(t, a.VolumeDataPath(v), 8<<20, 1<<20, false) // past the last pull: lost with the fence
+
+	// node-1 fenced: node-2 promotes; its pod writes there.
+	if err := b.TakeOver(bg, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	onB, _ := b.Records.Volumes.Get(v.ID)
+	writeAt(t, b.VolumeDataPath(onB), 16<<20, 1<<20, false)
+	want, _ := os.ReadFile(b.VolumeDataPath(onB))
+
+	// node-1 back, its pod with it: superseded, it moves the volume back.
+	if err := a.TakeOver(bg, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	back, ok := a.Records.Volumes.Get(v.ID)
+	if !ok || back.Epoch != 2 || back.HandedTo != "" {
+		t.Fatalf("on node-1 after its return: %+v (%v), want the volume at epoch 2", back, ok)
+	}
+	if got, _ := os.ReadFile(a.VolumeDataPath(back)); !bytes.Equal(got, want) {
+		t.Fatal("node-1 does not hold what node-2 held: its own write past the promotion must be gone, node-2's there")
+	}
+	if s, ok := b.Records.Standbys.Get(v.ID); !ok || s.Primary != "node-1" || s.Epoch != 2 {
+		t.Fatalf("node-2 after the return: %+v (%v), want it node-1's standby at epoch 2", s, ok)
+	}
+	b.standby.mu.Lock()
+	sent := b.standby.served[v.ID].sent
+	b.standby.mu.Unlock()
+	if sent != 1<<20 {
+		t.Errorf("node-2 sent %d bytes to move the volume back, want the 1 MiB written there (of %d)", sent, v.CapacityBytes)
+	}
+}

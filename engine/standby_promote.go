@@ -191,7 +191,14 @@ func (d *Engine) TakeOver(ctx context.Context, id string) error {
 		if v.HandedTo != "" {
 			return d.reclaim(ctx, v)
 		}
-		return nil
+		if v.Standby == "" {
+			return nil
+		}
+		superseded, err := d.superseded(ctx, v)
+		if err != nil || !superseded {
+			return err
+		}
+		// Now this node keeps the copy: the stage moves the volume back.
 	}
 	s, ok := d.Records.Standbys.Get(id)
 	if !ok {

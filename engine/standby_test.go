@@ -35,6 +35,11 @@ func (p *directPeers) Open(ctx context.Context, tag, kind, id string, statOnly b
 		if NodeTag(name) != tag || name == p.self {
 			continue
 		}
+		if kind == SourceEpoch {
+			if err := e.AuthorizeEpoch(p.self, id); err != nil {
+				return transfer.Meta{}, nil, name, err
+			}
+		}
 		if kind == SourceStandby || kind == SourceHandover || kind == SourceHanded {
 			if err := e.AuthorizeStandby(p.self, id); err != nil {
 				return transfer.Meta{}, nil, name, err

@@ -74,6 +74,9 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 	// on the peer's node; refusals are logged here, since the peer is
 	// told only that it was refused.
 	authz := transfer.AuthorizerFunc(func(ctx context.Context, peer, kind, id string) error {
+		if kind == engine.SourceEpoch {
+			return d.AuthorizeEpoch(peer, id)
+		}
 		if kind == engine.SourceStandby || kind == engine.SourceHandover || kind == engine.SourceHanded {
 			// A standby copy goes only to the node this node's own
 			// record of the volume names.
