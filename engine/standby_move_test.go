@@ -113,7 +113,9 @@ func TestStandbyReturn(t *testing.T) {
 	nodes, _ := standbyNodes(t, "node-1", "node-2")
 	a, b := nodes["node-1"], nodes["node-2"]
 	a.SetFences(func(context.Context, string) (string, error) { return "", nil })
-	b.SetFences(func(_ context.Context, node string) (string, error) { return node + " carries the out-of-service taint", nil })
+	b.SetFences(func(_ context.Context, node string) (string, error) {
+		return node + " carries the out-of-service taint", nil
+	})
 	v := withStandby(t, a, "pvc-return", 32<<20, nil)
 	keepCopy(t, b, v, 0)
 	writeAt(t, a.VolumeDataPath(v), 0, 4<<20, false)
