@@ -3,11 +3,14 @@ package engine
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
 	"k8s.io/klog/v2"
 
+	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
 
@@ -96,6 +99,20 @@ func (d *Engine) superseded(ctx context.Context, v VolumeRecord) (bool, error) {
 	defer unlock()
 	if len(cur.Staged) > 0 || len(cur.Published) > 0 {
 		return false, StorageErr(ErrInUse, "volume %s is held by node %s at a newer epoch (%d, this node's %d): it was promoted there while this node was fenced; unstage it here first", v.ID, node, epoch, cur.Epoch)
+	}
+	// Its data is set aside, not removed: the answer is the other node's
+	// word, and what this node wrote past the promoted generation is kept
+	// (until the volume is deleted) for an administrator to read.
+	dir := standbyDir(d.PoolOf(cur.Pool).Paths.Root, cur.ID)
+	aside := filepath.Join(dir, "superseded-"+strconv.FormatUint(cur.Epoch, 10)+".img")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return false, err
+	}
+	if err := os.Rename(d.VolumeDataPath(cur), aside); err != nil {
+		return false, err
+	}
+	if err := fsops.SyncDir(dir); err != nil {
+		return false, err
 	}
 	cur.HandedTo = v.Standby
 	if err := d.Records.Volumes.Put(cur); err != nil {

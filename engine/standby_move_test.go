@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -145,6 +146,11 @@ func TestStandbyReturn(t *testing.T) {
 	}
 	if s, ok := b.Records.Standbys.Get(v.ID); !ok || s.Primary != "node-1" || s.Epoch != 2 {
 		t.Fatalf("node-2 after the return: %+v (%v), want it node-1's standby at epoch 2", s, ok)
+	}
+	// What node-1 wrote past the promotion is set aside, not removed: the
+	// promotion is the other node's word.
+	if aside, _ := filepath.Glob(filepath.Join(standbyDir(a.Paths.Root, v.ID), "superseded-*.img")); len(aside) != 1 {
+		t.Errorf("node-1's superseded data: %v, want it set aside", aside)
 	}
 	b.standby.mu.Lock()
 	sent := b.standby.served[v.ID].sent
