@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -26,6 +27,29 @@ import (
 // the fence that let it promote keeps pods off this node while it stands,
 // and an administrator lifts it once the node is back, when the other node
 // is normally reachable again.
+
+// errNotAsked is superseded's error when the standby cannot be asked:
+// no answer, which leaves the volume where it is.
+var errNotAsked = errors.New("the standby cannot be asked")
+
+// checkSuperseded asks, for each volume this node holds with a standby
+// and has not staged, whether the standby holds it at a higher epoch (it
+// promoted it while this node was fenced), and makes this node the
+// standby of those it does: a primary that comes back catches up without
+// waiting for a pod of the volume to be staged here.
+func (d *Engine) checkSuperseded(ctx context.Context) {
+	for _, v := range d.Records.Volumes.All() {
+		if ctx.Err() != nil {
+			return
+		}
+		if v.Phase != PhaseReady || v.Standby == "" || v.HandedTo != "" || len(v.Staged) > 0 || len(v.Published) > 0 {
+			continue
+		}
+		if _, err := d.superseded(ctx, v); err != nil && !errors.Is(err, errNotAsked) {
+			klog.ErrorS(err, "asking a volume's standby whether it promoted it", "volume_id", v.ID, "standby", v.Standby)
+		}
+	}
+}
 
 // SourceEpoch is the transfer kind a node asks another for the epoch it
 // holds a volume at (stat only; the id is the volume's).
@@ -84,8 +108,7 @@ func (d *Engine) superseded(ctx context.Context, v VolumeRecord) (bool, error) {
 	defer cancel()
 	m, _, node, err := peers.Open(actx, NodeTag(v.Standby), SourceEpoch, v.ID, true)
 	if err != nil {
-		klog.InfoS("staging a volume whose standby cannot be asked whether it promoted it", "volume_id", v.ID, "standby", v.Standby, "err", err)
-		return false, nil
+		return false, fmt.Errorf("%w: %w", errNotAsked, err)
 	}
 	epoch, _ := strconv.ParseUint(m.Attrs[attrEpoch], 10, 64)
 	if m.Attrs[attrHolds] != "volume" || epoch <= v.Epoch {

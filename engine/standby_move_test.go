@@ -159,3 +159,39 @@ func TestStandbyReturn(t *testing.T) {
 		t.Errorf("node-2 sent %d bytes to move the volume back, want the 1 MiB written there (of %d)", sent, v.CapacityBytes)
 	}
 }
+
+// TestStandbyReturnUnstaged: a primary back from a fence with no pod of
+// the volume learns from its standby, on its own (RunStandbys asks), that
+// it was superseded, becomes the standby, and catches up by the blocks
+// written on the new primary only.
+func TestStandbyReturnUnstaged(t *testing.T) {
+	nodes, _ := standbyNodes(t, "node-1", "node-2")
+	a, b := nodes["node-1"], nodes["node-2"]
+	b.SetFences(func(_ context.Context, node string) (string, error) { return node + " is out of service", nil })
+	v := withStandby(t, a, "pvc-back", 32<<20, nil)
+	keepCopy(t, b, v, 0)
+	writeAt(t, a.VolumeDataPath(v), 0, 4<<20, false)
+	if _, err := b.CatchUp(bg, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.TakeOver(bg, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	onB, _ := b.Records.Volumes.Get(v.ID)
+	writeAt(t, b.VolumeDataPath(onB), 16<<20, 1<<20, false)
+
+	a.checkSuperseded(bg)
+	if _, ok := a.Records.Volumes.Get(v.ID); ok {
+		t.Fatal("node-1 still holds the volume its standby promoted")
+	}
+	st, err := a.CatchUp(bg, v.ID)
+	if err != nil || st.Bytes != 1<<20 {
+		t.Fatalf("node-1 catching up as the standby: %+v, %v; want the 1 MiB written on node-2", st, err)
+	}
+	_, gen, _ := a.StandbyGeneration(v.ID)
+	got, _ := os.ReadFile(gen)
+	want, _ := os.ReadFile(b.VolumeDataPath(onB))
+	if !bytes.Equal(got, want) {
+		t.Fatal("node-1's generation differs from the volume on node-2")
+	}
+}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -195,6 +196,10 @@ func (d *Engine) TakeOver(ctx context.Context, id string) error {
 			return nil
 		}
 		superseded, err := d.superseded(ctx, v)
+		if errors.Is(err, errNotAsked) {
+			klog.InfoS("staging a volume whose standby cannot be asked whether it promoted it", "volume_id", v.ID, "standby", v.Standby, "err", err)
+			return nil
+		}
 		if err != nil || !superseded {
 			return err
 		}

@@ -6,6 +6,10 @@ import (
 	"time"
 )
 
+// supersededEvery is how often RunStandbys asks the standbys of the
+// volumes this node holds, unstaged, whether they promoted them.
+const supersededEvery = 30 * time.Second
+
 // StandbyStatus is what this node knows of a copy it keeps: the newest
 // generation it holds and when it was made, and the last pull's outcome.
 type StandbyStatus struct {
@@ -49,7 +53,14 @@ func (d *Engine) RunStandbys(ctx context.Context, pulled func(id string, st Stan
 	d.standby.mu.Unlock()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	var asked time.Time
 	for {
+		// A primary back from a fence learns here that its standby
+		// promoted its volumes, and becomes their standby.
+		if time.Since(asked) >= supersededEvery {
+			d.checkSuperseded(ctx)
+			asked = time.Now()
+		}
 		for _, s := range d.Records.Standbys.All() {
 			if ctx.Err() != nil {
 				return
