@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
@@ -35,43 +36,7 @@ func BenchmarkRestoreFromPeer(b *testing.B) {
 		}
 		for _, ds := range dataSets {
 			src, size := source(b, fs, ds)
-			store := &transfer.MemoryStore{}
-			drivers := map[string]*hcsi.Driver{}
-			addrs, states := map[string]string{}, map[string]string{}
-			for _, node := range []string{"node-a", "node-b"} {
-				state := outDir(b, fs, "peer-"+node)
-				states[node] = state
-				d, err := hcsi.New(engine.Config{DriverName: "bench", Version: "b", NodeID: node, StateDir: state, MaxVolumeSize: 1 << 40, MaxHeavyOps: 4})
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { d.Close() })
-				creds := &transfer.Credentials{Store: store, Driver: "bench", Node: node}
-				if err := creds.Refresh(ctx); err != nil {
-					b.Fatal(err)
-				}
-				ln, err := net.Listen("tcp", "127.0.0.1:0")
-				if err != nil {
-					b.Fatal(err)
-				}
-				sctx, cancel := context.WithCancel(ctx)
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					(&transfer.Server{Creds: creds, Source: d.TransferSource(), Authorizer: transfer.AllowAll}).Serve(sctx, ln)
-				}()
-				b.Cleanup(func() { cancel(); <-done })
-				addrs[node] = ln.Addr().String()
-				d.SetPeers(&transfer.Peers{Client: &transfer.Client{Creds: creds}, Resolve: func(_ context.Context, tag string) (string, string, error) {
-					for n, a := range addrs {
-						if engine.NodeTag(n) == tag {
-							return a, n, nil
-						}
-					}
-					return "", "", fmt.Errorf("no node with tag %s", tag)
-				}})
-				drivers[node] = d
-			}
+			drivers, states := peerDrivers(b, fs, "node-a", "node-b")
 			a, bnode := drivers["node-a"], drivers["node-b"]
 			vol, err := a.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "src", VolumeCapabilities: []*csipb.VolumeCapability{mount},
 				CapacityRange: &csipb.CapacityRange{RequiredBytes: size + 64<<20}})
@@ -120,4 +85,54 @@ func BenchmarkRestoreFromPeer(b *testing.B) {
 			}
 		}
 	}
+}
+
+// peerDrivers starts a driver per node, each with its state dir on fs,
+// reaching the others through the node-to-node transfer (mutual TLS over
+// loopback TCP), and returns them and their state dirs by node.
+func peerDrivers(b *testing.B, fs *benchFS, nodes ...string) (map[string]*hcsi.Driver, map[string]string) {
+	ctx := context.Background()
+	store := &transfer.MemoryStore{}
+	drivers := map[string]*hcsi.Driver{}
+	addrs, states := map[string]string{}, map[string]string{}
+	var mu sync.Mutex
+	for _, node := range nodes {
+		state := outDir(b, fs, "peer-"+node)
+		states[node] = state
+		d, err := hcsi.New(engine.Config{DriverName: "bench", Version: "b", NodeID: node, StateDir: state, MaxVolumeSize: 1 << 40, MaxHeavyOps: 4})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { d.Close() })
+		creds := &transfer.Credentials{Store: store, Driver: "bench", Node: node}
+		if err := creds.Refresh(ctx); err != nil {
+			b.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			(&transfer.Server{Creds: creds, Source: d.TransferSource(), Authorizer: transfer.AllowAll}).Serve(sctx, ln)
+		}()
+		b.Cleanup(func() { cancel(); <-done })
+		mu.Lock()
+		addrs[node] = ln.Addr().String()
+		mu.Unlock()
+		d.SetPeers(&transfer.Peers{Client: &transfer.Client{Creds: creds}, Resolve: func(_ context.Context, tag string) (string, string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			for n, a := range addrs {
+				if engine.NodeTag(n) == tag {
+					return a, n, nil
+				}
+			}
+			return "", "", fmt.Errorf("no node with tag %s", tag)
+		}})
+		drivers[node] = d
+	}
+	return drivers, states
 }
