@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -35,6 +36,147 @@ func newestGeneration(t *testing.T, node, id string) string {
 	return gens[len(gens)-1]
 }
 
+// generationHolds is a wait condition: the newest generation of volume
+// id's copy on node holds want.
+func generationHolds(t *testing.T, node, id, want string) func() (bool, string) {
+	return func() (bool, string) {
+		g := newestGeneration(t, node, id)
+		if g == "" {
+			return false, "no generation yet on " + node
+		}
+		b, err := os.ReadFile(g)
+		return err == nil && bytes.Contains(b, []byte(want)), fmt.Sprintf("%s (%d bytes, %v) lacks %q", g, len(b), err, want)
+	}
+}
+
+// standbyFailover: the primary's node stopped as a power cut would (every
+// process and mount gone) and fenced with the out-of-service taint, a pod
+// of the claim runs on the standby's node with what was synced there
+// before the cut; the node started again becomes the volume's standby on
+// its own and catches up with what the pod wrote since.
+func standbyFailover(t *testing.T, k *kube) {
+	step(t, "the primary's node cut off and fenced: the pod runs on the standby's node with what it had synced, and the node back becomes the standby", func() {
+		k.apply(standbyClass)
+		defer k.run("", "delete", "storageclass", "hostpath-standby")
+		k.apply(inClass(pvc("fo", "64Mi", "Filesystem", ""), "hostpath-standby"))
+		k.apply(pod("fo", "fo", "", "echo synced-before-the-cut > /data/f && sync"))
+		k.waitPod(ns, "fo", "Running", 180*time.Second)
+		primary := k.jsonpath(ns, "pod/fo", "{.spec.nodeName}")
+		pv := k.jsonpath(ns, "pvc/fo", "{.spec.volumeName}")
+		id := k.jsonpath("", "pv/"+pv, "{.spec.csi.volumeHandle}")
+		standby := k.jsonpath("", "pv/"+pv, `{.spec.csi.volumeAttributes.hostpath\.csi/standby}`)
+		k.waitFor("the standby's copy holding the synced write", 60*time.Second, generationHolds(t, standby, id, "synced-before-the-cut"))
+
+		localcluster(t, "node-stop", primary)
+		k.must("taint", "node", primary, "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute")
+		fenced := time.Now()
+		// The pod the cut node ran is gone (pod GC force-deletes it under
+		// the taint once the node is NotReady; an administrator may too).
+		k.must("delete", "pod", "fo", "-n", ns, "--force", "--grace-period=0")
+		k.apply(onNode(pod("fo2", "fo", "", "cat /data/f > /data/seen && echo written-after-the-failover > /data/g && sync"), standby))
+		k.waitPod(ns, "fo2", "Running", 120*time.Second)
+		took := time.Since(fenced)
+		if got := k.exec(ns, "fo2", "cat", "/data/seen"); !strings.Contains(got, "synced-before-the-cut") {
+			t.Fatalf("the promoted volume reads %q, want the write synced before the cut", got)
+		}
+		if took > 60*time.Second {
+			t.Errorf("the pod ran on the standby's node %v after the taint, want within 60 s", took)
+		}
+
+		localcluster(t, "node-start", primary)
+		k.must("taint", "node", primary, "node.kubernetes.io/out-of-service-")
+		back := time.Now()
+		k.waitFor("the node back holding the standby copy with the write made after the failover", 240*time.Second,
+			generationHolds(t, primary, id, "written-after-the-failover"))
+		fmt.Printf("e2e      volume %s: %s cut off and fenced; the pod ran on %s %v after the taint, with the write synced before the cut; %s, back, held the copy with the write made after the failover %v later\n",
+			id, primary, standby, took.Round(100*time.Millisecond), primary, time.Since(back).Round(time.Second))
+		k.must("delete", "pod", "fo2", "-n", ns, "--grace-period=1")
+		k.must("delete", "pvc", "fo", "-n", ns)
+		for _, n := range []string{primary, standby} {
+			k.waitFor("the volume and its copy removed with the claim on "+n, 120*time.Second, func() (bool, string) {
+				_, err := os.Stat(filepath.Join(nodeRoot(t, n), hddPool, "standby", id))
+				return os.IsNotExist(err), fmt.Sprintf("%v", err)
+			})
+		}
+	})
+}
+
+// standbyPartition: the primary's node cut off the network without a
+// fence (its veth on the host's bridge down): a pod of the claim made on
+// the standby's node is not given the volume, and its events say why (the
+// primary, not fenced, and how to fence it); with the network back, the
+// pod on the primary still runs with every write, the ones made while it
+// was cut off among them.
+func standbyPartition(t *testing.T, k *kube) {
+	step(t, "the primary's node cut off the network, not fenced: no promotion, the pod's events say why, and nothing is lost when the network returns", func() {
+		k.apply(standbyClass)
+		defer k.run("", "delete", "storageclass", "hostpath-standby")
+		k.apply(inClass(pvc("pt", "64Mi", "Filesystem", ""), "hostpath-standby"))
+		k.apply(pod("pt", "pt", "", "echo written-before-the-partition > /data/f && sync"))
+		k.waitPod(ns, "pt", "Running", 180*time.Second)
+		primary := k.jsonpath(ns, "pod/pt", "{.spec.nodeName}")
+		pv := k.jsonpath(ns, "pvc/pt", "{.spec.volumeName}")
+		id := k.jsonpath("", "pv/"+pv, "{.spec.csi.volumeHandle}")
+		standby := k.jsonpath("", "pv/"+pv, `{.spec.csi.volumeAttributes.hostpath\.csi/standby}`)
+		k.waitFor("the standby's copy holding the write", 60*time.Second, generationHolds(t, standby, id, "written-before-the-partition"))
+
+		veth := "hp-" + primary
+		ip := func(args ...string) {
+			if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+				t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+			}
+		}
+		ip("link", "set", veth, "down")
+		reconnected := false
+		defer func() {
+			if !reconnected {
+				exec.Command("ip", "link", "set", veth, "up").Run()
+			}
+		}()
+		cut := time.Now()
+		k.apply(onNode(pod("pt2", "pt", "", "cat /data/f"), standby))
+		var said string
+		k.waitFor("pt2's events saying why it gets no volume", 150*time.Second, func() (bool, string) {
+			said, _ = k.run("", "get", "events", "-n", ns, "--field-selector", "involvedObject.name=pt2", "-o", "jsonpath={.items[*].message}")
+			return strings.Contains(said, primary) && strings.Contains(said, "out-of-service"), said
+		})
+		if p := k.jsonpath(ns, "pod/pt2", "{.status.phase}"); p == "Running" {
+			t.Fatalf("pt2 runs on %s while %s, not fenced, may still be writing", standby, primary)
+		}
+		if _, err := os.Stat(filepath.Join(nodeRoot(t, standby), hddPool, "volumes", id+".img")); err == nil {
+			t.Fatalf("%s promoted volume %s without a fence", standby, id)
+		}
+		k.must("delete", "pod", "pt2", "-n", ns, "--grace-period=1")
+		ip("link", "set", veth, "up")
+		reconnected = true
+		k.waitFor(primary+" Ready again", 180*time.Second, func() (bool, string) {
+			r := k.jsonpath("", "node/"+primary, `{.status.conditions[?(@.type=="Ready")].status}`)
+			return r == "True", r
+		})
+		k.exec(ns, "pt", "sh", "-c", "echo written-after-the-partition >> /data/f && sync")
+		if got := k.exec(ns, "pt", "cat", "/data/f"); !strings.Contains(got, "written-before-the-partition") || !strings.Contains(got, "written-after-the-partition") {
+			t.Fatalf("the volume on %s after the partition reads %q", primary, got)
+		}
+		fmt.Printf("e2e      %s cut off for %v without a fence: the pod made on %s got no volume; its event: %s\n",
+			primary, time.Since(cut).Round(time.Second), standby, lastLine(said))
+		k.must("delete", "pod", "pt", "-n", ns, "--grace-period=1")
+		k.must("delete", "pvc", "pt", "-n", ns)
+		k.waitFor("the standby copy removed with the claim", 120*time.Second, func() (bool, string) {
+			_, err := os.Stat(filepath.Join(nodeRoot(t, standby), hddPool, "standby", id))
+			return os.IsNotExist(err), fmt.Sprintf("%v", err)
+		})
+	})
+}
+
+// lastLine is the last of the messages in s (kubectl joins them with
+// spaces; each of the driver's starts with "MountVolume").
+func lastLine(s string) string {
+	if i := strings.LastIndex(s, "MountVolume"); i >= 0 {
+		return s[i:]
+	}
+	return s
+}
+
 // standbyCopies: a claim of a standby class gets a copy on another node
 // than its pod's, named in its PV; what the pod writes and syncs is in the
 // standby's newest generation within a few intervals; a pod made again on
@@ -54,16 +196,7 @@ func standbyCopies(t *testing.T, k *kube, nodes []string) {
 		if standby == "" || standby == primary || !slices.Contains(nodes, standby) {
 			t.Fatalf("PV %s names standby %q for a volume on %s", pv, standby, primary)
 		}
-		holds := func(want string) func() (bool, string) {
-			return func() (bool, string) {
-				g := newestGeneration(t, standby, id)
-				if g == "" {
-					return false, "no generation yet on " + standby
-				}
-				b, err := os.ReadFile(g)
-				return err == nil && bytes.Contains(b, []byte(want)), fmt.Sprintf("%s (%d bytes, %v) lacks %q", g, len(b), err, want)
-			}
-		}
+		holds := func(want string) func() (bool, string) { return generationHolds(t, standby, id, want) }
 		start := time.Now()
 		k.waitFor("the standby's copy holding the first write", 60*time.Second, holds("standby-first-write"))
 		first := time.Since(start)
