@@ -86,6 +86,11 @@ func standbyFailover(t *testing.T, k *kube) {
 		localcluster(t, "node-start", primary)
 		k.must("taint", "node", primary, "node.kubernetes.io/out-of-service-")
 		back := time.Now()
+		k.waitFor("CSINode of "+primary+" and the node Ready", 240*time.Second, func() (bool, string) {
+			d, _ := k.run("", "get", "csinode", primary, "-o", "jsonpath={.spec.drivers[*].name}")
+			r := k.jsonpath("", "node/"+primary, `{.status.conditions[?(@.type=="Ready")].status}`)
+			return strings.Contains(d, "hostpath.csi.k8s.io") && r == "True", d + " " + r
+		})
 		k.waitFor("the node back holding the standby copy with the write made after the failover", 240*time.Second,
 			generationHolds(t, primary, id, "written-after-the-failover"))
 		fmt.Printf("e2e      volume %s: %s cut off and fenced; the pod ran on %s %v after the taint, with the write synced before the cut; %s, back, held the copy with the write made after the failover %v later\n",
