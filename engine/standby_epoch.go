@@ -42,7 +42,9 @@ func (d *Engine) checkSuperseded(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if v.Phase != PhaseReady || v.Standby == "" || v.HandedTo != "" || len(v.Staged) > 0 || len(v.Published) > 0 {
+		// One handed to its standby is asked too: a move whose notice
+		// never came, or a demotion a crash cut, is finished so.
+		if v.Phase != PhaseReady || v.Standby == "" || (v.HandedTo != "" && v.HandedTo != v.Standby) || len(v.Staged) > 0 || len(v.Published) > 0 {
 			continue
 		}
 		if _, err := d.superseded(ctx, v); err != nil && !errors.Is(err, errNotAsked) {
@@ -123,6 +125,14 @@ func (d *Engine) superseded(ctx context.Context, v VolumeRecord) (bool, error) {
 	if len(cur.Staged) > 0 || len(cur.Published) > 0 {
 		return false, StorageErr(ErrInUse, "volume %s is held by node %s at a newer epoch (%d, this node's %d): it was promoted there while this node was fenced; unstage it here first", v.ID, node, epoch, cur.Epoch)
 	}
+	// Never staged here again, durably, before anything moves; a crash
+	// after it is resumed by the next checkSuperseded.
+	if cur.HandedTo != v.Standby {
+		cur.HandedTo = v.Standby
+		if err := d.Records.Volumes.Put(cur); err != nil {
+			return false, err
+		}
+	}
 	// Its data is set aside, not removed: the answer is the other node's
 	// word, and what this node wrote past the promoted generation is kept
 	// (until the volume is deleted) for an administrator to read.
@@ -131,15 +141,13 @@ func (d *Engine) superseded(ctx context.Context, v VolumeRecord) (bool, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return false, err
 	}
-	if err := os.Rename(d.VolumeDataPath(cur), aside); err != nil {
-		return false, err
-	}
-	if err := fsops.SyncDir(dir); err != nil {
-		return false, err
-	}
-	cur.HandedTo = v.Standby
-	if err := d.Records.Volumes.Put(cur); err != nil {
-		return false, err
+	if _, err := os.Lstat(aside); err != nil {
+		if err := os.Rename(d.VolumeDataPath(cur), aside); err != nil {
+			return false, err
+		}
+		if err := fsops.SyncDir(dir); err != nil {
+			return false, err
+		}
 	}
 	cur.Epoch = epoch - 1 // the copy's record takes the owner's epoch
 	if err := d.demote(cur, g); err != nil {

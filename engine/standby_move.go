@@ -34,10 +34,10 @@ import (
 // primary that has recorded HandedTo refuses stages until the new owner
 // tells it (or is fenced, when it takes the volume back at a higher
 // epoch); a standby whose pull or promotion failed is retried by kubelet's
-// next stage, and the primary serves the handover again. Not built yet: a
-// handed notice lost for good (the old primary then stays handed, serving
-// nothing, until the new owner is fenced) and a move abandoned midway (the
-// pod going back to the primary before the standby promoted).
+// next stage, and the primary serves the handover again; a handed notice
+// that never came is finished by the old primary's own asking
+// (checkSuperseded). Not built yet: a move abandoned midway (the pod going
+// back to the primary before the standby promoted).
 
 // SourceHandover is the transfer kind of a move's last changes (id as
 // StandbyID); SourceHanded is the new owner telling the old one that the

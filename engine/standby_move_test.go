@@ -195,3 +195,34 @@ func TestStandbyReturnUnstaged(t *testing.T) {
 		t.Fatal("node-1's generation differs from the volume on node-2")
 	}
 }
+
+// TestStandbyHandedNoticeLost: a move whose notice to the old primary
+// never came (the new owner promoted, the old one stays handed) is
+// finished by the old primary's own asking (checkSuperseded): it becomes
+// the standby.
+func TestStandbyHandedNoticeLost(t *testing.T) {
+	nodes, _ := standbyNodes(t, "node-1", "node-2")
+	a, b := nodes["node-1"], nodes["node-2"]
+	v := withStandby(t, a, "pvc-lost-notice", 16<<20, nil)
+	keepCopy(t, b, v, 0)
+	writeAt(t, a.VolumeDataPath(v), 0, 1<<20, false)
+	if _, err := b.pullGeneration(bg, v.ID, SourceHandover); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.PromoteStandby(bg, v.ID, "handed over by node node-1"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := a.Records.Volumes.Get(v.ID); got.HandedTo != "node-2" {
+		t.Fatalf("node-1 after the handover: %+v, want it handed to node-2", got)
+	}
+	a.checkSuperseded(bg)
+	if _, ok := a.Records.Volumes.Get(v.ID); ok {
+		t.Fatal("node-1 still holds the volume it handed over")
+	}
+	if s, ok := a.Records.Standbys.Get(v.ID); !ok || s.Primary != "node-2" {
+		t.Fatalf("node-1's copy: %+v (%v), want node-2 its primary", s, ok)
+	}
+	if st, err := a.CatchUp(bg, v.ID); err != nil || st.Bytes != 0 {
+		t.Fatalf("node-1 catching up: %+v, %v; want nothing new", st, err)
+	}
+}
