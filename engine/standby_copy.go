@@ -149,11 +149,19 @@ func (d *Engine) pullGeneration(ctx context.Context, id, kind string) (StandbySt
 	if !ok {
 		return StandbyState{}, StorageErr(ErrNotFound, "this node keeps no copy of volume %s", id)
 	}
-	unlock, err := d.Locks.lock("the standby copy of volume "+id, standbyKey(id))
+	var unlock func()
+	var err error
+	if kind == SourceHandover {
+		unlock, err = d.takeCopy(ctx, id) // a move goes before a regular pull
+	} else {
+		unlock, err = d.Locks.lock("the standby copy of volume "+id, standbyKey(id))
+	}
 	if err != nil {
 		return StandbyState{}, err
 	}
 	defer unlock()
+	ctx, done := d.copyPulling(ctx, id)
+	defer done()
 	peers := d.peerSet()
 	if peers == nil {
 		return StandbyState{}, fmt.Errorf("no node-to-node transfer: the copy of volume %s cannot be kept", id)

@@ -42,7 +42,7 @@ func (d *Engine) PromoteStandby(ctx context.Context, id, fence string) (VolumeRe
 	if fence == "" {
 		return VolumeRecord{}, StorageErr(ErrInvalid, "the standby copy of volume %s is promoted only when its primary is fenced", id)
 	}
-	unlock, err := d.Locks.lock("the standby copy of volume "+id, standbyKey(id))
+	unlock, err := d.takeCopy(ctx, id)
 	if err != nil {
 		return VolumeRecord{}, err
 	}

@@ -4,10 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/hostpath-csi/hostpath/transfer"
 )
 
 // TestStandbyPromotion: the standby of a volume whose primary is fenced
@@ -196,5 +201,42 @@ func TestStandbyTakeOver(t *testing.T) {
 	}
 	if err := b.TakeOver(bg, v.ID); err != nil {
 		t.Fatalf("a second stage: %v, want nothing to do", err)
+	}
+}
+
+// hangingPeers never answers until the request is cancelled: a primary
+// cut off mid-pull.
+type hangingPeers struct{ asked chan struct{} }
+
+func (p *hangingPeers) Open(ctx context.Context, tag, kind, id string, statOnly bool) (transfer.Meta, io.ReadCloser, string, error) {
+	p.asked <- struct{}{}
+	<-ctx.Done()
+	return transfer.Meta{}, nil, "node-1", fmt.Errorf("%w: %v", transfer.ErrUnreachable, ctx.Err())
+}
+
+// TestStandbyPromotionStopsAPull: a promotion does not wait for a pull
+// hanging on the fenced primary: it stops it and goes on.
+func TestStandbyPromotionStopsAPull(t *testing.T) {
+	nodes, _ := standbyNodes(t, "node-1", "node-2")
+	a, b := nodes["node-1"], nodes["node-2"]
+	v := withStandby(t, a, "pvc-hung", 16<<20, nil)
+	keepCopy(t, b, v, 0)
+	writeAt(t, a.VolumeDataPath(v), 0, 1<<20, false)
+	if _, err := b.CatchUp(bg, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	hang := &hangingPeers{asked: make(chan struct{}, 1)}
+	b.SetPeers(hang)
+	pulled := make(chan error, 1)
+	go func() { _, err := b.CatchUp(bg, v.ID); pulled <- err }()
+	<-hang.asked
+	ctx, cancel := context.WithTimeout(bg, 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := b.PromoteStandby(ctx, v.ID, "node-1 is out of service"); err != nil {
+		t.Fatalf("a promotion while a pull hangs: %v after %v", err, time.Since(start))
+	}
+	if err := <-pulled; err == nil {
+		t.Error("the hanging pull made a generation")
 	}
 }

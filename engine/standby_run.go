@@ -29,6 +29,50 @@ type standbys struct {
 	status map[string]StandbyStatus
 	due    map[string]time.Time
 	served map[string]standbyServed
+	// pulls are the pulls in flight, by volume: a promotion or a move
+	// stops one (takeCopy).
+	pulls map[string]context.CancelFunc
+}
+
+// copyPulling registers a pull of volume id's copy in flight, under ctx,
+// which takeCopy may cancel; done ends it.
+func (d *Engine) copyPulling(ctx context.Context, id string) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	d.standby.mu.Lock()
+	if d.standby.pulls == nil {
+		d.standby.pulls = map[string]context.CancelFunc{}
+	}
+	d.standby.pulls[id] = cancel
+	d.standby.mu.Unlock()
+	return ctx, func() {
+		d.standby.mu.Lock()
+		delete(d.standby.pulls, id)
+		d.standby.mu.Unlock()
+		cancel()
+	}
+}
+
+// takeCopy takes the lock of the copy this node keeps of volume id for a
+// promotion or a move, stopping a regular pull that holds it: the primary
+// is fenced (its pull hangs until the transfer gives up on it) or hands
+// the volume over. It waits, within ctx, for the pull to let go.
+func (d *Engine) takeCopy(ctx context.Context, id string) (func(), error) {
+	for {
+		unlock, err := d.Locks.lock("the standby copy of volume "+id, standbyKey(id))
+		if err == nil {
+			return unlock, nil
+		}
+		d.standby.mu.Lock()
+		if cancel := d.standby.pulls[id]; cancel != nil {
+			cancel()
+		}
+		d.standby.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // StandbyStatusOf is the status of the copy of volume id this node keeps
