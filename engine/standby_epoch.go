@@ -142,6 +142,10 @@ func (d *Engine) superseded(ctx context.Context, v VolumeRecord) (bool, error) {
 		return false, err
 	}
 	if _, err := os.Lstat(aside); err != nil {
+		// Its loop devices go first: they would follow the file.
+		if err := DetachAll(d.VolumeDataPath(cur)); err != nil {
+			return false, err
+		}
 		if err := os.Rename(d.VolumeDataPath(cur), aside); err != nil {
 			return false, err
 		}

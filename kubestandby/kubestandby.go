@@ -86,7 +86,12 @@ func (w *Watcher) Run(ctx context.Context) error {
 				obj = t.Obj
 			}
 			pv, ok := obj.(*corev1.PersistentVolume)
-			if !ok || pv.Spec.CSI == nil || pv.Spec.CSI.Driver != w.Driver || pv.Spec.CSI.VolumeAttributes[engine.CtxStandby] != w.Node {
+			if !ok || pv.Spec.CSI == nil || pv.Spec.CSI.Driver != w.Driver {
+				return
+			}
+			// This node keeps the copy as the PV's standby, or, since a
+			// move or a failover, as its first node.
+			if a := pv.Spec.CSI.VolumeAttributes; a[engine.CtxStandby] != w.Node && a[engine.CtxPrimary] != w.Node {
 				return
 			}
 			// The deletion was seen; whether the PV is really gone is

@@ -39,6 +39,7 @@ func TestWatcher(t *testing.T) {
 		pv("pv-elsewhere", d, "vol-c", "node-3", true),
 		pv("pv-other", "other.csi", "vol-d", "node-2", true),
 		pv("pv-kept", d, "vol-e", "node-2", true),
+		moved(pv("pv-moved", d, "vol-m", "node-3", true)),
 	)
 	var mu sync.Mutex
 	added, dropped := map[string]engine.StandbySpec{}, []string{}
@@ -99,6 +100,21 @@ func TestWatcher(t *testing.T) {
 		_, dr := snapshot()
 		return slices.Contains(dr, "vol-a")
 	})
+	// A PV naming this node its primary: after a move or a failover this
+	// node keeps the copy, which goes with the PV too.
+	if err := client.CoreV1().PersistentVolumes().Delete(ctx, "pv-moved", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 30*time.Second, "the copy kept by the PV's first node was not dropped with its PV", func() bool {
+		_, dr := snapshot()
+		return slices.Contains(dr, "vol-m")
+	})
+}
+
+// moved makes p a PV whose first node is node-2 (the watcher's).
+func moved(p *corev1.PersistentVolume) *corev1.PersistentVolume {
+	p.Spec.CSI.VolumeAttributes[engine.CtxPrimary] = "node-2"
+	return p
 }
 
 // TestFences: a node is fenced by the out-of-service taint or by its Node
