@@ -11,7 +11,6 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/hostpath-csi/hostpath/fsops"
 	"github.com/hostpath-csi/hostpath/transfer"
 )
 
@@ -141,15 +140,10 @@ func (d *Engine) superseded(ctx context.Context, v VolumeRecord) (bool, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return false, err
 	}
+	// A copy (a reflink: a standby's pool shares blocks), so that the
+	// volume's file and its devices go as any volume's do (demote).
 	if _, err := os.Lstat(aside); err != nil {
-		// Its loop devices go first: they would follow the file.
-		if err := DetachAll(d.VolumeDataPath(cur)); err != nil {
-			return false, err
-		}
-		if err := os.Rename(d.VolumeDataPath(cur), aside); err != nil {
-			return false, err
-		}
-		if err := fsops.SyncDir(dir); err != nil {
+		if err := placeCopy(ctx, d.VolumeDataPath(cur), aside); err != nil {
 			return false, err
 		}
 	}

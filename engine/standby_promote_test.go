@@ -130,6 +130,7 @@ func TestStandbyPromotionCut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { DetachAll(b.VolumeDataPath(p)) }) // the start attaches it
 	s := StandbyRecord{Volume: v.ID, Primary: "node-1", Phase: PhaseReady, AccessType: AccessBlock}
 	if err := b.Records.Standbys.Put(s); err != nil {
 		t.Fatal(err)
