@@ -109,7 +109,7 @@ func (d *Engine) superseded(ctx context.Context, v VolumeRecord) (bool, error) {
 	defer cancel()
 	m, _, node, err := peers.Open(actx, NodeTag(v.Standby), SourceEpoch, v.ID, true)
 	if err != nil {
-		return false, fmt.Errorf("%w: %w", errNotAsked, err)
+		return false, fmt.Errorf("%w: %v", errNotAsked, err)
 	}
 	epoch, _ := strconv.ParseUint(m.Attrs[attrEpoch], 10, 64)
 	if m.Attrs[attrHolds] != "volume" || epoch <= v.Epoch {
