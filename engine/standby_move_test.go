@@ -20,12 +20,7 @@ func TestStandbyMove(t *testing.T) {
 	for _, e := range nodes {
 		e.SetFences(func(context.Context, string) (string, error) { return "", nil })
 	}
-	v := withStandby(t, a, "pvc-moved", 32<<20, nil)
-	keepCopy(t, b, v, 0)
-	writeAt(t, a.VolumeDataPath(v), 0, 4<<20, false)
-	if _, err := b.CatchUp(bg, v.ID); err != nil {
-		t.Fatal(err)
-	}
+	v := pulledCopy(t, a, b, "pvc-moved", 32<<20, 4<<20)
 	// Written after the last pull, before the pod stopped: it must move
 	// too.
 	writeAt(t, a.VolumeDataPath(v), 8<<20, 1<<20, false)
@@ -117,12 +112,7 @@ func TestStandbyReturn(t *testing.T) {
 	b.SetFences(func(_ context.Context, node string) (string, error) {
 		return node + " carries the out-of-service taint", nil
 	})
-	v := withStandby(t, a, "pvc-return", 32<<20, nil)
-	keepCopy(t, b, v, 0)
-	writeAt(t, a.VolumeDataPath(v), 0, 4<<20, false)
-	if _, err := b.CatchUp(bg, v.ID); err != nil {
-		t.Fatal(err)
-	}
+	v := pulledCopy(t, a, b, "pvc-return", 32<<20, 4<<20)
 	writeAt(t, a.VolumeDataPath(v), 8<<20, 1<<20, false) // past the last pull: lost with the fence
 
 	// node-1 fenced: node-2 promotes; its pod writes there.
@@ -168,12 +158,7 @@ func TestStandbyReturnUnstaged(t *testing.T) {
 	nodes, _ := standbyNodes(t, "node-1", "node-2")
 	a, b := nodes["node-1"], nodes["node-2"]
 	b.SetFences(func(_ context.Context, node string) (string, error) { return node + " is out of service", nil })
-	v := withStandby(t, a, "pvc-back", 32<<20, nil)
-	keepCopy(t, b, v, 0)
-	writeAt(t, a.VolumeDataPath(v), 0, 4<<20, false)
-	if _, err := b.CatchUp(bg, v.ID); err != nil {
-		t.Fatal(err)
-	}
+	v := pulledCopy(t, a, b, "pvc-back", 32<<20, 4<<20)
 	if err := b.TakeOver(bg, v.ID); err != nil {
 		t.Fatal(err)
 	}

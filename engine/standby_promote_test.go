@@ -91,12 +91,7 @@ func TestStandbyPromotion(t *testing.T) {
 func TestStandbyPromotionCut(t *testing.T) {
 	nodes, peers := standbyNodes(t, "node-1", "node-2")
 	a, b := nodes["node-1"], nodes["node-2"]
-	v := withStandby(t, a, "pvc-cut", 16<<20, nil)
-	keepCopy(t, b, v, 0)
-	writeAt(t, a.VolumeDataPath(v), 0, 1<<20, false)
-	if _, err := b.CatchUp(bg, v.ID); err != nil {
-		t.Fatal(err)
-	}
+	v := pulledCopy(t, a, b, "pvc-cut", 16<<20, 1<<20)
 	g, gen, _ := b.StandbyGeneration(v.ID)
 	held, _ := os.ReadFile(gen)
 	restart := func() {
@@ -220,12 +215,7 @@ func (p *hangingPeers) Open(ctx context.Context, tag, kind, id string, statOnly 
 func TestStandbyPromotionStopsAPull(t *testing.T) {
 	nodes, _ := standbyNodes(t, "node-1", "node-2")
 	a, b := nodes["node-1"], nodes["node-2"]
-	v := withStandby(t, a, "pvc-hung", 16<<20, nil)
-	keepCopy(t, b, v, 0)
-	writeAt(t, a.VolumeDataPath(v), 0, 1<<20, false)
-	if _, err := b.CatchUp(bg, v.ID); err != nil {
-		t.Fatal(err)
-	}
+	v := pulledCopy(t, a, b, "pvc-hung", 16<<20, 1<<20)
 	hang := &hangingPeers{asked: make(chan struct{}, 1)}
 	b.SetPeers(hang)
 	pulled := make(chan error, 1)

@@ -124,6 +124,20 @@ func withStandby(t *testing.T, a *Engine, name string, size int64, params map[st
 	return v
 }
 
+// pulledCopy makes a block volume of size on a (node-1) with its standby
+// on b (node-2), written from its start with written bytes, and has b pull
+// it once: the copy holds one generation.
+func pulledCopy(t *testing.T, a, b *Engine, name string, size, written int64) VolumeRecord {
+	t.Helper()
+	v := withStandby(t, a, name, size, nil)
+	keepCopy(t, b, v, 0)
+	writeAt(t, a.VolumeDataPath(v), 0, written, false)
+	if _, err := b.CatchUp(bg, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 // keepCopy records on b (node-2) that it keeps a copy of node-1's v.
 func keepCopy(t *testing.T, b *Engine, v VolumeRecord, every time.Duration) {
 	t.Helper()
