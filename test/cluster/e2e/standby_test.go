@@ -49,6 +49,34 @@ func generationHolds(t *testing.T, node, id, want string) func() (bool, string) 
 	}
 }
 
+// standbyClaim makes claim name of the standby class and a pod of it that
+// runs script, waits for the pod to run and for the standby's copy to hold
+// want, and returns the pod's node, the volume's id and its standby's node.
+func standbyClaim(t *testing.T, k *kube, name, script, want string) (primary, id, standby string) {
+	t.Helper()
+	k.apply(inClass(pvc(name, "64Mi", "Filesystem", ""), "hostpath-standby"))
+	k.apply(pod(name, name, "", script))
+	k.waitPod(ns, name, "Running", 180*time.Second)
+	primary = k.jsonpath(ns, "pod/"+name, "{.spec.nodeName}")
+	pv := k.jsonpath(ns, "pvc/"+name, "{.spec.volumeName}")
+	id = k.jsonpath("", "pv/"+pv, "{.spec.csi.volumeHandle}")
+	standby = k.jsonpath("", "pv/"+pv, `{.spec.csi.volumeAttributes.hostpath\.csi/standby}`)
+	k.waitFor("the standby's copy holding "+want, 60*time.Second, generationHolds(t, standby, id, want))
+	return primary, id, standby
+}
+
+// copiesGone waits until volume id's standby directory is gone on each
+// of nodes (its copy, or its primary's cuts): the claim was deleted.
+func copiesGone(t *testing.T, k *kube, id string, nodes ...string) {
+	t.Helper()
+	for _, n := range nodes {
+		k.waitFor("volume "+id+"'s standby files removed with the claim on "+n, 120*time.Second, func() (bool, string) {
+			_, err := os.Stat(filepath.Join(nodeRoot(t, n), hddPool, "standby", id))
+			return os.IsNotExist(err), fmt.Sprintf("%v", err)
+		})
+	}
+}
+
 // standbyFailover: the primary's node stopped as a power cut would (every
 // process and mount gone) and fenced with the out-of-service taint, a pod
 // of the claim runs on the standby's node with what was synced there
@@ -58,14 +86,7 @@ func standbyFailover(t *testing.T, k *kube) {
 	step(t, "the primary's node cut off and fenced: the pod runs on the standby's node with what it had synced, and the node back becomes the standby", func() {
 		k.apply(standbyClass)
 		defer k.run("", "delete", "storageclass", "hostpath-standby")
-		k.apply(inClass(pvc("fo", "64Mi", "Filesystem", ""), "hostpath-standby"))
-		k.apply(pod("fo", "fo", "", "echo synced-before-the-cut > /data/f && sync"))
-		k.waitPod(ns, "fo", "Running", 180*time.Second)
-		primary := k.jsonpath(ns, "pod/fo", "{.spec.nodeName}")
-		pv := k.jsonpath(ns, "pvc/fo", "{.spec.volumeName}")
-		id := k.jsonpath("", "pv/"+pv, "{.spec.csi.volumeHandle}")
-		standby := k.jsonpath("", "pv/"+pv, `{.spec.csi.volumeAttributes.hostpath\.csi/standby}`)
-		k.waitFor("the standby's copy holding the synced write", 60*time.Second, generationHolds(t, standby, id, "synced-before-the-cut"))
+		primary, id, standby := standbyClaim(t, k, "fo", "echo synced-before-the-cut > /data/f && sync", "synced-before-the-cut")
 
 		localcluster(t, "node-stop", primary)
 		k.must("taint", "node", primary, "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute")
@@ -97,12 +118,7 @@ func standbyFailover(t *testing.T, k *kube) {
 			id, primary, standby, took.Round(100*time.Millisecond), primary, time.Since(back).Round(time.Second))
 		k.must("delete", "pod", "fo2", "-n", ns, "--grace-period=1")
 		k.must("delete", "pvc", "fo", "-n", ns)
-		for _, n := range []string{primary, standby} {
-			k.waitFor("the volume and its copy removed with the claim on "+n, 120*time.Second, func() (bool, string) {
-				_, err := os.Stat(filepath.Join(nodeRoot(t, n), hddPool, "standby", id))
-				return os.IsNotExist(err), fmt.Sprintf("%v", err)
-			})
-		}
+		copiesGone(t, k, id, primary, standby)
 	})
 }
 
@@ -116,14 +132,7 @@ func standbyPartition(t *testing.T, k *kube) {
 	step(t, "the primary's node cut off the network, not fenced: no promotion, the pod's events say why, and nothing is lost when the network returns", func() {
 		k.apply(standbyClass)
 		defer k.run("", "delete", "storageclass", "hostpath-standby")
-		k.apply(inClass(pvc("pt", "64Mi", "Filesystem", ""), "hostpath-standby"))
-		k.apply(pod("pt", "pt", "", "echo written-before-the-partition > /data/f && sync"))
-		k.waitPod(ns, "pt", "Running", 180*time.Second)
-		primary := k.jsonpath(ns, "pod/pt", "{.spec.nodeName}")
-		pv := k.jsonpath(ns, "pvc/pt", "{.spec.volumeName}")
-		id := k.jsonpath("", "pv/"+pv, "{.spec.csi.volumeHandle}")
-		standby := k.jsonpath("", "pv/"+pv, `{.spec.csi.volumeAttributes.hostpath\.csi/standby}`)
-		k.waitFor("the standby's copy holding the write", 60*time.Second, generationHolds(t, standby, id, "written-before-the-partition"))
+		primary, id, standby := standbyClaim(t, k, "pt", "echo written-before-the-partition > /data/f && sync", "written-before-the-partition")
 
 		veth := "hp-" + primary
 		ip := func(args ...string) {
@@ -166,10 +175,7 @@ func standbyPartition(t *testing.T, k *kube) {
 			primary, time.Since(cut).Round(time.Second), standby, lastLine(said))
 		k.must("delete", "pod", "pt", "-n", ns, "--grace-period=1")
 		k.must("delete", "pvc", "pt", "-n", ns)
-		k.waitFor("the standby copy removed with the claim", 120*time.Second, func() (bool, string) {
-			_, err := os.Stat(filepath.Join(nodeRoot(t, standby), hddPool, "standby", id))
-			return os.IsNotExist(err), fmt.Sprintf("%v", err)
-		})
+		copiesGone(t, k, id, standby)
 	})
 }
 
@@ -235,9 +241,6 @@ func standbyCopies(t *testing.T, k *kube, nodes []string) {
 			standby, there.Round(100*time.Millisecond), primary, back.Round(100*time.Millisecond))
 		k.must("delete", "pod", "stby", "-n", ns, "--grace-period=1")
 		k.must("delete", "pvc", "stby", "-n", ns)
-		k.waitFor("the standby copy removed with the claim", 120*time.Second, func() (bool, string) {
-			_, err := os.Stat(filepath.Join(nodeRoot(t, standby), hddPool, "standby", id))
-			return os.IsNotExist(err), fmt.Sprintf("%v", err)
-		})
+		copiesGone(t, k, id, standby)
 	})
 }
