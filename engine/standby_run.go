@@ -85,18 +85,15 @@ func (d *Engine) StandbyStatusOf(id string) (StandbyStatus, bool) {
 }
 
 // RunStandbys keeps every copy this node keeps caught up until ctx ends:
-// each is pulled once its interval has passed since its last pull began,
-// one at a time (the node's pulls share its bandwidth in turn, and a
-// primary serves one standby per volume). pulled, when set, is told each
-// pull's outcome.
+// each is pulled when nextPull says, one at a time (the node's pulls share
+// its bandwidth in turn, and a primary serves one standby per volume).
+// pulled, when set, is told each pull's outcome.
 func (d *Engine) RunStandbys(ctx context.Context, pulled func(id string, st StandbyState, err error)) {
 	d.standby.mu.Lock()
 	if d.standby.status == nil {
 		d.standby.status, d.standby.due = map[string]StandbyStatus{}, map[string]time.Time{}
 	}
 	d.standby.mu.Unlock()
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
 	var asked time.Time
 	for {
 		// A primary back from a fence learns here that its standby
@@ -119,7 +116,7 @@ func (d *Engine) RunStandbys(ctx context.Context, pulled func(id string, st Stan
 			every := time.Duration(max(s.IntervalSeconds, 1)) * time.Second
 			st, err := d.CatchUp(ctx, s.Volume)
 			d.standby.mu.Lock()
-			d.standby.due[s.Volume] = now.Add(every)
+			d.standby.due[s.Volume] = nextPull(now, time.Since(now), every, err)
 			cur := d.standby.status[s.Volume]
 			cur.LastErr = err
 			if err == nil {
@@ -132,10 +129,40 @@ func (d *Engine) RunStandbys(ctx context.Context, pulled func(id string, st Stan
 				pulled(s.Volume, st, err)
 			}
 		}
+		wait := time.NewTimer(d.untilNextPull())
 		select {
 		case <-ctx.Done():
+			wait.Stop()
 			return
-		case <-t.C:
+		case <-wait.C:
 		}
 	}
+}
+
+// nextPull is when a copy's next pull is due, after one that began at
+// start and took took: every after it began, less what it took, so that
+// the newest generation is never older than every when the next one is
+// committed (what a failover loses is at most one interval) while pulls
+// take less than every; never sooner than a quarter of every after it
+// began, so a copy that cannot keep up pulls often but not without pause.
+// A pull that failed is tried again a whole interval later.
+func nextPull(start time.Time, took, every time.Duration, err error) time.Time {
+	if err != nil {
+		return start.Add(every)
+	}
+	return start.Add(max(every-took, every/4))
+}
+
+// untilNextPull is how long RunStandbys waits before it looks again: until
+// the first pull due, within [10 ms, 1 s] (a copy added meanwhile is due
+// at once, and is seen within the second).
+func (d *Engine) untilNextPull() time.Duration {
+	wait := time.Second
+	kept := d.Records.Standbys.All()
+	d.standby.mu.Lock()
+	defer d.standby.mu.Unlock()
+	for _, s := range kept {
+		wait = min(wait, time.Until(d.standby.due[s.Volume]))
+	}
+	return max(wait, 10*time.Millisecond)
 }
