@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/client-go/dynamic"
@@ -138,12 +139,20 @@ func keepStandbys(ctx context.Context, d *csi.Driver, client kube.Interface, res
 			klog.ErrorS(err, "standby copies are not kept: the PVs cannot be watched")
 		}
 	}()
+	// The first pull of each copy since start is logged: after a restart,
+	// a return from a failover or a move it says how much had to travel
+	// (base 0: the whole image); the later ones only at -v=4.
+	var pulled sync.Map
 	go d.RunStandbys(ctx, func(id string, st engine.StandbyState, err error) {
 		if ctx.Err() != nil {
 			return // stopping: the pull was cut short on purpose
 		}
 		if err != nil {
 			klog.ErrorS(err, "a standby copy did not catch up; it is tried again at its next interval", "volume", id)
+			return
+		}
+		if _, again := pulled.LoadOrStore(id, true); !again {
+			klog.InfoS("standby copy caught up, the first time since start", "volume", id, "generation", st.Generation, "base", st.Base, "bytes", st.Bytes)
 			return
 		}
 		klog.V(4).InfoS("standby copy caught up", "volume", id, "generation", st.Generation, "base", st.Base, "bytes", st.Bytes)

@@ -183,8 +183,7 @@ func manyNodes(t *testing.T, k *kube, nodes []string) {
 		k.must("delete", "pvc", "hddbig", "-n", ns)
 	})
 	standbyCopies(t, k, nodes)
-	standbyPartition(t, k)
-	standbyFailover(t, k)
+	standbyPostgres(t, k)
 	step(t, "a PVC that fits nowhere stays Pending, and the event says why", func() {
 		k.apply(pvc("huge", "64Gi", "Filesystem", ""))
 		k.apply(pod("huge", "huge", "", "true"))

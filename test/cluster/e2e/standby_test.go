@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -49,22 +48,6 @@ func generationHolds(t *testing.T, node, id, want string) func() (bool, string) 
 	}
 }
 
-// standbyClaim makes claim name of the standby class and a pod of it that
-// runs script, waits for the pod to run and for the standby's copy to hold
-// want, and returns the pod's node, the volume's id and its standby's node.
-func standbyClaim(t *testing.T, k *kube, name, script, want string) (primary, id, standby string) {
-	t.Helper()
-	k.apply(inClass(pvc(name, "64Mi", "Filesystem", ""), "hostpath-standby"))
-	k.apply(pod(name, name, "", script))
-	k.waitPod(ns, name, "Running", 180*time.Second)
-	primary = k.jsonpath(ns, "pod/"+name, "{.spec.nodeName}")
-	pv := k.jsonpath(ns, "pvc/"+name, "{.spec.volumeName}")
-	id = k.jsonpath("", "pv/"+pv, "{.spec.csi.volumeHandle}")
-	standby = k.jsonpath("", "pv/"+pv, `{.spec.csi.volumeAttributes.hostpath\.csi/standby}`)
-	k.waitFor("the standby's copy holding "+want, 60*time.Second, generationHolds(t, standby, id, want))
-	return primary, id, standby
-}
-
 // copiesGone waits until volume id's standby directory is gone on each
 // of nodes (its copy, or its primary's cuts): the claim was deleted.
 func copiesGone(t *testing.T, k *kube, id string, nodes ...string) {
@@ -75,108 +58,6 @@ func copiesGone(t *testing.T, k *kube, id string, nodes ...string) {
 			return os.IsNotExist(err), fmt.Sprintf("%v", err)
 		})
 	}
-}
-
-// standbyFailover: the primary's node stopped as a power cut would (every
-// process and mount gone) and fenced with the out-of-service taint, a pod
-// of the claim runs on the standby's node with what was synced there
-// before the cut; the node started again becomes the volume's standby on
-// its own and catches up with what the pod wrote since.
-func standbyFailover(t *testing.T, k *kube) {
-	step(t, "the primary's node cut off and fenced: the pod runs on the standby's node with what it had synced, and the node back becomes the standby", func() {
-		k.apply(standbyClass)
-		defer k.run("", "delete", "storageclass", "hostpath-standby")
-		primary, id, standby := standbyClaim(t, k, "fo", "echo synced-before-the-cut > /data/f && sync", "synced-before-the-cut")
-
-		localcluster(t, "node-stop", primary)
-		k.must("taint", "node", primary, "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute")
-		fenced := time.Now()
-		// The pod the cut node ran is gone (pod GC force-deletes it under
-		// the taint once the node is NotReady; an administrator may too).
-		k.must("delete", "pod", "fo", "-n", ns, "--force", "--grace-period=0")
-		k.apply(onNode(pod("fo2", "fo", "", "cat /data/f > /data/seen && echo written-after-the-failover > /data/g && sync"), standby))
-		k.waitPod(ns, "fo2", "Running", 120*time.Second)
-		took := time.Since(fenced)
-		if got := k.exec(ns, "fo2", "cat", "/data/seen"); !strings.Contains(got, "synced-before-the-cut") {
-			t.Fatalf("the promoted volume reads %q, want the write synced before the cut", got)
-		}
-		if took > 60*time.Second {
-			t.Errorf("the pod ran on the standby's node %v after the taint, want within 60 s", took)
-		}
-
-		localcluster(t, "node-start", primary)
-		k.must("taint", "node", primary, "node.kubernetes.io/out-of-service-")
-		back := time.Now()
-		k.waitFor("CSINode of "+primary+" and the node Ready", 240*time.Second, func() (bool, string) {
-			d, _ := k.run("", "get", "csinode", primary, "-o", "jsonpath={.spec.drivers[*].name}")
-			r := k.jsonpath("", "node/"+primary, `{.status.conditions[?(@.type=="Ready")].status}`)
-			return strings.Contains(d, "hostpath.csi.k8s.io") && r == "True", d + " " + r
-		})
-		k.waitFor("the node back holding the standby copy with the write made after the failover", 240*time.Second,
-			generationHolds(t, primary, id, "written-after-the-failover"))
-		fmt.Printf("e2e      volume %s: %s cut off and fenced; the pod ran on %s %v after the taint, with the write synced before the cut; %s, back, held the copy with the write made after the failover %v later\n",
-			id, primary, standby, took.Round(100*time.Millisecond), primary, time.Since(back).Round(time.Second))
-		k.must("delete", "pod", "fo2", "-n", ns, "--grace-period=1")
-		k.must("delete", "pvc", "fo", "-n", ns)
-		copiesGone(t, k, id, primary, standby)
-	})
-}
-
-// standbyPartition: the primary's node cut off the network without a
-// fence (its veth on the host's bridge down): a pod of the claim made on
-// the standby's node is not given the volume, and its events say why (the
-// primary, not fenced, and how to fence it); with the network back, the
-// pod on the primary still runs with every write, the ones made while it
-// was cut off among them.
-func standbyPartition(t *testing.T, k *kube) {
-	step(t, "the primary's node cut off the network, not fenced: no promotion, the pod's events say why, and nothing is lost when the network returns", func() {
-		k.apply(standbyClass)
-		defer k.run("", "delete", "storageclass", "hostpath-standby")
-		primary, id, standby := standbyClaim(t, k, "pt", "echo written-before-the-partition > /data/f && sync", "written-before-the-partition")
-
-		veth := "hp-" + primary
-		ip := func(args ...string) {
-			if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-				t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-			}
-		}
-		ip("link", "set", veth, "down")
-		reconnected := false
-		defer func() {
-			if !reconnected {
-				exec.Command("ip", "link", "set", veth, "up").Run()
-			}
-		}()
-		cut := time.Now()
-		k.apply(onNode(pod("pt2", "pt", "", "cat /data/f"), standby))
-		var said string
-		k.waitFor("pt2's events saying why it gets no volume", 150*time.Second, func() (bool, string) {
-			said, _ = k.run("", "get", "events", "-n", ns, "--field-selector", "involvedObject.name=pt2", "-o", "jsonpath={.items[*].message}")
-			return strings.Contains(said, primary) && strings.Contains(said, "out-of-service"), said
-		})
-		if p := k.jsonpath(ns, "pod/pt2", "{.status.phase}"); p == "Running" {
-			t.Fatalf("pt2 runs on %s while %s, not fenced, may still be writing", standby, primary)
-		}
-		if _, err := os.Stat(filepath.Join(nodeRoot(t, standby), hddPool, "volumes", id+".img")); err == nil {
-			t.Fatalf("%s promoted volume %s without a fence", standby, id)
-		}
-		k.must("delete", "pod", "pt2", "-n", ns, "--grace-period=1")
-		ip("link", "set", veth, "up")
-		reconnected = true
-		k.waitFor(primary+" Ready again", 180*time.Second, func() (bool, string) {
-			r := k.jsonpath("", "node/"+primary, `{.status.conditions[?(@.type=="Ready")].status}`)
-			return r == "True", r
-		})
-		k.exec(ns, "pt", "sh", "-c", "echo written-after-the-partition >> /data/f && sync")
-		if got := k.exec(ns, "pt", "cat", "/data/f"); !strings.Contains(got, "written-before-the-partition") || !strings.Contains(got, "written-after-the-partition") {
-			t.Fatalf("the volume on %s after the partition reads %q", primary, got)
-		}
-		fmt.Printf("e2e      %s cut off for %v without a fence: the pod made on %s got no volume; its event: %s\n",
-			primary, time.Since(cut).Round(time.Second), standby, lastLine(said))
-		k.must("delete", "pod", "pt", "-n", ns, "--grace-period=1")
-		k.must("delete", "pvc", "pt", "-n", ns)
-		copiesGone(t, k, id, standby)
-	})
 }
 
 // lastLine is the last of the messages in s (kubectl joins them with
