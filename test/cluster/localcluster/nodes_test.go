@@ -27,7 +27,8 @@ import (
 // stays in the host's namespaces.
 const (
 	nodesBridge = "hpnodes0"
-	nodesNet    = "10.89.0" // .1 is the host, .K+1 node K
+	nodesNet    = "10.89.0"           // .1 is the host, .K+1 node K
+	bridgeMAC   = "02:68:70:00:00:01" // locally administered, fixed (bridgeUp)
 	nodeInitEnv = "HOSTPATH_NODE_INIT"
 )
 
@@ -225,10 +226,15 @@ func cgroupHierarchies() []string {
 	return out
 }
 
-// bridgeUp makes the host bridge the nodes' veths join.
+// bridgeUp makes the host bridge the nodes' veths join. Its MAC address
+// is set, not left random: a bridge with a random one takes the lowest of
+// its ports', so a node stopped (its veth gone) could change the address
+// the other nodes' ARP caches hold for the host, and their connections to
+// the API server hung until those entries went stale (45 s of a kubelet
+// seeing no pod, in a failover test).
 func bridgeUp() error {
 	for _, args := range [][]string{
-		{"link", "add", nodesBridge, "type", "bridge"},
+		{"link", "add", nodesBridge, "address", bridgeMAC, "type", "bridge"},
 		{"addr", "add", nodesNet + ".1/24", "dev", nodesBridge},
 		{"link", "set", nodesBridge, "up"},
 	} {
