@@ -66,7 +66,7 @@ test-unit: deps
 	@CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m -json $(UNIT_PKGS) > /tmp/hostpath-unit.json; rc=$$?; \
 	  $(GO) run ./test/summary -slowest 15 < /tmp/hostpath-unit.json; src=$$?; test $$rc -eq 0 -a $$src -eq 0
 	$(GO) -C test/cluster test -count=1 ./cmd/...
-	$(GO) test -count=1 -run '^TestMustPoints$$' ./test/kernel/
+	$(GO) test -count=1 -run '^(TestMustPoints|TestCheckStandby)$$' ./test/kernel/
 
 # The previous release (PREVIOUS_RELEASE, built through a git worktree) and
 # this build on one state dir: upgrade, then rollback.

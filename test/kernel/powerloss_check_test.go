@@ -416,6 +416,9 @@ func checkPoint(t *testing.T, fs fsSpec, driver, img string, acked []plan.Op) (p
 			bad("snapshot %s of image volume %s is not a clean file system as it is: %v: %s", id, op.Source, err, lastLines(string(out), 3))
 		}
 	}
+	for _, p := range checkStandby(m.mnt, acked) {
+		bad("%s", p)
+	}
 	// Every fsynced byte of the writer is there.
 	if written > 0 {
 		b, err := os.ReadFile(filepath.Join(state, writerFile))

@@ -35,7 +35,8 @@ const aroundEach = 2
 // epochs differ: the recorder notes the journal's epoch with every op)
 // and where the driver is killed and starts again (before each restart,
 // among them the kill inside a freeze, whose window holds the freeze
-// record, the kill and the thaw at start), up to aroundEach spread over
+// record, the kill and the thaw at start) and where a standby copy's pull
+// commits its generation (standby-gen), up to aroundEach spread over
 // each window and the first flush after it.
 func mustPoints(ops []plan.Op, markAt map[string]int, flushes []int) []int {
 	var must []int
@@ -45,7 +46,7 @@ func mustPoints(ops []plan.Op, markAt map[string]int, flushes []int) []int {
 		if !ok {
 			continue
 		}
-		window := op.Kind == "restart" || op.Kind == "recovered"
+		window := op.Kind == "restart" || op.Kind == "recovered" || op.Kind == "standby-gen"
 		if op.Epoch != 0 { // every op of a recording names the epoch after it
 			window = window || lastEpoch != 0 && op.Epoch != lastEpoch
 			lastEpoch = op.Epoch

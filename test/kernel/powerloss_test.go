@@ -376,7 +376,7 @@ func replay(t *testing.T, fs fsSpec, driver, base, logPath string, ops, already 
 		points, torn = choosePoints(lg, flushes, want, nil)
 	}
 	rng := rand.New(rand.NewPCG(uint64(len(lg.Entries)), 19)) // which sectors of a torn write land
-	fmt.Printf("powerloss %s: %d log entries, %d flush or FUA points, %d marks; replaying %d points (%d with a torn write, %d flushes around checkpoints and kills)\n",
+	fmt.Printf("powerloss %s: %d log entries, %d flush or FUA points, %d marks; replaying %d points (%d with a torn write, %d flushes around checkpoints, kills and standby commits)\n",
 		fs.name, len(lg.Entries), len(flushes), len(markAt), len(points), torn, len(must))
 
 	// The states kept for a recovery: spread over the run, each with the

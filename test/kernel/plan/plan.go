@@ -47,6 +47,9 @@ type Op struct {
 	// writer's, on the image volume's own file system) or write-block;
 	// image-file names a file (File, its sha256 Sum) fsynced on an image
 	// volume grown while not staged;
+	// standby names the volume a standby copy is kept of on the logged
+	// disk (in StandbyState), standby-data the volume's content a pull is
+	// about to copy, standby-gen the generation it committed;
 	// issue-delete, issue-delete-snapshot and issue-unpublish mark a
 	// request sent (it may finish at start after a power loss); epoch
 	// reports the journal's epoch, and restart a crash of the driver
@@ -70,6 +73,9 @@ type Op struct {
 	Length int64  `json:"length,omitempty"`
 	Sum    string `json:"sum,omitempty"`
 	Epoch  uint64 `json:"epoch,omitempty"` // the journal's epoch (kind epoch)
+	// Gen is the generation a standby copy's pull committed (standby-gen;
+	// Sum is its content's, which standby-data gave before the pull).
+	Gen uint64 `json:"gen,omitempty"`
 }
 
 // ImageWriterFile is the image writer's file, at the root of the image
@@ -97,6 +103,10 @@ const (
 	// disk's root made by the host; PoolName is the pool.
 	PoolImage = "pool.img"
 	PoolName  = "fast"
+	// StandbyState is the state dir, in the data disk's root, of the
+	// engine that keeps a standby copy there (its generations in
+	// standby/<volume id>/gen-<n>.img).
+	StandbyState = "standby-node"
 	// JournalSize is the state journal's length in the run: small, so
 	// the workload crosses many checkpoints and epochs.
 	JournalSize = "64Ki"

@@ -38,7 +38,8 @@ func sum(b []byte) string { h := sha256.Sum256(b); return hex.EncodeToString(h[:
 // file in a volume meanwhile; image volumes (ext4 in both pools, XFS), one
 // grown online and one grown while not staged (growOffline), a group
 // snapshot of them, and a crash of the driver while a snapshot holds one
-// frozen. The journal is small, so the run crosses
+// frozen; and a standby copy pulled into the data disk
+// (standbyGenerations). The journal is small, so the run crosses
 // many checkpoints and epochs.
 func workload(t *testing.T, rec *recorder, state, pool string) {
 	const logs = "/tmp/powerloss-driver.log"
@@ -211,6 +212,10 @@ func workload(t *testing.T, rec *recorder, state, pool string) {
 			rec.ack(t, plan.Op{Kind: "restart", Epoch: Epoch(state)})
 		}
 	}
+
+	// A standby copy of another node's volume kept here, its
+	// generations pulled while the writers write.
+	standbyGenerations(t, rec, filepath.Join(filepath.Dir(state), plan.StandbyState))
 
 	// Image volumes beyond the first: an XFS one and one in the pool,
 	// each published with a file written; the first grown online while
