@@ -3,10 +3,10 @@ package bench
 import (
 	"context"
 	"encoding/binary"
+	"flag"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +17,10 @@ import (
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 )
 
+// lossSeconds is how long the failover writer writes before the cut (and
+// a random part of an interval more).
+var lossSeconds = flag.Int("bench.lossseconds", 10, "seconds of writing before each failover (BenchmarkStandbyFailoverLoss)")
+
 // lossRecord is what the failover writer appends and fdatasyncs at a time
 // (50 of them a second make 50 MiB/s).
 const lossRecord = 1 << 20
@@ -25,7 +29,8 @@ const lossRecord = 1 << 20
 // writes. An image volume with a standby copy on a second node, caught up
 // every 2 s over the node-to-node transfer, takes a writer appending 1 MiB
 // records to a file, each fdatasynced and acknowledged at its time, for
-// 10 s; then the primary is cut off as a power loss would (the writer
+// 10 s (-bench.lossseconds) and a random part of an interval, so the cut
+// falls at any phase of the pulls' cycle; then the primary is cut off as a power loss would (the writer
 // stops, the pull under way is lost with it, no later one comes) and the
 // standby's newest generation is promoted and staged there. It reports
 // the MiB acknowledged but not in the promoted volume (the mean and the
@@ -34,7 +39,8 @@ const lossRecord = 1 << 20
 // (issue 51) is at most one interval.
 func BenchmarkStandbyFailoverLoss(b *testing.B) {
 	testutil.RequireRoot(b)
-	const interval, rate, writing = 2 * time.Second, 50, 10 * time.Second
+	const interval, rate = 2 * time.Second, 50
+	writing := time.Duration(*lossSeconds) * time.Second
 	for _, fs := range fileSystems(b) {
 		if !fs.reflink {
 			continue
@@ -68,29 +74,10 @@ func failoverLoss(b *testing.B, fs *benchFS, interval time.Duration, rate int, w
 		Layout: engine.LayoutImage, Interval: interval, PV: "pv-loss"}); err != nil {
 		b.Fatal(err)
 	}
-	var (
-		mu    sync.Mutex
-		pulls int
-	)
-	pctx, stopPulls := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		s.RunStandbys(pctx, func(_ string, _ engine.StandbyState, err error) {
-			if err == nil {
-				mu.Lock()
-				pulls++
-				mu.Unlock()
-			}
-		})
-	}()
-	cut := func() { stopPulls(); <-done }
-	defer cut()
+	counted, cut := runPulls(s)
+	defer cut() // a second call finds it ended
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		mu.Lock()
-		n := pulls
-		mu.Unlock()
-		if n > 0 {
+		if n, _ := counted(); n > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -125,9 +112,7 @@ func failoverLoss(b *testing.B, fs *benchFS, interval time.Duration, rate int, w
 	// primary.
 	at := time.Now()
 	cut()
-	mu.Lock()
-	made := pulls
-	mu.Unlock()
+	made, _ := counted()
 	if _, err := s.PromoteStandby(ctx, id, "the benchmark cut its primary off"); err != nil {
 		b.Fatal(err)
 	}

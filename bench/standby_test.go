@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	hcsi "github.com/hostpath-csi/hostpath/csi"
 	"github.com/hostpath-csi/hostpath/engine"
 	"github.com/hostpath-csi/hostpath/internal/testutil"
 )
@@ -36,24 +37,8 @@ func BenchmarkStandbyPgbench(b *testing.B) {
 		drivers, _ := peerDrivers(b, fs, "node-a", "node-b")
 		a, s := drivers["node-a"], drivers["node-b"]
 		a.SetStandbyNodes(func(context.Context) ([]string, error) { return []string{"node-a", "node-b"}, nil })
-		var (
-			mu     sync.Mutex
-			pulls  int
-			pulled int64
-		)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			s.RunStandbys(ctx, func(_ string, st engine.StandbyState, err error) {
-				if err == nil {
-					mu.Lock()
-					pulls, pulled = pulls+1, pulled+st.Bytes
-					mu.Unlock()
-				}
-			})
-		}()
-		b.Cleanup(func() { cancel(); <-done })
+		counted, stop := runPulls(s)
+		b.Cleanup(stop)
 		type db struct{ name, sock string }
 		var dbs []db
 		for _, v := range []struct {
@@ -79,9 +64,7 @@ func BenchmarkStandbyPgbench(b *testing.B) {
 		for r := 0; r < *rounds; r++ {
 			for _, d := range dbs {
 				b.Run(fs.name+"/"+d.name, func(b *testing.B) {
-					mu.Lock()
-					pulls0, pulled0 := pulls, pulled
-					mu.Unlock()
+					pulls0, pulled0 := counted()
 					var tps, p99 float64
 					for i := 0; i < b.N; i++ {
 						prefix := filepath.Join(d.sock, fmt.Sprintf("txlog-%d-%d", r, i))
@@ -97,9 +80,8 @@ func BenchmarkStandbyPgbench(b *testing.B) {
 					b.ReportMetric(tps/float64(b.N), "tps")
 					b.ReportMetric(p99/float64(b.N), "p99-ms")
 					if d.name == "with-standby" {
-						mu.Lock()
-						n, bytes := pulls-pulls0, pulled-pulled0
-						mu.Unlock()
+						pulls1, pulled1 := counted()
+						n, bytes := pulls1-pulls0, pulled1-pulled0
 						// A run shorter than an interval (the smoke's) may
 						// see no pull end.
 						b.ReportMetric(float64(n)/float64(b.N), "pulls/op")
@@ -111,6 +93,35 @@ func BenchmarkStandbyPgbench(b *testing.B) {
 			}
 		}
 	}
+}
+
+// runPulls keeps the copies s keeps caught up (RunStandbys) until stop,
+// which waits for it to end; counted is how many pulls succeeded so far
+// and the bytes they carried.
+func runPulls(s *hcsi.Driver) (counted func() (int, int64), stop func()) {
+	var (
+		mu     sync.Mutex
+		pulls  int
+		pulled int64
+	)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.RunStandbys(ctx, func(_ string, st engine.StandbyState, err error) {
+			if err == nil {
+				mu.Lock()
+				pulls, pulled = pulls+1, pulled+st.Bytes
+				mu.Unlock()
+			}
+		})
+	}()
+	counted = func() (int, int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		return pulls, pulled
+	}
+	return counted, func() { cancel(); <-done }
 }
 
 // latencyP99 is the 99th percentile, in milliseconds, of the transaction
