@@ -101,6 +101,8 @@ BENCH_SIZE   ?= 256
 BENCH_ROUNDS ?= 3
 # Seconds of each pgbench run of BenchmarkPgbench.
 BENCH_PGSECONDS ?= 15
+# Seconds of writing before each failover of BenchmarkStandbyFailoverLoss.
+BENCH_LOSSSECONDS ?= 10
 # csi-sanity against the binary alone in an empty root (only /dev, /proc,
 # /sys and the kubelet directory), as it runs in a distroless image.
 test-distroless: deps
@@ -173,7 +175,7 @@ image-previous:
 
 BENCH_OUT    ?= bench/results
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 120m ./bench/ -args -bench.size=$(BENCH_SIZE) -bench.rounds=$(BENCH_ROUNDS) -bench.pgseconds=$(BENCH_PGSECONDS) | tee /tmp/hostpath-bench.txt; test $${PIPESTATUS[0]} -eq 0
+	$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 120m ./bench/ -args -bench.size=$(BENCH_SIZE) -bench.rounds=$(BENCH_ROUNDS) -bench.pgseconds=$(BENCH_PGSECONDS) -bench.lossseconds=$(BENCH_LOSSSECONDS) | tee /tmp/hostpath-bench.txt; test $${PIPESTATUS[0]} -eq 0
 	$(GO) run ./bench/cmd/benchreport -out $(BENCH_OUT) < /tmp/hostpath-bench.txt
 
 # A single-node Kubernetes cluster on this machine, built from the
@@ -283,7 +285,7 @@ targets-smoke:
 	cmp /tmp/hostpath-image-1.txt /tmp/hostpath-image-2.txt && echo "make image: reproducible"
 	$(MAKE) --no-print-directory stress STRESS_DURATION=3s CRASH_ITERATIONS=12 2>&1 | grep -E '^(--- |ok|FAIL)'; test $${PIPESTATUS[0]} -eq 0
 	$(MAKE) --no-print-directory scale SCALE_VOLUMES=50 SCALE_MEM_GIB=0 SCALE_FILES=500 2>&1 | grep -E '^(ok|FAIL|Benchmark)'; test $${PIPESTATUS[0]} -eq 0
-	$(MAKE) --no-print-directory bench BENCH_SIZE=2 BENCH_ROUNDS=1 BENCH_PGSECONDS=2 BENCH_OUT=/tmp/hostpath-bench-target 2>&1 | grep -E '^(ok|FAIL|PASS)'; test $${PIPESTATUS[0]} -eq 0
+	$(MAKE) --no-print-directory bench BENCH_SIZE=2 BENCH_ROUNDS=1 BENCH_PGSECONDS=2 BENCH_LOSSSECONDS=2 BENCH_OUT=/tmp/hostpath-bench-target 2>&1 | grep -E '^(ok|FAIL|PASS)'; test $${PIPESTATUS[0]} -eq 0
 	@m=$$(stat -c %a /tmp); test "$$m" = 1777 || { echo "/tmp is $$m after the tests, not 1777: a test changed the system's directories"; exit 1; }
 
 # Each benchmark once on tiny data, so the suite never rots.
