@@ -296,7 +296,7 @@ func standbyCutOff(t *testing.T, k *kube, id, holder, other, pod string, since t
 		t.Fatalf("after %s was cut off: %d of the acknowledged transactions since %v missing (of %d in all)", holder, len(lost), since, len(all))
 	}
 	fmt.Printf("e2e      %s cut off for %v without a fence: the pod made on %s got no volume; pgbench wrote on, all %d acknowledged transactions there; the event: %s\n",
-		holder, back.Sub(cut).Round(time.Second), other, len(acked(t)), lastLine(said))
+		holder, back.Sub(cut).Round(time.Second), other, len(all), lastLine(said))
 }
 
 // caughtUpRE is the driver's line for the first pull of a copy since it

@@ -2,8 +2,6 @@ package guest
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -110,13 +108,13 @@ func standbyGenerations(t *testing.T, rec *recorder, standby string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h := sha256.Sum256(content)
-		rec.ack(t, plan.Op{Kind: "standby-data", ID: v.ID, Sum: hex.EncodeToString(h[:])})
+		want := sum(content)
+		rec.ack(t, plan.Op{Kind: "standby-data", ID: v.ID, Sum: want})
 		st, err := b.CatchUp(ctx, v.ID)
 		if err != nil {
 			t.Fatalf("the standby's pull %d: %v", round, err)
 		}
-		rec.ack(t, plan.Op{Kind: "standby-gen", ID: v.ID, Gen: st.Generation, Sum: hex.EncodeToString(h[:]), Bytes: st.Bytes})
+		rec.ack(t, plan.Op{Kind: "standby-gen", ID: v.ID, Gen: st.Generation, Sum: want, Bytes: st.Bytes})
 	}
 	fmt.Printf("powerloss workload: a standby copy pulled %d generations on %s\n", standbyRounds, filepath.Base(standby))
 }
