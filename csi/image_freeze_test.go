@@ -185,7 +185,9 @@ func TestImageStageWaitsForTheCut(t *testing.T) {
 		}
 		errs := make(chan error, 1)
 		go func() {
-			_, err := d.CreateSnapshot(ctx, snapReq("cut-"+string(rune('a'+round)), id, nil))
+			// Until ready: a snapshot still being made when the test
+			// ends would hold its volume past the cleanup's delete.
+			_, err := testutil.SnapshotReady(ctx, d.CreateSnapshot, snapReq("cut-"+string(rune('a'+round)), id, nil))
 			errs <- err
 		}()
 		seen := false

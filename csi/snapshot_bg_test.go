@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/hostpath-csi/hostpath/internal/testfs"
 )
 
 // TestSnapshotAnsweredOnceCut: a snapshot longer than its cut (here the
@@ -106,5 +109,55 @@ func TestSnapshotAnsweredOnceCut(t *testing.T) {
 	}
 	if left, _ := os.ReadDir(snapshotsDir(d)); len(left) != 1 {
 		t.Fatalf("snapshot data after the stop: %v, want the one made", left)
+	}
+}
+
+// TestSnapshotFailedPastItsRequest: a snapshot answered not ready that
+// then fails (its archive fills the file system) is answered its error at
+// the next retry, as the snapshotter shows a failure made under its
+// request, and nothing of it is left; the retry after starts it again.
+func TestSnapshotFailedPastItsRequest(t *testing.T) {
+	mnt := testfs.FileSystem(t, run, "ext4", 384<<20, []string{"-m", "0"}, "")
+	cfg := testConfig(t)
+	cfg.StateDir = filepath.Join(mnt, "state")
+	cfg.Capacity = map[string]int64{"sim": 1 << 40} // the disk is what runs out
+	d := newDriver(t, cfg)
+	t.Cleanup(func() { d.Close() })
+	v := mustCreate(t, d, "big", 1<<30)
+	data := make([]byte, 1<<20)
+	for i := range 192 {
+		rand.Read(data)
+		if err := os.WriteFile(filepath.Join(volumeDir(d, v.GetVolumeId()), fmt.Sprintf("data-%d", i)), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := snapReq("s", v.GetVolumeId(), map[string]string{"format": "tar.gz"})
+	r, err := d.CreateSnapshot(ctx, req)
+	if err != nil || r.GetSnapshot().GetReadyToUse() {
+		t.Fatalf("the first request: %v, ready %v; want it answered not ready once cut", err, r.GetSnapshot().GetReadyToUse())
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for err == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the snapshot neither failed nor was made within 2 minutes")
+		}
+		time.Sleep(50 * time.Millisecond)
+		r, err = d.CreateSnapshot(ctx, req)
+		if err == nil && (r.GetSnapshot().GetReadyToUse() || r.GetSnapshot().GetSnapshotId() == "") {
+			t.Fatalf("a retry while it is made: %+v, want it not ready", r.GetSnapshot())
+		}
+	}
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "failed after its request was answered") {
+		t.Fatalf("the retry after the failure: %v, want ResourceExhausted saying it failed past its request", err)
+	}
+	if s, ok := snapshotNamed(d, "s"); ok {
+		t.Fatalf("the failed snapshot left its record: %+v", s)
+	}
+	if left, _ := os.ReadDir(snapshotsDir(d)); len(left) != 0 {
+		t.Fatalf("the failed snapshot left data: %v", left)
+	}
+	// Heard once: the next retry starts it again.
+	if r, err := d.CreateSnapshot(ctx, req); err != nil || r.GetSnapshot().GetReadyToUse() {
+		t.Fatalf("the retry after the error: %v, ready %v; want it started again, not ready", err, r.GetSnapshot().GetReadyToUse())
 	}
 }

@@ -56,11 +56,14 @@ type background struct {
 	mu    sync.Mutex
 	pulls map[string]*pullJob // by volume name
 	snaps map[string]*snapJob // by snapshot name
+	// failed holds, by snapshot name, how a snapshot answered not ready
+	// (or Aborted) failed afterwards, until a retry of that name hears it.
+	failed map[string]failedSnap
 }
 
 func newBackground() *background {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &background{ctx: ctx, cancel: cancel, pulls: map[string]*pullJob{}, snaps: map[string]*snapJob{}}
+	return &background{ctx: ctx, cancel: cancel, pulls: map[string]*pullJob{}, snaps: map[string]*snapJob{}, failed: map[string]failedSnap{}}
 }
 
 // stop cancels the background work and waits for it to end.

@@ -25,13 +25,22 @@ import (
 // slot, or a copy under freeze longer than the request), the request
 // answers Aborted, the CSI spec's answer for an operation pending on the
 // name, and a retry is answered at once. One that fails has taken back
-// what it made and the next retry starts it again; DeleteSnapshot of one
-// being made stops it, and Close stops them all, which takes them back.
+// what it made, and the next retry of its name is answered its error (the
+// snapshotter shows it on the VolumeSnapshotContent, as it would for one
+// that failed under its request); the retry after starts it again.
+// DeleteSnapshot of one being made stops it, and Close stops them all,
+// which takes them back.
 
 // readyGrace is how long a request waits, past its snapshot's cut, for the
 // rest (the archive, the checksum): a small snapshot is then answered
 // ready at once, saving the snapshotter a round of polling.
 const readyGrace = time.Second
+
+// failedSnap is how a snapshot made past its request failed.
+type failedSnap struct {
+	src string
+	err error
+}
 
 // snapJob is one snapshot being made in the background.
 type snapJob struct {
@@ -52,11 +61,20 @@ type snapJob struct {
 // made past an earlier request: the snapshot, not ready, once it is cut;
 // before, ErrBusy with its progress; ErrExists for another source volume.
 // ok is false when no such snapshot is being made.
+// A snapshot of the name and volume that failed past its request is
+// answered its error, once.
 func (d *Engine) snapshotting(name, srcID string) (rec SnapshotRecord, ok bool, err error) {
 	d.bg.mu.Lock()
 	job, ok := d.bg.snaps[name]
+	failed, hasFailed := d.bg.failed[name]
+	if !ok && hasFailed && failed.src == srcID {
+		delete(d.bg.failed, name)
+	}
 	d.bg.mu.Unlock()
 	if !ok {
+		if hasFailed && failed.src == srcID {
+			return SnapshotRecord{}, true, fmt.Errorf("snapshot %q failed after its request was answered, and a retry starts it again: %w", name, failed.err)
+		}
 		return SnapshotRecord{}, false, nil
 	}
 	if job.src != srcID {
@@ -159,6 +177,9 @@ func (d *Engine) snapshotInBackground(ctx context.Context, name, srcID string, p
 		d.bg.mu.Lock()
 		delete(d.bg.snaps, name)
 		how := job.answered
+		if how != "" && job.err != nil && jobCtx.Err() == nil {
+			d.bg.failed[name] = failedSnap{src: srcID, err: job.err}
+		}
 		d.bg.mu.Unlock()
 		// The name is free before anyone hears of the end: a retry
 		// right after the answer must find the record, not the lock.
@@ -167,7 +188,7 @@ func (d *Engine) snapshotInBackground(ctx context.Context, name, srcID string, p
 		switch {
 		case how == "":
 		case job.err != nil:
-			klog.ErrorS(job.err, "a snapshot failed after its request was answered; a retry starts it again", "name", name, "source_volume_id", srcID, "answered", how)
+			klog.ErrorS(job.err, "a snapshot failed after its request was answered; the next retry is answered this, the one after starts it again", "name", name, "source_volume_id", srcID, "answered", how)
 		default:
 			klog.InfoS("a snapshot was made after its request was answered", "name", name, "snapshot_id", job.rec.ID, "answered", how)
 		}

@@ -185,6 +185,18 @@ func TestLimits(t *testing.T) {
 				if got > float64(limit)*1.1 {
 					t.Fatalf("reads under a %d IOPS limit: %.0f/s, want within 10%%", limit, got)
 				}
+				// Under it, a busy machine may have kept the reader off
+				// its core (make test runs another lane beside this):
+				// measured again, up to twice, the best counts. A limit
+				// held too hard stays under every time.
+				for try := 0; try < 2 && got < float64(limit)*0.9; try++ {
+					again := readIOPS(t, ctr, d.Path(), int(limit*2))
+					t.Logf("limit %d, again: %.0f reads/s", limit, again)
+					if again > float64(limit)*1.1 {
+						t.Fatalf("reads under a %d IOPS limit: %.0f/s, want within 10%%", limit, again)
+					}
+					got = max(got, again)
+				}
 				if got < float64(limit)*0.9 {
 					// Under the limit: held too hard, or a machine too
 					// busy to read that fast at all? Asked unlimited,
