@@ -121,9 +121,10 @@ func BenchmarkManyFiles(b *testing.B) {
 
 // BenchmarkHeavyMemory runs as many zstd and gzip restores at once as the
 // driver allows (--max-heavy-operations, 4 by default) of one large-file
-// volume and reports the peak resident memory they add: what the
-// DaemonSet's memory limit is made from. Run it with -cpu 2,8,32 to see
-// that it no longer grows with the core count.
+// volume of -bench.size MiB (256 in make bench; the DaemonSet's memory
+// limit is made from what they add at that size) and reports the peak
+// resident memory they add. Run it with -cpu 2,8,32 to see that it no
+// longer grows with the core count.
 func BenchmarkHeavyMemory(b *testing.B) {
 	testutil.RequireRoot(b)
 	const heavy = 4
@@ -136,7 +137,7 @@ func BenchmarkHeavyMemory(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for off := 0; off < 256<<20; off += len(chunk) {
+	for off := 0; off < max(*sizeMiB, 4)<<20; off += len(chunk) {
 		chunk[0] = byte(off >> 20)
 		f.Write(chunk)
 	}

@@ -28,8 +28,9 @@ func TestFullDisk(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(volumeDir(d, src.GetVolumeId()), "data"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// A snapshot made while there is room, for the restore below.
-	snap, err := d.CreateSnapshot(ctx, snapReq("early", src.GetVolumeId(), map[string]string{"format": "tar.gz"}))
+	// A snapshot made while there is room, for the restore below: until
+	// ready, so that its archive is whole before the disk fills.
+	snap, err := testutil.SnapshotReady(ctx, d.CreateSnapshot, snapReq("early", src.GetVolumeId(), map[string]string{"format": "tar.gz"}))
 	if err != nil {
 		t.Fatal(err)
 	}

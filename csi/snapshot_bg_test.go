@@ -26,6 +26,7 @@ import (
 // nothing, and so does the driver's stop.
 func TestSnapshotAnsweredOnceCut(t *testing.T) {
 	cfg := testConfig(t)
+	cfg.SnapshotReadyGrace = time.Second
 	d := newDriver(t, cfg)
 	v := mustCreate(t, d, "big", 1<<30)
 	// 128 files of 1 MiB, incompressible: gzip takes a while, and an
@@ -121,6 +122,7 @@ func TestSnapshotFailedPastItsRequest(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.StateDir = filepath.Join(mnt, "state")
 	cfg.Capacity = map[string]int64{"sim": 1 << 40} // the disk is what runs out
+	cfg.SnapshotReadyGrace = time.Second
 	d := newDriver(t, cfg)
 	t.Cleanup(func() { d.Close() })
 	v := mustCreate(t, d, "big", 1<<30)

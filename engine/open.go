@@ -96,6 +96,12 @@ type Config struct {
 	// bound and the snapshot refused: pods never wait longer, and no torn
 	// copy is kept.
 	MaxFreeze time.Duration
+	// SnapshotReadyGrace is how long a CreateSnapshot waits, past its
+	// snapshot's cut, for the rest (the archive, the checksum) before it
+	// is answered not ready and the snapshot made in the background
+	// (0: 1 s, which saves the snapshotter a round of polling for a small
+	// one). Tests that are not about the background set it long.
+	SnapshotReadyGrace time.Duration
 	// StandbyBandwidth bounds, in bytes a second, what this node's
 	// standby copies pull (one pull at a time, so the node's bound); 0
 	// means unbounded.
@@ -213,6 +219,9 @@ func Open(cfg Config, moved func(op string, n int64)) (*Engine, error) {
 	}
 	if cfg.MaxFreeze <= 0 {
 		cfg.MaxFreeze = 10 * time.Second
+	}
+	if cfg.SnapshotReadyGrace <= 0 {
+		cfg.SnapshotReadyGrace = time.Second
 	}
 	switch cfg.DefaultLayout {
 	case "":

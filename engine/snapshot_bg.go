@@ -19,7 +19,9 @@ import (
 // the name's lock and the volume's pin, and the request is answered as
 // soon as the snapshot's instant is fixed (its cut: the freeze and copy of
 // an image volume, the start of a directory volume's archive): with the
-// snapshot, ready_to_use false unless it is done within readyGrace. The
+// snapshot, ready_to_use false unless it is done within
+// Config.SnapshotReadyGrace (a second: a small snapshot is then answered
+// ready at once, saving the snapshotter a round of polling). The
 // snapshotter asks again (CreateSnapshot with the same name, or
 // ListSnapshots by id) until it is ready. Before its cut (waiting for a
 // slot, or a copy under freeze longer than the request), the request
@@ -30,11 +32,6 @@ import (
 // that failed under its request); the retry after starts it again.
 // DeleteSnapshot of one being made stops it, and Close stops them all,
 // which takes them back.
-
-// readyGrace is how long a request waits, past its snapshot's cut, for the
-// rest (the archive, the checksum): a small snapshot is then answered
-// ready at once, saving the snapshotter a round of polling.
-const readyGrace = time.Second
 
 // failedSnap is how a snapshot made past its request failed.
 type failedSnap struct {
@@ -156,7 +153,7 @@ func (d *Engine) awaitSnapshot(ctx context.Context, id string) error {
 // snapshotInBackground makes snapshot name of volume srcID in the
 // background and takes over release (the name's lock and the volume's
 // pin), which it calls when the snapshot is made or given up. It returns
-// the snapshot once it is cut (ready if it was done within readyGrace),
+// the snapshot once it is cut (ready if it was done within the grace),
 // or ErrBusy if ctx ends before the cut.
 func (d *Engine) snapshotInBackground(ctx context.Context, name, srcID string, params map[string]string, release func()) (SnapshotRecord, error) {
 	jobCtx, cancel := context.WithCancel(d.bg.ctx)
@@ -202,7 +199,7 @@ func (d *Engine) snapshotInBackground(ctx context.Context, name, srcID string, p
 	case <-job.done:
 		return job.rec, job.err
 	case <-job.cut:
-		grace := time.NewTimer(readyGrace)
+		grace := time.NewTimer(d.Config.SnapshotReadyGrace)
 		defer grace.Stop()
 		select {
 		case <-job.done:

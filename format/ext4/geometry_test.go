@@ -14,10 +14,17 @@ import (
 func TestGeometryInvariants(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	sizes := []int64{MinSize, MinSize + 4095, 1 << 30, 16<<30 - 1, 16 << 30, 1 << 40, MaxSize - 1, MaxSize}
-	for i := 0; i < 2000; i++ {
+	// 2,000 random sizes of each kind (about 30 s with -race); the short
+	// run (make test-unprivileged, after make test-unit ran them all as
+	// root) takes a tenth.
+	random := 2000
+	if testing.Short() {
+		random = 200
+	}
+	for i := 0; i < random; i++ {
 		sizes = append(sizes, MinSize+r.Int64N(MaxSize-MinSize))
 	}
-	for i := 0; i < 2000; i++ {
+	for i := 0; i < random; i++ {
 		sizes = append(sizes, MinSize+r.Int64N(64<<30))
 	}
 	for _, size := range sizes {

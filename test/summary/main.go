@@ -95,7 +95,14 @@ func (s *summary) print(w io.Writer, slowest int) bool {
 	for _, p := range s.pkgs {
 		switch p.result {
 		case "":
+			// Its binary died (a panic, a timeout, a kill): what the tests
+			// still running had printed, the last lines of each, and what
+			// it printed outside them (the panic's stack).
 			ok = false
+			for t, out := range p.output {
+				fmt.Fprintf(w, "--- RUNNING: %s (%s)\n%s", t, p.name, strings.Join(out[max(0, len(out)-40):], ""))
+			}
+			fmt.Fprint(w, strings.Join(p.build[max(0, len(p.build)-60):], ""))
 			fmt.Fprintf(w, "FAIL\t%s: the stream ended while it ran\n", p.name)
 			continue
 		case "skip":
