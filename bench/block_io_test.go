@@ -37,8 +37,8 @@ func BenchmarkBlockIO(b *testing.B) {
 		}
 		id := v.GetVolume().GetVolumeId()
 		b.Cleanup(func() { d.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: id}) })
-		rec, _ := d.Records.Volumes.Get(id)
-		dev, ok, err := loop.Find(d.VolumeDataPath(rec))
+		rec, _ := d.Engine().Records.Volumes.Get(id)
+		dev, ok, err := loop.Find(d.Engine().VolumeDataPath(rec))
 		if err != nil || !ok {
 			b.Fatalf("the block volume's device: %v", err)
 		}

@@ -173,9 +173,9 @@ func snapshotOf(b *testing.B, d *hcsi.Driver, id, name string) string {
 
 // snapshotImage is the file of snapshot id.
 func snapshotImage(b *testing.B, d *hcsi.Driver, id string) string {
-	s, ok := d.Records.Snapshots.Get(id)
+	s, ok := d.Engine().Records.Snapshots.Get(id)
 	if !ok {
 		b.Fatalf("no record of snapshot %s", id)
 	}
-	return d.SnapshotDataPath(s)
+	return d.Engine().SnapshotDataPath(s)
 }

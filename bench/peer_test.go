@@ -116,13 +116,13 @@ func peerDrivers(b *testing.B, fs *benchFS, nodes ...string) (map[string]*hcsi.D
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			(&transfer.Server{Creds: creds, Source: d.TransferSource(), Authorizer: transfer.AllowAll}).Serve(sctx, ln)
+			(&transfer.Server{Creds: creds, Source: d.Engine().TransferSource(), Authorizer: transfer.AllowAll}).Serve(sctx, ln)
 		}()
 		b.Cleanup(func() { cancel(); <-done })
 		mu.Lock()
 		addrs[node] = ln.Addr().String()
 		mu.Unlock()
-		d.SetPeers(&transfer.Peers{Client: &transfer.Client{Creds: creds}, Resolve: func(_ context.Context, tag string) (string, string, error) {
+		d.Engine().SetPeers(&transfer.Peers{Client: &transfer.Client{Creds: creds}, Resolve: func(_ context.Context, tag string) (string, string, error) {
 			mu.Lock()
 			defer mu.Unlock()
 			for n, a := range addrs {

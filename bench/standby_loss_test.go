@@ -67,10 +67,10 @@ func failoverLoss(b *testing.B, fs *benchFS, interval time.Duration, rate int, w
 	ctx := context.Background()
 	drivers, _ := peerDrivers(b, fs, "node-a", "node-b")
 	a, s := drivers["node-a"], drivers["node-b"]
-	a.SetStandbyNodes(func(context.Context) ([]string, error) { return []string{"node-a", "node-b"}, nil })
+	a.Engine().SetStandbyNodes(func(context.Context) ([]string, error) { return []string{"node-a", "node-b"}, nil })
 	params := map[string]string{engine.ParamLayout: engine.LayoutImage, engine.ParamStandby: "1", engine.ParamStandbyInterval: interval.String()}
 	id, mnt := mountedVolume(b, a, fs, "loss", 1<<30, params)
-	if _, err := s.AddStandby(engine.StandbySpec{Volume: id, Primary: "node-a", Access: engine.AccessMount,
+	if _, err := s.Engine().AddStandby(engine.StandbySpec{Volume: id, Primary: "node-a", Access: engine.AccessMount,
 		Layout: engine.LayoutImage, Interval: interval, PV: "pv-loss"}); err != nil {
 		b.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func failoverLoss(b *testing.B, fs *benchFS, interval time.Duration, rate int, w
 	at := time.Now()
 	cut()
 	made, _ := counted()
-	if _, err := s.PromoteStandby(ctx, id, "the benchmark cut its primary off"); err != nil {
+	if _, err := s.Engine().PromoteStandby(ctx, id, "the benchmark cut its primary off"); err != nil {
 		b.Fatal(err)
 	}
 	staging := outDir(b, fs, "loss-promoted")

@@ -36,7 +36,7 @@ func BenchmarkStandbyPgbench(b *testing.B) {
 		}
 		drivers, _ := peerDrivers(b, fs, "node-a", "node-b")
 		a, s := drivers["node-a"], drivers["node-b"]
-		a.SetStandbyNodes(func(context.Context) ([]string, error) { return []string{"node-a", "node-b"}, nil })
+		a.Engine().SetStandbyNodes(func(context.Context) ([]string, error) { return []string{"node-a", "node-b"}, nil })
 		counted, stop := runPulls(s)
 		b.Cleanup(stop)
 		type db struct{ name, sock string }
@@ -51,7 +51,7 @@ func BenchmarkStandbyPgbench(b *testing.B) {
 			}
 			id, mnt := mountedVolume(b, a, fs, "pg-"+v.name, 2<<30, params)
 			if v.standby {
-				if _, err := s.AddStandby(engine.StandbySpec{Volume: id, Primary: "node-a", Access: engine.AccessMount,
+				if _, err := s.Engine().AddStandby(engine.StandbySpec{Volume: id, Primary: "node-a", Access: engine.AccessMount,
 					Layout: engine.LayoutImage, Interval: 2 * time.Second, PV: "pv-" + v.name}); err != nil {
 					b.Fatal(err)
 				}
@@ -108,7 +108,7 @@ func runPulls(s *hcsi.Driver) (counted func() (int, int64), stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.RunStandbys(ctx, func(_ string, st engine.StandbyState, err error) {
+		s.Engine().RunStandbys(ctx, func(_ string, st engine.StandbyState, err error) {
 			if err == nil {
 				mu.Lock()
 				pulls, pulled = pulls+1, pulled+st.Bytes

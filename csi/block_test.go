@@ -145,7 +145,7 @@ func TestBlockSnapshotRestore(t *testing.T) {
 	}
 	srec, _ := snapshotRec(d, snap.GetSnapshot().GetSnapshotId())
 	var st unix.Stat_t
-	if err := unix.Stat(d.SnapshotDataPath(srec), &st); err != nil {
+	if err := unix.Stat(d.eng.SnapshotDataPath(srec), &st); err != nil {
 		t.Fatal(err)
 	}
 	if st.Size != 64<<20 || st.Blocks*512 > 2<<20 {

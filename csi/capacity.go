@@ -26,24 +26,24 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 			return zero, nil // capabilities this driver cannot serve have no capacity
 		}
 	}
-	if d.Config.EnableTopology && req.GetAccessibleTopology() != nil && !d.onThisNode(req.GetAccessibleTopology()) {
+	if d.eng.Config.EnableTopology && req.GetAccessibleTopology() != nil && !d.onThisNode(req.GetAccessibleTopology()) {
 		return zero, nil
 	}
 	all := map[string]engine.VolumeRecord{}
-	for _, v := range d.Records.Volumes.All() {
+	for _, v := range d.eng.Records.Volumes.All() {
 		all[v.ID] = v
 	}
 	var avail int64
-	if len(d.Config.Capacity) > 0 {
+	if len(d.eng.Config.Capacity) > 0 {
 		kinds := []string{kind}
 		if kind == "" {
 			kinds = kinds[:0]
-			for k := range d.Config.Capacity {
+			for k := range d.eng.Config.Capacity {
 				kinds = append(kinds, k)
 			}
 		}
 		for _, k := range kinds {
-			left := d.Config.Capacity[k]
+			left := d.eng.Config.Capacity[k]
 			for _, v := range all {
 				if v.Kind == k {
 					left -= v.CapacityBytes
@@ -53,15 +53,15 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 		}
 	} else if st.Down != nil {
 		return zero, nil // a pool that is down has no room now
-	} else if avail, err = d.AvailableBytes(pl, all); err != nil {
+	} else if avail, err = d.eng.AvailableBytes(pl, all); err != nil {
 		return nil, toStatus(err, "reading pool %s's free space", pl.Name)
 	}
 	if st.Quota == engine.QuotaNone {
 		klog.V(2).InfoS("GetCapacity: directory volume sizes are accounted, not enforced (no project quotas or btrfs quota groups on the state dir)")
 	}
 	resp := &csi.GetCapacityResponse{AvailableCapacity: avail}
-	if d.Config.MaxVolumeSize > 0 {
-		resp.MaximumVolumeSize = wrapperspb.Int64(min(d.Config.MaxVolumeSize, avail))
+	if d.eng.Config.MaxVolumeSize > 0 {
+		resp.MaximumVolumeSize = wrapperspb.Int64(min(d.eng.Config.MaxVolumeSize, avail))
 	}
 	return resp, nil
 }

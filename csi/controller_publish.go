@@ -14,7 +14,7 @@ import (
 // caught, as the spec asks.
 func (d *Driver) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (_ *csi.ControllerPublishVolumeResponse, err error) {
 	defer edge(&err)
-	if !d.Config.EnableAttach {
+	if !d.eng.Config.EnableAttach {
 		return nil, status.Error(codes.Unimplemented, "attach is disabled (start with --enable-attach)")
 	}
 	id, node := req.GetVolumeId(), req.GetNodeId()
@@ -31,7 +31,7 @@ func (d *Driver) ControllerPublishVolume(ctx context.Context, req *csi.Controlle
 	if err != nil {
 		return nil, err
 	}
-	if err := d.AttachVolume(id, node, access, req.GetReadonly()); err != nil {
+	if err := d.eng.AttachVolume(id, node, access, req.GetReadonly()); err != nil {
 		return nil, err
 	}
 	return &csi.ControllerPublishVolumeResponse{}, nil
@@ -40,14 +40,14 @@ func (d *Driver) ControllerPublishVolume(ctx context.Context, req *csi.Controlle
 // ControllerUnpublishVolume detaches; what is not attached is success.
 func (d *Driver) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (_ *csi.ControllerUnpublishVolumeResponse, err error) {
 	defer edge(&err)
-	if !d.Config.EnableAttach {
+	if !d.eng.Config.EnableAttach {
 		return nil, status.Error(codes.Unimplemented, "attach is disabled (start with --enable-attach)")
 	}
 	id := req.GetVolumeId()
 	if err := d.checkIDHere("volume_id", id); err != nil {
 		return nil, err
 	}
-	if err := d.DetachVolume(id, req.GetNodeId()); err != nil {
+	if err := d.eng.DetachVolume(id, req.GetNodeId()); err != nil {
 		return nil, err
 	}
 	return &csi.ControllerUnpublishVolumeResponse{}, nil

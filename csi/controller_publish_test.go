@@ -49,7 +49,7 @@ func TestAttachLimitUnderConcurrency(t *testing.T) {
 	if ok != 2 || exhausted != n-2 {
 		t.Fatalf("%d publishes succeeded and %d were refused; the limit is 2 of %d", ok, exhausted, n)
 	}
-	if got := d.AttachedCount(cfg.NodeID); got != 2 {
+	if got := d.eng.AttachedCount(cfg.NodeID); got != 2 {
 		t.Fatalf("%d volumes recorded attached, limit 2", got)
 	}
 }

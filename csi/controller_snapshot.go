@@ -26,13 +26,13 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if err := d.checkIDHere("source_volume_id", srcID); err != nil {
 		return nil, err
 	}
-	if _, _, _, err := d.SnapshotOptions(req.GetParameters(), engine.LayoutDirectory, nil); err != nil {
+	if _, _, _, err := d.eng.SnapshotOptions(req.GetParameters(), engine.LayoutDirectory, nil); err != nil {
 		return nil, err
 	}
 	if err := d.checkTopology(req.GetAccessibilityRequirements()); err != nil {
 		return nil, err
 	}
-	snap, err := d.MakeSnapshot(ctx, name, srcID, req.GetParameters())
+	snap, err := d.eng.MakeSnapshot(ctx, name, srcID, req.GetParameters())
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +57,7 @@ func (d *Driver) csiSnapshot(s engine.SnapshotRecord) *csi.Snapshot {
 		CreationTime:   timestamppb.New(s.CreatedAt),
 		ReadyToUse:     s.Phase == engine.PhaseReady,
 	}
-	if d.Config.EnableTopology {
+	if d.eng.Config.EnableTopology {
 		out.AccessibleTopology = []*csi.Topology{d.nodeTopology()}
 	}
 	out.GroupSnapshotId = s.Group
@@ -72,10 +72,10 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 		return nil, err
 	}
 	// One answered not ready and still being made is stopped first.
-	if err := d.StopSnapshot(ctx, id); err != nil {
+	if err := d.eng.StopSnapshot(ctx, id); err != nil {
 		return nil, err
 	}
-	s, unlock, err := engine.LockForDelete(d.Engine, "snapshot", id, engine.ValidSnapshotID, engine.SnapIDKey, d.Records.Snapshots)
+	s, unlock, err := engine.LockForDelete(d.eng, "snapshot", id, engine.ValidSnapshotID, engine.SnapIDKey, d.eng.Records.Snapshots)
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +86,7 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 	if s.Group != "" {
 		return nil, status.Errorf(codes.FailedPrecondition, "snapshot %s belongs to group snapshot %s; delete the group instead", id, s.Group)
 	}
-	if err := d.RemoveSnapshot(s); err != nil {
+	if err := d.eng.RemoveSnapshot(s); err != nil {
 		return nil, err
 	}
 	return &csi.DeleteSnapshotResponse{}, nil
@@ -98,14 +98,14 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 // snapshotter asks by id until it is ready).
 func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (_ *csi.ListSnapshotsResponse, err error) {
 	defer edge(&err)
-	if d.Config.DisableListSnapshots {
+	if d.eng.Config.DisableListSnapshots {
 		return nil, status.Error(codes.Unimplemented, "ListSnapshots is disabled (--enable-list-snapshots=false)")
 	}
 	var match []engine.SnapshotRecord
-	for _, s := range d.Records.Snapshots.All() {
+	for _, s := range d.eng.Records.Snapshots.All() {
 		if s.Phase != engine.PhaseReady {
 			var ok bool
-			if s, ok = d.BeingMade(s.ID); !ok {
+			if s, ok = d.eng.BeingMade(s.ID); !ok {
 				continue
 			}
 		}
@@ -134,14 +134,14 @@ func (d *Driver) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (
 	if err := d.checkIDHere("snapshot_id", req.GetSnapshotId()); err != nil {
 		return nil, err
 	}
-	s, ok := d.Records.Snapshots.Get(req.GetSnapshotId())
-	if made, being := d.BeingMade(req.GetSnapshotId()); being {
+	s, ok := d.eng.Records.Snapshots.Get(req.GetSnapshotId())
+	if made, being := d.eng.BeingMade(req.GetSnapshotId()); being {
 		s = made
 	} else if ok && s.Phase == engine.PhaseCreating {
 		ok = false // not cut yet: its id was never given out
 	}
 	if !ok || s.Phase == engine.PhaseDeleting {
-		if err := d.DamagedRecord("snapshot", req.GetSnapshotId()); err != nil {
+		if err := d.eng.DamagedRecord("snapshot", req.GetSnapshotId()); err != nil {
 			return nil, err
 		}
 		return nil, status.Errorf(codes.NotFound, "snapshot %q does not exist", req.GetSnapshotId())

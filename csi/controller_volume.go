@@ -35,7 +35,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return nil, err
 	}
 	if len(req.GetMutableParameters()) > 0 {
-		if !d.Config.EnableModifyVolume {
+		if !d.eng.Config.EnableModifyVolume {
 			return nil, invalid("mutable_parameters need --enable-controller-modify-volume")
 		}
 		if err := d.checkMutable(req.GetMutableParameters()); err != nil {
@@ -52,21 +52,21 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	// reached: decided here, once; otherwise it must be on this node.
 	switch {
 	case srcSnap != nil:
-		spec.Source = d.SourceOf(engine.SourceSnapshot, srcSnap.GetSnapshotId())
+		spec.Source = d.eng.SourceOf(engine.SourceSnapshot, srcSnap.GetSnapshotId())
 		if spec.Source.Tag == "" {
 			if err := d.checkIDHere("volume_content_source.snapshot.snapshot_id", spec.Source.ID); err != nil {
 				return nil, err
 			}
 		}
 	case srcVol != nil:
-		spec.Source = d.SourceOf(engine.SourceVolume, srcVol.GetVolumeId())
+		spec.Source = d.eng.SourceOf(engine.SourceVolume, srcVol.GetVolumeId())
 		if spec.Source.Tag == "" {
 			if err := d.checkIDHere("volume_content_source.volume.volume_id", spec.Source.ID); err != nil {
 				return nil, err
 			}
 		}
 	}
-	rec, err := d.MakeVolume(ctx, spec)
+	rec, err := d.eng.MakeVolume(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +82,7 @@ func (d *Driver) csiVolume(v engine.VolumeRecord) *csi.Volume {
 	case v.SourceVolume != "":
 		out.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: v.SourceVolume}}}
 	}
-	if d.Config.EnableTopology {
+	if d.eng.Config.EnableTopology {
 		out.AccessibleTopology = []*csi.Topology{d.nodeTopology()}
 		// A volume with a standby copy may be staged on the copy's node
 		// too (a move, or a promotion once this node is fenced), so its
@@ -92,7 +92,7 @@ func (d *Driver) csiVolume(v engine.VolumeRecord) *csi.Volume {
 		}
 	}
 	// The PV carries it to the standby's node (kubestandby).
-	out.VolumeContext = engine.StandbyContext(v, d.Config.NodeID)
+	out.VolumeContext = engine.StandbyContext(v, d.eng.Config.NodeID)
 	return out
 }
 
@@ -104,7 +104,7 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	if err := d.checkIDHere("volume_id", id); err != nil {
 		return nil, err
 	}
-	v, unlock, err := engine.LockForDelete(d.Engine, "volume", id, engine.ValidVolumeID, engine.VolIDKey, d.Records.Volumes)
+	v, unlock, err := engine.LockForDelete(d.eng, "volume", id, engine.ValidVolumeID, engine.VolIDKey, d.eng.Records.Volumes)
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +112,7 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 		return &csi.DeleteVolumeResponse{}, nil // nothing by that id: already deleted
 	}
 	defer unlock()
-	if err := d.RemoveVolume(v); err != nil {
+	if err := d.eng.RemoveVolume(v); err != nil {
 		return nil, err
 	}
 	return &csi.DeleteVolumeResponse{}, nil
@@ -128,9 +128,9 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, invalid("volume_capabilities is required")
 	}
-	v, ok := d.Records.Volumes.Get(req.GetVolumeId())
+	v, ok := d.eng.Records.Volumes.Get(req.GetVolumeId())
 	if !ok || v.Phase != engine.PhaseReady {
-		return nil, d.NotFoundVolume(req.GetVolumeId())
+		return nil, d.eng.NotFoundVolume(req.GetVolumeId())
 	}
 	if _, _, err := d.checkVolumeParameters(req.GetParameters()); err != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
@@ -159,7 +159,7 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 // it are deleted; anything else is answered with Aborted.
 func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (_ *csi.ListVolumesResponse, err error) {
 	defer edge(&err)
-	all := d.Records.Volumes.All()
+	all := d.eng.Records.Volumes.All()
 	ready := all[:0]
 	for _, v := range all {
 		// Inline and local volumes belong to the node, not the CO's list.
@@ -210,9 +210,9 @@ func (d *Driver) ControllerGetVolume(ctx context.Context, req *csi.ControllerGet
 	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	v, ok := d.Records.Volumes.Get(req.GetVolumeId())
+	v, ok := d.eng.Records.Volumes.Get(req.GetVolumeId())
 	if !ok || v.Phase != engine.PhaseReady {
-		return nil, d.NotFoundVolume(req.GetVolumeId())
+		return nil, d.eng.NotFoundVolume(req.GetVolumeId())
 	}
 	return &csi.ControllerGetVolumeResponse{
 		Volume: d.csiVolume(v),
@@ -235,16 +235,16 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 		csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
 		csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
 	}
-	if d.Config.ControllerExpansion() {
+	if d.eng.Config.ControllerExpansion() {
 		types = append(types, csi.ControllerServiceCapability_RPC_EXPAND_VOLUME)
 	}
-	if !d.Config.DisableListSnapshots {
+	if !d.eng.Config.DisableListSnapshots {
 		types = append(types, csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS)
 	}
-	if d.Config.EnableModifyVolume {
+	if d.eng.Config.EnableModifyVolume {
 		types = append(types, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME)
 	}
-	if d.Config.EnableAttach {
+	if d.eng.Config.EnableAttach {
 		types = append(types,
 			csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
 			csi.ControllerServiceCapability_RPC_PUBLISH_READONLY,
@@ -263,7 +263,7 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 // is already satisfied; a limit below it would be a shrink and is refused.
 func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (_ *csi.ControllerExpandVolumeResponse, err error) {
 	defer edge(&err)
-	if !d.Config.ControllerExpansion() {
+	if !d.eng.Config.ControllerExpansion() {
 		return nil, status.Error(codes.Unimplemented, "controller expansion is disabled (--enable-volume-expansion=false or --disable-controller-expansion)")
 	}
 	id := req.GetVolumeId()
@@ -273,12 +273,12 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 	if req.GetCapacityRange() == nil {
 		return nil, invalid("capacity_range is required")
 	}
-	v, err := d.ExpandVolume(ctx, id, rangeOf(req.GetCapacityRange()))
+	v, err := d.eng.ExpandVolume(ctx, id, rangeOf(req.GetCapacityRange()))
 	if err != nil {
 		return nil, err
 	}
 	// An image volume's file system grows on the node, online
 	// (NodeExpandVolume), or at its next stage.
-	grow := v.Layout == engine.LayoutImage && d.Config.NodeExpansion()
+	grow := v.Layout == engine.LayoutImage && d.eng.Config.NodeExpansion()
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.CapacityBytes, NodeExpansionRequired: grow}, nil
 }

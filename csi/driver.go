@@ -29,10 +29,10 @@ type Driver struct {
 	csi.UnimplementedGroupControllerServer
 	csi.UnimplementedSnapshotMetadataServer
 
-	// engine is the storage side: records, pools, locks, placement,
+	// eng is the storage side: records, pools, locks, placement,
 	// reconcile and data. Each handler checks its request and makes one
 	// call into it; its errors become gRPC codes at the edge.
-	*engine.Engine
+	eng     *engine.Engine
 	metrics *metrics
 
 	mu     sync.Mutex
@@ -57,16 +57,23 @@ func New(cfg engine.Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.Engine = e
+	d.eng = e
 	d.metrics = newMetrics(d)
 	d.ready.Store(true)
 	return d, nil
 }
 
+// Engine is the storage engine the driver serves: what cmd wires to the
+// cluster (peers, fences, standby nodes) and runs beside the CSI services.
+func (d *Driver) Engine() *engine.Engine { return d.eng }
+
+// Close stops the engine's background work and closes its state.
+func (d *Driver) Close() error { return d.eng.Close() }
+
 // Serve listens on the endpoint (unix://path or a bare path; a stale socket
 // is replaced) and serves until ctx is done, then stops gracefully.
 func (d *Driver) Serve(ctx context.Context) error {
-	lis, path, err := ListenSocket(d.Config.Endpoint)
+	lis, path, err := ListenSocket(d.eng.Config.Endpoint)
 	if err != nil {
 		return err
 	}
@@ -79,11 +86,11 @@ func (d *Driver) Serve(ctx context.Context) error {
 	csi.RegisterControllerServer(srv, d)
 	csi.RegisterNodeServer(srv, d)
 	csi.RegisterGroupControllerServer(srv, d)
-	if d.Config.EnableSnapshotMetadata {
+	if d.eng.Config.EnableSnapshotMetadata {
 		csi.RegisterSnapshotMetadataServer(srv, d)
 	}
-	klog.InfoS("serving CSI", "endpoint", path, "driver", d.Config.DriverName, "version", d.Config.Version, "node", d.Config.NodeID, "stateDir", d.Paths.Root)
-	go StopWhenDone(ctx, srv, d.Config.ShutdownGrace)
+	klog.InfoS("serving CSI", "endpoint", path, "driver", d.eng.Config.DriverName, "version", d.eng.Config.Version, "node", d.eng.Config.NodeID, "stateDir", d.eng.Paths.Root)
+	go StopWhenDone(ctx, srv, d.eng.Config.ShutdownGrace)
 	return srv.Serve(lis)
 }
 

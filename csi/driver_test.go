@@ -109,7 +109,7 @@ func TestCreateVolumeValidation(t *testing.T) {
 		{"snapshot source not found", &csi.CreateVolumeRequest{Name: "x", VolumeCapabilities: []*csi.VolumeCapability{rwo},
 			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: "../../etc"}}}}, codes.NotFound},
 		{"volume source not found", &csi.CreateVolumeRequest{Name: "x", VolumeCapabilities: []*csi.VolumeCapability{rwo},
-			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: d.NewVolumeID()}}}}, codes.NotFound},
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: d.eng.NewVolumeID()}}}}, codes.NotFound},
 		{"volume source on another node", &csi.CreateVolumeRequest{Name: "x", VolumeCapabilities: []*csi.VolumeCapability{rwo},
 			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: engine.NewID(engine.VolumeIDPrefix, engine.NodeTag("node-2"))}}}}, codes.ResourceExhausted},
 		{"snapshot source on another node", &csi.CreateVolumeRequest{Name: "x", VolumeCapabilities: []*csi.VolumeCapability{rwo},
@@ -182,7 +182,7 @@ func TestCreateVolumeConcurrentSameName(t *testing.T) {
 func TestDeleteVolume(t *testing.T) {
 	d := newDriver(t, testConfig(t))
 	v := mustCreate(t, d, "pvc-del", 1<<20)
-	for _, id := range []string{"unknown", engine.NewID(engine.VolumeIDPrefix, d.Tag), "../../../etc", "vol-" + v.GetVolumeId()} {
+	for _, id := range []string{"unknown", engine.NewID(engine.VolumeIDPrefix, d.eng.Tag), "../../../etc", "vol-" + v.GetVolumeId()} {
 		if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 			t.Fatalf("delete of %q: %v", id, err)
 		}
@@ -288,7 +288,7 @@ func TestExpandVolume(t *testing.T) {
 	wantCode(t, err, codes.OutOfRange)
 	_, err = d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: v.GetVolumeId(), CapacityRange: &csi.CapacityRange{RequiredBytes: 4 << 40}})
 	wantCode(t, err, codes.OutOfRange)
-	_, err = d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: d.NewVolumeID(), CapacityRange: &csi.CapacityRange{RequiredBytes: 1}})
+	_, err = d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: d.eng.NewVolumeID(), CapacityRange: &csi.CapacityRange{RequiredBytes: 1}})
 	wantCode(t, err, codes.NotFound)
 }
 
@@ -330,7 +330,7 @@ func TestHeavySlots(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.MaxHeavyOps = 1
 	d := newDriver(t, cfg)
-	release, err := d.Heavy.Wait(ctx)
+	release, err := d.eng.Heavy.Wait(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

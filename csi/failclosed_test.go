@@ -39,7 +39,7 @@ func TestMountInspectionFailureStopsOperations(t *testing.T) {
 	}
 
 	var broken atomic.Bool
-	d.MountPoint = func(p string) (*fsops.MountPoint, error) {
+	d.eng.MountPoint = func(p string) (*fsops.MountPoint, error) {
 		if broken.Load() {
 			return nil, &os.PathError{Op: "read mountinfo", Path: p, Err: unix.EIO}
 		}

@@ -26,7 +26,7 @@ func (d *Driver) GroupControllerGetCapabilities(context.Context, *csi.GroupContr
 func (d *Driver) csiGroup(g engine.GroupRecord) *csi.VolumeGroupSnapshot {
 	out := &csi.VolumeGroupSnapshot{GroupSnapshotId: g.ID, CreationTime: timestamppb.New(g.CreatedAt), ReadyToUse: g.Phase == engine.PhaseReady}
 	for _, id := range g.Snapshots {
-		if s, ok := d.Records.Snapshots.Get(id); ok {
+		if s, ok := d.eng.Records.Snapshots.Get(id); ok {
 			out.Snapshots = append(out.Snapshots, d.csiSnapshot(s))
 		}
 	}
@@ -53,10 +53,10 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 			return nil, invalid("volume %s is listed twice", id)
 		}
 	}
-	if _, _, _, err := d.SnapshotOptions(req.GetParameters(), engine.LayoutDirectory, nil); err != nil {
+	if _, _, _, err := d.eng.SnapshotOptions(req.GetParameters(), engine.LayoutDirectory, nil); err != nil {
 		return nil, err
 	}
-	g, err := d.CreateGroup(ctx, name, srcs, req.GetParameters())
+	g, err := d.eng.CreateGroup(ctx, name, srcs, req.GetParameters())
 	if err != nil {
 		return nil, err
 	}
@@ -69,7 +69,7 @@ func (d *Driver) GetVolumeGroupSnapshot(ctx context.Context, req *csi.GetVolumeG
 	if err := d.checkIDHere("group_snapshot_id", req.GetGroupSnapshotId()); err != nil {
 		return nil, err
 	}
-	g, ok := d.Records.Groups.Get(req.GetGroupSnapshotId())
+	g, ok := d.eng.Records.Groups.Get(req.GetGroupSnapshotId())
 	if !ok || g.Phase != engine.PhaseReady {
 		return nil, status.Errorf(codes.NotFound, "group snapshot %q does not exist", req.GetGroupSnapshotId())
 	}
@@ -92,7 +92,7 @@ func (d *Driver) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteV
 	if !engine.ValidGroupID(id) {
 		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 	}
-	if err := d.DeleteGroup(id, req.GetSnapshotIds()); err != nil {
+	if err := d.eng.DeleteGroup(id, req.GetSnapshotIds()); err != nil {
 		return nil, err
 	}
 	return &csi.DeleteVolumeGroupSnapshotResponse{}, nil

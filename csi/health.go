@@ -24,16 +24,16 @@ func healthEntry(t csi.VolumeHealthErrorType, reason, msg string) *csi.VolumeHea
 // volumeHealth inspects one volume.
 func (d *Driver) volumeHealth(v engine.VolumeRecord) *csi.VolumeHealth {
 	h := &csi.VolumeHealth{VolumeId: v.ID}
-	if p := d.PoolOf(v.Pool); v.LocalPath == "" && p.Get().Down != nil {
+	if p := d.eng.PoolOf(v.Pool); v.LocalPath == "" && p.Get().Down != nil {
 		h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_INACCESSIBLE, "PoolDown", fmt.Sprintf("pool %s (%s) is down: %v", p.Name, p.Paths.Root, p.Get().Down)))
 		return h
 	}
-	path := d.VolumeDataPath(v)
+	path := d.eng.VolumeDataPath(v)
 	if _, err := os.Lstat(path); err != nil {
 		h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_INACCESSIBLE, "VolumeDataMissing", "the volume's data at "+path+" is gone: "+err.Error()))
 		return h
 	}
-	if err := d.StandbyBehind(v); err != nil {
+	if err := d.eng.StandbyBehind(v); err != nil {
 		h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "StandbyBehind", err.Error()))
 	}
 	if v.AccessType == engine.AccessBlock {
@@ -48,14 +48,14 @@ func (d *Driver) volumeHealth(v engine.VolumeRecord) *csi.VolumeHealth {
 		}
 		return h
 	}
-	if err := d.NotGrown(v.ID); err != nil {
+	if err := d.eng.NotGrown(v.ID); err != nil {
 		h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "FileSystemNotGrown", err.Error()))
 	}
-	if err, ok := d.StuckFreezes()[v.ID]; ok {
+	if err, ok := d.eng.StuckFreezes()[v.ID]; ok {
 		h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "FileSystemFrozen", "the driver froze the volume's file system for a snapshot and could not thaw it (its pods' writes wait; the driver tries again when it stops and starts): "+err.Error()))
 	}
-	if d.PoolOf(v.Pool).Get().Quota != engine.QuotaNone {
-		if u, err := d.VolumeUsage(v); err == nil && u.Bytes >= v.CapacityBytes {
+	if d.eng.PoolOf(v.Pool).Get().Quota != engine.QuotaNone {
+		if u, err := d.eng.VolumeUsage(v); err == nil && u.Bytes >= v.CapacityBytes {
 			h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "QuotaExhausted", "the volume has used all of its capacity; writes fail with EDQUOT"))
 		}
 	}
@@ -68,9 +68,9 @@ func (d *Driver) ControllerGetVolumeHealth(ctx context.Context, req *csi.Control
 	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	v, ok := d.Records.Volumes.Get(req.GetVolumeId())
+	v, ok := d.eng.Records.Volumes.Get(req.GetVolumeId())
 	if !ok || v.Phase != engine.PhaseReady {
-		return nil, d.NotFoundVolume(req.GetVolumeId())
+		return nil, d.eng.NotFoundVolume(req.GetVolumeId())
 	}
 	return &csi.ControllerGetVolumeHealthResponse{VolumeHealth: d.volumeHealth(v)}, nil
 }
@@ -79,7 +79,7 @@ func (d *Driver) ControllerGetVolumeHealth(ctx context.Context, req *csi.Control
 func (d *Driver) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (_ *csi.ControllerListVolumeHealthResponse, err error) {
 	defer edge(&err)
 	var ready []engine.VolumeRecord
-	for _, v := range d.Records.Volumes.All() {
+	for _, v := range d.eng.Records.Volumes.All() {
 		if v.Phase == engine.PhaseReady {
 			ready = append(ready, v)
 		}
@@ -102,16 +102,16 @@ func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolume
 	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	v, ok := d.Records.Volumes.Get(req.GetVolumeId())
+	v, ok := d.eng.Records.Volumes.Get(req.GetVolumeId())
 	if !ok || v.Phase != engine.PhaseReady {
-		return nil, d.NotFoundVolume(req.GetVolumeId())
+		return nil, d.eng.NotFoundVolume(req.GetVolumeId())
 	}
 	h := d.volumeHealth(v)
 	for _, p := range []string{req.GetVolumePublishPath(), req.GetStagingTargetPath()} {
 		if p == "" {
 			continue
 		}
-		ours, err := d.ShowsVolume(p, v)
+		ours, err := d.eng.ShowsVolume(p, v)
 		switch {
 		case err != nil:
 			h.HealthStatuses = append(h.HealthStatuses, healthEntry(csi.VolumeHealthErrorType_DEGRADED, "MountUninspectable", err.Error()))
@@ -130,31 +130,31 @@ func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStora
 	bad := func(t csi.StorageHealthErrorType, reason, msg string) {
 		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{Status: t, Reason: reason, Message: msg})
 	}
-	if err := d.Records.Err(); err != nil {
+	if err := d.eng.Records.Err(); err != nil {
 		bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "StateJournalFailed", "the state store refuses changes until the driver restarts: "+err.Error())
 	}
-	if damaged := d.Records.Damaged(); len(damaged) > 0 {
+	if damaged := d.eng.Records.Damaged(); len(damaged) > 0 {
 		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "StateRecordsDamaged", fmt.Sprintf("%d state records are damaged (the first: %s, %s); their data is kept, see the driver's log for what to do", len(damaged), damaged[0].Path, damaged[0].Problem))
 	}
-	if n := d.Unowned.Load(); n > 0 {
+	if n := d.eng.Unowned.Load(); n > 0 {
 		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "UnownedData", fmt.Sprintf("%d entries under the volumes and snapshots directories of the pools belong to no record; they are kept, see the driver's log for their paths", n))
 	}
-	for _, p := range d.PoolList()[1:] {
-		if why := d.Recheck(p).Down; why != nil {
+	for _, p := range d.eng.PoolList()[1:] {
+		if why := d.eng.Recheck(p).Down; why != nil {
 			bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "PoolDown", fmt.Sprintf("pool %s (%s) is down: %v; its volumes and snapshots are refused until it is back", p.Name, p.Paths.Root, why))
 		}
 	}
-	if err := engine.ProbeWritable(d.Paths.Tmp(), ".health-probe"); err != nil {
-		bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "StateDirNotWritable", d.Paths.Root+": "+err.Error())
+	if err := engine.ProbeWritable(d.eng.Paths.Tmp(), ".health-probe"); err != nil {
+		bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "StateDirNotWritable", d.eng.Paths.Root+": "+err.Error())
 		return resp, nil
 	}
-	fs, err := fsops.Statfs(d.Paths.Root)
+	fs, err := fsops.Statfs(d.eng.Paths.Root)
 	if err != nil {
 		bad(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "StateDirUnreadable", err.Error())
 		return resp, nil
 	}
 	if fs.TotalBytes > 0 && fs.AvailableBytes*20 < fs.TotalBytes {
-		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "StateDirNearlyFull", "less than 5% of "+d.Paths.Root+"'s file system is free")
+		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "StateDirNearlyFull", "less than 5% of "+d.eng.Paths.Root+"'s file system is free")
 	}
 	if fs.TotalInodes > 0 && fs.FreeInodes*20 < fs.TotalInodes {
 		bad(csi.StorageHealthErrorType_STORAGE_DEGRADED, "StateDirInodesNearlyExhausted", "less than 5% of the inodes are free")

@@ -109,7 +109,7 @@ func TestDefaultLayout(t *testing.T) {
 
 	// The same request again, after the default changed under it (a
 	// restart with another --default-layout): the volume it made.
-	d.Config.DefaultLayout = engine.LayoutDirectory
+	d.eng.Config.DefaultLayout = engine.LayoutDirectory
 	if again := create(t, "img", nil, rwo, nil); again != img {
 		t.Fatalf("a repeated CreateVolume made %s, want the existing %s", again, img)
 	}

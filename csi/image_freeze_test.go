@@ -146,7 +146,7 @@ func TestImageThawAtStart(t *testing.T) {
 	}
 	if testutil.HaveTools(t, "e2fsck") {
 		r, _ := snapshotRec(d, s.GetSnapshot().GetSnapshotId())
-		if err := run("e2fsck", "-fn", d.SnapshotDataPath(r)); err != nil {
+		if err := run("e2fsck", "-fn", d.eng.SnapshotDataPath(r)); err != nil {
 			t.Fatalf("the snapshot of a hook-frozen volume is not clean: %v", err)
 		}
 	}

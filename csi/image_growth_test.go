@@ -41,7 +41,7 @@ func TestImageGrowth(t *testing.T) {
 	d := newDriver(t, cfg)
 	var mu sync.Mutex
 	var notes []string
-	d.SetNotifier(func(pv, reason, msg string) {
+	d.eng.SetNotifier(func(pv, reason, msg string) {
 		mu.Lock()
 		notes = append(notes, pv+" "+reason+": "+msg)
 		mu.Unlock()

@@ -122,7 +122,7 @@ func TestImageSnapshotIsOneInstant(t *testing.T) {
 					break
 				}
 				rec, _ := snapshotRec(d, id)
-				if err := run("e2fsck", "-fn", d.SnapshotDataPath(rec)); err != nil {
+				if err := run("e2fsck", "-fn", d.eng.SnapshotDataPath(rec)); err != nil {
 					t.Fatalf("snapshot %s (of %s) is not a clean file system: %v", id, rec.SourceVolume, err)
 				}
 			}
@@ -206,7 +206,7 @@ func TestImageFreezeBound(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the volume is still frozen after a refused cut")
 	}
-	d.Config.MaxFreeze = time.Minute
+	d.eng.Config.MaxFreeze = time.Minute
 	// On ext4 the extents are copied after the cut and answered not
 	// ready; wait for ready, as the snapshotter does, so the snapshot is
 	// made (and the volume free to delete) before the test ends.

@@ -96,11 +96,11 @@ func imageSnapshotMetadata(t *testing.T, d *Driver) {
 	}
 	r1, _ := snapshotRec(d, id1)
 	r2, _ := snapshotRec(d, id2)
-	img1, err := os.ReadFile(d.SnapshotDataPath(r1))
+	img1, err := os.ReadFile(d.eng.SnapshotDataPath(r1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	img2, err := os.ReadFile(d.SnapshotDataPath(r2))
+	img2, err := os.ReadFile(d.eng.SnapshotDataPath(r2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -457,7 +457,7 @@ func TestImageSnapshotDataSum(t *testing.T) {
 		t.Fatalf("the image snapshot's record has no checksum at rest: %q", rec.DataSum)
 	}
 	// Flip one byte of the snapshot's data, in its first data range.
-	path := a.d.SnapshotDataPath(rec)
+	path := a.d.eng.SnapshotDataPath(rec)
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -73,7 +73,7 @@ func stageAndPublish(t *testing.T, d *Driver, id string) (staging, target string
 
 func stateFormat(t *testing.T, d *Driver) string {
 	t.Helper()
-	b, err := os.ReadFile(d.Paths.FormatFile())
+	b, err := os.ReadFile(d.eng.Paths.FormatFile())
 	if err != nil {
 		t.Fatal(err)
 	}

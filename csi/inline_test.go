@@ -28,7 +28,7 @@ func TestEphemeralInlineVolume(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	v, ok := d.LookupNodeVolume("csi-0123abcd")
+	v, ok := d.eng.LookupNodeVolume("csi-0123abcd")
 	if !ok || v.CapacityBytes != 10<<20 || mountOf(t, target) == nil {
 		t.Fatalf("inline volume %+v mounted=%v", v, mountOf(t, target) != nil)
 	}
@@ -43,16 +43,16 @@ func TestEphemeralInlineVolume(t *testing.T) {
 	}
 	// A driver restart while the pod runs keeps it.
 	d2 := newDriver(t, cfg)
-	if _, ok := d2.LookupNodeVolume("csi-0123abcd"); !ok {
+	if _, ok := d2.eng.LookupNodeVolume("csi-0123abcd"); !ok {
 		t.Fatal("restart dropped a published inline volume")
 	}
 	if _, err := d2.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-0123abcd", TargetPath: target}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := d2.LookupNodeVolume("csi-0123abcd"); ok {
+	if _, ok := d2.eng.LookupNodeVolume("csi-0123abcd"); ok {
 		t.Fatal("inline volume outlived its unpublish")
 	}
-	if _, err := os.Stat(d2.VolumeDataPath(v)); !os.IsNotExist(err) {
+	if _, err := os.Stat(d2.eng.VolumeDataPath(v)); !os.IsNotExist(err) {
 		t.Fatal("inline volume's data left behind")
 	}
 	// Crash after publish: the target is gone at the next start.
@@ -61,15 +61,15 @@ func TestEphemeralInlineVolume(t *testing.T) {
 	if _, err := d2.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "csi-crash", TargetPath: target2, VolumeCapability: rwo, VolumeContext: map[string]string{engine.CtxEphemeral: "true"}}); err != nil {
 		t.Fatal(err)
 	}
-	v2, _ := d2.LookupNodeVolume("csi-crash")
+	v2, _ := d2.eng.LookupNodeVolume("csi-crash")
 	os.Stat(target2)
 	for unmount(target2) == nil {
 	}
 	d3 := newDriver(t, cfg)
-	if _, ok := d3.LookupNodeVolume("csi-crash"); ok {
+	if _, ok := d3.eng.LookupNodeVolume("csi-crash"); ok {
 		t.Fatal("an inline volume nobody mounts survived the restart")
 	}
-	if _, err := os.Stat(d3.VolumeDataPath(v2)); !os.IsNotExist(err) {
+	if _, err := os.Stat(d3.eng.VolumeDataPath(v2)); !os.IsNotExist(err) {
 		t.Fatal("its data survived too")
 	}
 	for _, bad := range []map[string]string{{engine.CtxEphemeral: "true", engine.CtxSize: "lots"}, {engine.CtxEphemeral: "true", "color": "red"}} {
@@ -125,7 +125,7 @@ func TestLocalVolume(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(root, "ssd1", "data")); string(b) != "local" {
 		t.Fatal("unpublishing a local volume touched its data")
 	}
-	if _, ok := d.LookupNodeVolume("pv-local-1"); ok {
+	if _, ok := d.eng.LookupNodeVolume("pv-local-1"); ok {
 		t.Fatal("local volume record outlived its publication")
 	}
 }
@@ -191,7 +191,7 @@ func TestInlineSizeCap(t *testing.T) {
 		if status.Code(err) != c.code || (err != nil && !strings.Contains(err.Error(), "--max-inline-size")) {
 			t.Fatalf("an inline volume of %s: %v, want %v naming the flag", c.size, err, c.code)
 		}
-		_, made := d.LookupNodeVolume(id)
+		_, made := d.eng.LookupNodeVolume(id)
 		if made != (c.code == codes.OK) {
 			t.Fatalf("an inline volume of %s: made %v", c.size, made)
 		}

@@ -39,19 +39,19 @@ func newMetrics(d *Driver) *metrics {
 	count := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
-	m.reg.MustRegister(m.rpcs, m.latency, m.bytes, &d.Ops, d.PoolCollector(), d.StandbyCollector(),
+	m.reg.MustRegister(m.rpcs, m.latency, m.bytes, &d.eng.Ops, d.eng.PoolCollector(), d.eng.StandbyCollector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		count("hostpath_volumes", "Volumes on this node.", func() float64 { return float64(len(d.Records.Volumes.All())) }),
-		count("hostpath_snapshots", "Snapshots on this node.", func() float64 { return float64(len(d.Records.Snapshots.All())) }),
-		count("hostpath_state_files_awaiting_checkpoint", "Record files changed since the state journal's last checkpoint, each held open (at most 1024) so the checkpoint's fsync sees their writeback errors.", func() float64 { return float64(d.Records.AwaitingCheckpoint()) }),
+		count("hostpath_volumes", "Volumes on this node.", func() float64 { return float64(len(d.eng.Records.Volumes.All())) }),
+		count("hostpath_snapshots", "Snapshots on this node.", func() float64 { return float64(len(d.eng.Records.Snapshots.All())) }),
+		count("hostpath_state_files_awaiting_checkpoint", "Record files changed since the state journal's last checkpoint, each held open (at most 1024) so the checkpoint's fsync sees their writeback errors.", func() float64 { return float64(d.eng.Records.AwaitingCheckpoint()) }),
 		count("hostpath_state_failed", "1 when the state store refuses every change until a restart (a failed sync), else 0.", func() float64 {
-			if d.Records.Err() != nil {
+			if d.eng.Records.Err() != nil {
 				return 1
 			}
 			return 0
 		}),
-		count("hostpath_image_freezes_stuck", "Image volumes whose file system the driver froze and could not thaw: their pods' writes wait (volume health FileSystemFrozen names them).", func() float64 { return float64(len(d.StuckFreezes())) }),
-		count("hostpath_image_filesystems_not_grown", "Image volumes whose file system could not grow to their size (volume health FileSystemNotGrown says why).", func() float64 { return float64(d.NotGrownCount()) }),
+		count("hostpath_image_freezes_stuck", "Image volumes whose file system the driver froze and could not thaw: their pods' writes wait (volume health FileSystemFrozen names them).", func() float64 { return float64(len(d.eng.StuckFreezes())) }),
+		count("hostpath_image_filesystems_not_grown", "Image volumes whose file system could not grow to their size (volume health FileSystemNotGrown says why).", func() float64 { return float64(d.eng.NotGrownCount()) }),
 		count("hostpath_available_capacity_bytes", "What GetCapacity would report with no parameters.", func() float64 {
 			r, err := d.GetCapacity(context.Background(), nil)
 			if err != nil {
@@ -89,7 +89,7 @@ func (d *Driver) Healthy() error {
 	if !d.ready.Load() {
 		return fmt.Errorf("state not loaded yet")
 	}
-	if err := d.Records.Err(); err != nil {
+	if err := d.eng.Records.Err(); err != nil {
 		return fmt.Errorf("the state store refuses changes until the driver restarts: %w", err)
 	}
 	d.mu.Lock()

@@ -26,7 +26,7 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	}
 	// A volume this node keeps the standby copy of: promoted first if
 	// its primary is fenced (engine.TakeOver), else refused.
-	if err := d.TakeOver(ctx, req.GetVolumeId()); err != nil {
+	if err := d.eng.TakeOver(ctx, req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	v, staging, unlock, err := d.lockForMount(ctx, req.GetVolumeId(), "staging_target_path", req.GetStagingTargetPath(), req.GetVolumeCapability(), req.GetVolumeContext())
@@ -34,7 +34,7 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		return nil, err
 	}
 	defer unlock()
-	if err := d.StageVolume(v, staging); err != nil {
+	if err := d.eng.StageVolume(v, staging); err != nil {
 		return nil, err
 	}
 	return &csi.NodeStageVolumeResponse{}, nil
@@ -65,7 +65,7 @@ func (d *Driver) lockForMount(ctx context.Context, id, pathField, path string, c
 			return engine.VolumeRecord{}, "", nil, err
 		}
 	}
-	v, unlock, err := d.NodeVolumeOrProvision(ctx, id, vctx, access)
+	v, unlock, err := d.eng.NodeVolumeOrProvision(ctx, id, vctx, access)
 	if err != nil {
 		return engine.VolumeRecord{}, "", nil, err
 	}
@@ -73,7 +73,7 @@ func (d *Driver) lockForMount(ctx context.Context, id, pathField, path string, c
 		unlock()
 		return engine.VolumeRecord{}, "", nil, invalid("volume %s is a %s volume; the capability asks for %s", v.ID, v.AccessType, access)
 	}
-	if err := d.DataPresent(v); err != nil {
+	if err := d.eng.DataPresent(v); err != nil {
 		unlock()
 		return engine.VolumeRecord{}, "", nil, err
 	}
@@ -103,7 +103,7 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 	if err != nil {
 		return nil, err
 	}
-	if err := d.UnstageVolume(req.GetVolumeId(), staging); err != nil {
+	if err := d.eng.UnstageVolume(req.GetVolumeId(), staging); err != nil {
 		return nil, err
 	}
 	return &csi.NodeUnstageVolumeResponse{}, nil
@@ -131,7 +131,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		flags |= fsops.ReadOnly
 	}
 	single := mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
-	if err := d.PublishVolume(v, target, flags, readOnly, single); err != nil {
+	if err := d.eng.PublishVolume(v, target, flags, readOnly, single); err != nil {
 		return nil, err
 	}
 	return &csi.NodePublishVolumeResponse{}, nil
@@ -145,7 +145,7 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	if err != nil {
 		return nil, err
 	}
-	if err := d.UnpublishVolume(req.GetVolumeId(), target); err != nil {
+	if err := d.eng.UnpublishVolume(req.GetVolumeId(), target); err != nil {
 		return nil, err
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
@@ -153,8 +153,8 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 
 // NodeGetInfo names this node, its volume limit and its topology.
 func (d *Driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
-	resp := &csi.NodeGetInfoResponse{NodeId: d.Config.NodeID, MaxVolumesPerNode: d.Config.MaxVolumesPerNode}
-	if d.Config.EnableTopology {
+	resp := &csi.NodeGetInfoResponse{NodeId: d.eng.Config.NodeID, MaxVolumesPerNode: d.eng.Config.MaxVolumesPerNode}
+	if d.eng.Config.EnableTopology {
 		resp.AccessibleTopology = d.nodeTopology()
 	}
 	return resp, nil
@@ -169,7 +169,7 @@ func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRe
 		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
 		csi.NodeServiceCapability_RPC_GET_STORAGE_HEALTH,
 	}
-	if d.Config.NodeExpansion() {
+	if d.eng.Config.NodeExpansion() {
 		types = append(types, csi.NodeServiceCapability_RPC_EXPAND_VOLUME)
 	}
 	resp := &csi.NodeGetCapabilitiesResponse{}
@@ -192,7 +192,7 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	if req.GetVolumePath() == "" {
 		return nil, invalid("volume_path is required")
 	}
-	u, err := d.VolumeStats(req.GetVolumeId(), req.GetVolumePath())
+	u, err := d.eng.VolumeStats(req.GetVolumeId(), req.GetVolumePath())
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +212,7 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 // --max-volume-size-node.
 func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (_ *csi.NodeExpandVolumeResponse, err error) {
 	defer edge(&err)
-	if !d.Config.NodeExpansion() {
+	if !d.eng.Config.NodeExpansion() {
 		return nil, status.Error(codes.Unimplemented, "node expansion is disabled (--enable-volume-expansion=false or --disable-node-expansion)")
 	}
 	if err := d.checkIDHere("volume_id", req.GetVolumeId()); err != nil {
@@ -222,10 +222,10 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 		return nil, invalid("volume_path is required")
 	}
 	want := req.GetCapacityRange().GetRequiredBytes()
-	if want > d.Config.MaxVolumeSizeNode {
-		return nil, status.Errorf(codes.OutOfRange, "required_bytes %d exceeds the largest size a node may expand a volume to (--max-volume-size-node %d)", want, d.Config.MaxVolumeSizeNode)
+	if want > d.eng.Config.MaxVolumeSizeNode {
+		return nil, status.Errorf(codes.OutOfRange, "required_bytes %d exceeds the largest size a node may expand a volume to (--max-volume-size-node %d)", want, d.eng.Config.MaxVolumeSizeNode)
 	}
-	size, err := d.ExpandOnNode(ctx, req.GetVolumeId(), req.GetVolumePath(), rangeOf(req.GetCapacityRange()))
+	size, err := d.eng.ExpandOnNode(ctx, req.GetVolumeId(), req.GetVolumePath(), rangeOf(req.GetCapacityRange()))
 	if err != nil {
 		return nil, err
 	}

@@ -155,7 +155,7 @@ func TestNodeHostilePaths(t *testing.T) {
 		{"dot-dot into state dir", v.GetVolumeId(), base + "/" + rel + "/x", codes.InvalidArgument},
 		{"NUL in target", v.GetVolumeId(), base + "/a\x00b", codes.InvalidArgument},
 		{"traversal id", "../../etc", base + "/t", codes.NotFound},
-		{"unknown id", engine.NewID(engine.VolumeIDPrefix, d.Tag), base + "/t", codes.NotFound},
+		{"unknown id", engine.NewID(engine.VolumeIDPrefix, d.eng.Tag), base + "/t", codes.NotFound},
 		{"id of another node", engine.NewID(engine.VolumeIDPrefix, engine.NodeTag("node-2")), base + "/t", codes.ResourceExhausted},
 	}
 	for _, tc := range tests {

@@ -50,7 +50,7 @@ func TestSourceOwnerRecorded(t *testing.T) {
 		{engine.SourceSnapshot, member, true, true, engine.Owner{Namespace: "app", Name: "db", Content: "groupcontent-1", Group: true}},
 		{engine.SourceSnapshot, "snap-000000000000000000000000", false, false, engine.Owner{}},
 	} {
-		o, here, ok := d.SourceOwner(c.kind, c.id)
+		o, here, ok := d.eng.SourceOwner(c.kind, c.id)
 		if here != c.here || ok != c.ok || o != c.want {
 			t.Errorf("%s %s: %+v here=%v ok=%v, want %+v here=%v ok=%v", c.kind, c.id, o, here, ok, c.want, c.here, c.ok)
 		}
@@ -59,9 +59,9 @@ func TestSourceOwnerRecorded(t *testing.T) {
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
-	d2 := newDriver(t, d.Config)
+	d2 := newDriver(t, d.eng.Config)
 	defer d2.Close()
-	if o, _, ok := d2.SourceOwner(engine.SourceSnapshot, s.GetSnapshot().GetSnapshotId()); !ok || o.Name != "nightly" {
+	if o, _, ok := d2.eng.SourceOwner(engine.SourceSnapshot, s.GetSnapshot().GetSnapshotId()); !ok || o.Name != "nightly" {
 		t.Fatalf("after a restart: %+v %v", o, ok)
 	}
 }

@@ -38,14 +38,14 @@ func (g *growOnPull) Open(ctx context.Context, tag, kind, id string, statOnly bo
 func TestBlockCloneFromGrownSource(t *testing.T) {
 	a, b, bp := newPeerPair(t, "")
 	src := createBlock(t, a.d, "blk", 16<<20)
-	path := a.d.VolumeDataPath(engine.VolumeRecord{ID: src.GetVolumeId(), AccessType: engine.AccessBlock})
+	path := a.d.eng.VolumeDataPath(engine.VolumeRecord{ID: src.GetVolumeId(), AccessType: engine.AccessBlock})
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.WriteAt([]byte(strings.Repeat("x", 4096)), 15<<20)
 	f.Close()
-	b.d.SetPeers(&growOnPull{Peers: bp, grow: func() {
+	b.d.eng.SetPeers(&growOnPull{Peers: bp, grow: func() {
 		if _, err := a.d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: src.GetVolumeId(), CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20}}); err != nil {
 			t.Errorf("growing the source: %v", err)
 		}
@@ -68,7 +68,7 @@ func TestBlockCloneFromGrownSource(t *testing.T) {
 		t.Fatalf("the clone has %d bytes, want the grown source's", v.GetVolume().GetCapacityBytes())
 	}
 	got := make([]byte, 4096)
-	g, _ := os.Open(b.d.VolumeDataPath(engine.VolumeRecord{ID: v.GetVolume().GetVolumeId(), AccessType: engine.AccessBlock}))
+	g, _ := os.Open(b.d.eng.VolumeDataPath(engine.VolumeRecord{ID: v.GetVolume().GetVolumeId(), AccessType: engine.AccessBlock}))
 	defer g.Close()
 	g.ReadAt(got, 30<<20)
 	if string(got) != strings.Repeat("y", 4096) {

@@ -54,7 +54,7 @@ func (n *peerNode) serve(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.addr = ln.Addr().String()
-	srv := &transfer.Server{Creds: n.creds, Source: n.d.TransferSource(), Authorizer: transfer.AllowAll, HandshakeTimeout: n.handshake}
+	srv := &transfer.Server{Creds: n.creds, Source: n.d.eng.TransferSource(), Authorizer: transfer.AllowAll, HandshakeTimeout: n.handshake}
 	c, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(c, ln) }()
@@ -126,7 +126,7 @@ func newPeerPair(t *testing.T, stateA string) (a, b *peerNode, bPeers *countingP
 			return "", "", fmt.Errorf("no node has tag %s", tag)
 		}}
 		cp := &countingPeers{Peers: p}
-		n.d.SetPeers(cp)
+		n.d.eng.SetPeers(cp)
 		if name == "node-b" {
 			bPeers = cp
 		}
@@ -174,7 +174,7 @@ func TestRestoreAndCloneFromAnotherNode(t *testing.T) {
 	srcDir := volumeDir(a.d, src.GetVolumeId())
 	fillVolume(t, srcDir)
 	blk := createBlock(t, a.d, "blk", 64<<20)
-	blkFile := a.d.VolumeDataPath(engine.VolumeRecord{ID: blk.GetVolumeId(), AccessType: engine.AccessBlock})
+	blkFile := a.d.eng.VolumeDataPath(engine.VolumeRecord{ID: blk.GetVolumeId(), AccessType: engine.AccessBlock})
 	pattern := bytes.Repeat([]byte("block data "), 100000) // ~1 MiB at two places
 	f, err := os.OpenFile(blkFile, os.O_WRONLY, 0)
 	if err != nil {
@@ -205,7 +205,7 @@ func TestRestoreAndCloneFromAnotherNode(t *testing.T) {
 
 	sameBlock := func(t *testing.T, v *csi.Volume) {
 		t.Helper()
-		got, err := os.ReadFile(b.d.VolumeDataPath(engine.VolumeRecord{ID: v.GetVolumeId(), AccessType: engine.AccessBlock}))
+		got, err := os.ReadFile(b.d.eng.VolumeDataPath(engine.VolumeRecord{ID: v.GetVolumeId(), AccessType: engine.AccessBlock}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -235,7 +235,7 @@ func TestRestoreAndCloneFromAnotherNode(t *testing.T) {
 			}
 			v := r.GetVolume()
 			t.Cleanup(func() { b.d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.GetVolumeId()}) })
-			if tag, _ := b.d.OtherNode(v.GetVolumeId()); strings.Contains(tag, engine.NodeTag("node-a")) {
+			if tag, _ := b.d.eng.OtherNode(v.GetVolumeId()); strings.Contains(tag, engine.NodeTag("node-a")) {
 				t.Fatalf("volume %s was made with a's tag", v.GetVolumeId())
 			}
 			if c.check != nil {
@@ -307,7 +307,7 @@ func TestRestoreAndCloneFromAnotherNode(t *testing.T) {
 func TestServeOnlyOwnSources(t *testing.T) {
 	d := newDriver(t, testConfig(t))
 	v := mustCreate(t, d, "v", 1<<20)
-	src := d.TransferSource()
+	src := d.eng.TransferSource()
 	for _, c := range []struct {
 		kind, id string
 		want     error

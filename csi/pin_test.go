@@ -45,7 +45,7 @@ func TestSourceServedDuringLongCopy(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(volumeDir(d, src), "f"), []byte("data"), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			slot, err := d.Heavy.Wait(ctx)
+			slot, err := d.eng.Heavy.Wait(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -81,7 +81,7 @@ func TestSourceServedDuringLongCopy(t *testing.T) {
 				t.Fatalf("%s: %v", op.name, err)
 			}
 			done <- nil // for the cleanup
-			if d.Locks.Pinned(engine.VolIDKey(src)) {
+			if d.eng.Locks.Pinned(engine.VolIDKey(src)) {
 				t.Fatal("source still pinned after the copy")
 			}
 			if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: src}); err != nil {
@@ -94,7 +94,7 @@ func TestSourceServedDuringLongCopy(t *testing.T) {
 func waitPinned(t *testing.T, d *Driver, id string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for !d.Locks.Pinned(engine.VolIDKey(id)) {
+	for !d.eng.Locks.Pinned(engine.VolIDKey(id)) {
 		if time.Now().After(deadline) {
 			t.Fatal("the copy never started")
 		}
@@ -112,7 +112,7 @@ func TestDeleteSnapshotWaitsForRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	sid := r.GetSnapshot().GetSnapshotId()
-	release, err := d.Heavy.Wait(ctx)
+	release, err := d.eng.Heavy.Wait(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func TestDeleteSnapshotWaitsForRestore(t *testing.T) {
 		done <- err
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for !d.Locks.Pinned(engine.SnapIDKey(sid)) && time.Now().Before(deadline) {
+	for !d.eng.Locks.Pinned(engine.SnapIDKey(sid)) && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 	_, err = d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: sid})

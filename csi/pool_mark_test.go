@@ -79,7 +79,7 @@ func TestPoolDiskGoesAway(t *testing.T) {
 		os.Remove(filepath.Join(fast, sub))
 	}
 	testfs.Bind(t, disk, fast)
-	d.OpenPool(d.Pools["fast"]) // what the watcher does at its next look
+	d.eng.OpenPool(d.eng.Pools["fast"]) // what the watcher does at its next look
 	if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 		t.Fatalf("delete once the disk is back: %v", err)
 	}

@@ -161,8 +161,8 @@ func TestPools(t *testing.T) {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		s, _ := snapshotRec(d, r.GetSnapshot().GetSnapshotId())
-		if s.Format != tc.format || !strings.HasPrefix(d.SnapshotDataPath(s), tc.wantDir+"/snapshots/") {
-			t.Fatalf("%s: %s snapshot at %s, want %s under %s", tc.name, s.Format, d.SnapshotDataPath(s), tc.format, tc.wantDir)
+		if s.Format != tc.format || !strings.HasPrefix(d.eng.SnapshotDataPath(s), tc.wantDir+"/snapshots/") {
+			t.Fatalf("%s: %s snapshot at %s, want %s under %s", tc.name, s.Format, d.eng.SnapshotDataPath(s), tc.format, tc.wantDir)
 		}
 		// Restored into another pool: a copy with the same bytes.
 		rv := mustCreateReq(t, d, withSnapshotSource(inPool("restore-"+tc.name, "big", 20<<20), s.ID))

@@ -63,7 +63,7 @@ func TestPullOutlivesTheRequest(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "data"), data, 0o644)
 	want := treeSum(t, dir)
 	slow := &slowPeers{Peers: bp, rate: 8 << 20} // about 3 s for the data
-	b.d.SetPeers(slow)
+	b.d.eng.SetPeers(slow)
 
 	var answers []string
 	var cloneID string
@@ -131,13 +131,13 @@ func TestPullOutlivesTheRequest(t *testing.T) {
 // Before, it ran to its end however long that took.
 func TestPullAbandoned(t *testing.T) {
 	a, b, bp := newPeerPair(t, "")
-	b.d.Config.PullAbandonAfter = 300 * time.Millisecond
+	b.d.eng.Config.PullAbandonAfter = 300 * time.Millisecond
 	src := mustCreate(t, a.d, "src", 100<<20)
 	data := make([]byte, 24<<20)
 	rand.Read(data)
 	os.WriteFile(filepath.Join(volumeDir(a.d, src.GetVolumeId()), "data"), data, 0o644)
 	slow := &slowPeers{Peers: bp, rate: 1 << 20} // 24 s for the data
-	b.d.SetPeers(slow)
+	b.d.eng.SetPeers(slow)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	_, err := b.d.CreateVolume(rctx, fromVolume("abandoned", src.GetVolumeId(), 100<<20))
 	cancel()

@@ -23,7 +23,7 @@ func TestUnownedDataInHealth(t *testing.T) {
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(volumeDir(d, d.NewVolumeID()), 0o755); err != nil {
+	if err := os.MkdirAll(volumeDir(d, d.eng.NewVolumeID()), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	d2 := newDriver(t, cfg)
@@ -138,7 +138,7 @@ func TestMissingDataComesBack(t *testing.T) {
 	brec, _ := volumeRec(d, blk)
 	t.Cleanup(func() { d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: blk}) })
 	// The block volume's device goes with its disk.
-	devs, err := d.BlockDevices(brec)
+	devs, err := d.eng.BlockDevices(brec)
 	if err != nil || len(devs) != 1 {
 		t.Fatalf("block devices %v %v", devs, err)
 	}
@@ -151,11 +151,11 @@ func TestMissingDataComesBack(t *testing.T) {
 	os.Mkdir(away, 0o700)
 	moves := [][2]string{
 		{volumeDir(d, dir), filepath.Join(away, "dir")},
-		{d.VolumeDataPath(brec), filepath.Join(away, "blk")},
+		{d.eng.VolumeDataPath(brec), filepath.Join(away, "blk")},
 		{filepath.Join(volumesDir(d), engine.VolumesMarker), filepath.Join(away, "marker")},
 	}
 	srec, _ := snapshotRec(d, snap.GetSnapshot().GetSnapshotId())
-	moves = append(moves, [2]string{d.SnapshotDataPath(srec), filepath.Join(away, "snap")})
+	moves = append(moves, [2]string{d.eng.SnapshotDataPath(srec), filepath.Join(away, "snap")})
 	for _, m := range moves {
 		if err := os.Rename(m[0], m[1]); err != nil {
 			t.Fatal(err)

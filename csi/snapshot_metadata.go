@@ -24,7 +24,7 @@ func (d *Driver) blockSnapshot(id string) (engine.SnapshotRecord, error) {
 	if err := d.checkIDHere("snapshot_id", id); err != nil {
 		return engine.SnapshotRecord{}, err
 	}
-	return d.BlockSnapshot(id)
+	return d.eng.BlockSnapshot(id)
 }
 
 func checkRange(offset int64, maxResults int32, capacity int64) (int, error) {
@@ -84,7 +84,7 @@ func (d *Driver) GetMetadataAllocated(req *csi.GetMetadataAllocatedRequest, stre
 	if err != nil {
 		return err
 	}
-	exts, err := d.AllocatedRanges(s, req.GetStartingOffset())
+	exts, err := d.eng.AllocatedRanges(s, req.GetStartingOffset())
 	if err != nil {
 		return err
 	}
@@ -118,7 +118,7 @@ func (d *Driver) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, stream csi.S
 	if err != nil {
 		return err
 	}
-	changed, err := d.ChangedRanges(base, target, req.GetStartingOffset())
+	changed, err := d.eng.ChangedRanges(base, target, req.GetStartingOffset())
 	if err != nil {
 		return err
 	}
@@ -130,7 +130,7 @@ func (d *Driver) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, stream csi.S
 
 // metadataType is the block metadata type the driver was started with.
 func (d *Driver) metadataType() csi.BlockMetadataType {
-	if d.Config.SnapshotMetadataFixedLength {
+	if d.eng.Config.SnapshotMetadataFixedLength {
 		return csi.BlockMetadataType_FIXED_LENGTH
 	}
 	return csi.BlockMetadataType_VARIABLE_LENGTH

@@ -77,9 +77,9 @@ func TestSnapshotRestoreClone(t *testing.T) {
 				if rec, _ := snapshotRec(d, snap.GetSnapshotId()); rec.Format != format {
 					t.Fatalf("parameters %v made a %s snapshot, want %s", params, rec.Format, format)
 				} else if format == engine.FormatTarZst {
-					b, _ := os.ReadFile(d.SnapshotDataPath(rec))
-					if !strings.HasSuffix(d.SnapshotDataPath(rec), ".tar.zst") || !isPzstd(b) {
-						t.Fatalf("tar.zst snapshot %s does not hold zstd frames with their lengths", d.SnapshotDataPath(rec))
+					b, _ := os.ReadFile(d.eng.SnapshotDataPath(rec))
+					if !strings.HasSuffix(d.eng.SnapshotDataPath(rec), ".tar.zst") || !isPzstd(b) {
+						t.Fatalf("tar.zst snapshot %s does not hold zstd frames with their lengths", d.eng.SnapshotDataPath(rec))
 					}
 				}
 				s2, err := d.CreateSnapshot(ctx, snapReq("snap-"+format, src.GetVolumeId(), params))
@@ -139,7 +139,7 @@ func TestSnapshotParameters(t *testing.T) {
 	}
 	_, err := d.CreateSnapshot(ctx, snapReq("s", mustCreate(t, d, "other", 1<<20).GetVolumeId(), nil))
 	wantCode(t, err, codes.AlreadyExists)
-	_, err = d.CreateSnapshot(ctx, snapReq("s2", engine.NewID(engine.VolumeIDPrefix, d.Tag), nil))
+	_, err = d.CreateSnapshot(ctx, snapReq("s2", engine.NewID(engine.VolumeIDPrefix, d.eng.Tag), nil))
 	wantCode(t, err, codes.NotFound)
 }
 
@@ -154,7 +154,7 @@ func TestCorruptSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, _ := snapshotRec(d, s.GetSnapshot().GetSnapshotId())
-	path := d.SnapshotDataPath(rec)
+	path := d.eng.SnapshotDataPath(rec)
 	data, _ := os.ReadFile(path)
 	for name, bad := range map[string][]byte{"truncated": data[:len(data)/2], "flipped": flip(data)} {
 		os.WriteFile(path, bad, 0o600)
@@ -213,7 +213,7 @@ func TestListSnapshots(t *testing.T) {
 	}
 	_, err := d.ListSnapshots(ctx, &csi.ListSnapshotsRequest{StartingToken: "0"})
 	wantCode(t, err, codes.Aborted)
-	_, err = d.GetSnapshot(ctx, &csi.GetSnapshotRequest{SnapshotId: engine.NewID(engine.SnapshotIDPrefix, d.Tag)})
+	_, err = d.GetSnapshot(ctx, &csi.GetSnapshotRequest{SnapshotId: engine.NewID(engine.SnapshotIDPrefix, d.eng.Tag)})
 	wantCode(t, err, codes.NotFound)
 }
 

@@ -31,7 +31,7 @@ func TestStandbyParameter(t *testing.T) {
 	d := newDriver(t, cfg)
 	t.Cleanup(func() { d.Close() })
 	nodes := []string{}
-	d.SetStandbyNodes(func(context.Context) ([]string, error) { return nodes, nil })
+	d.eng.SetStandbyNodes(func(context.Context) ([]string, error) { return nodes, nil })
 	req := func(name string, block bool, params map[string]string) *csi.CreateVolumeRequest {
 		r := createReq(name, 16<<20)
 		if block {
@@ -77,7 +77,7 @@ func TestStandbyParameter(t *testing.T) {
 			if len(admits) != 2 || admits[0] != "node-1" || admits[1] != standby {
 				t.Errorf("accessible topology %v: want node-1, then the standby's node %s", admits, standby)
 			}
-			v, _ := d.Records.Volumes.Get(resp.GetVolume().GetVolumeId())
+			v, _ := d.eng.Records.Volumes.Get(resp.GetVolume().GetVolumeId())
 			if v.Standby != standby {
 				t.Errorf("the record names standby %q, the context %q", v.Standby, standby)
 			}
@@ -109,10 +109,10 @@ func TestStandbyStageNotFenced(t *testing.T) {
 	d := newDriver(t, cfg)
 	t.Cleanup(func() { d.Close() })
 	id := engine.NewID(engine.VolumeIDPrefix, engine.NodeTag("node-1"))
-	if _, err := d.AddStandby(engine.StandbySpec{Volume: id, Primary: "node-1", Access: engine.AccessBlock}); err != nil {
+	if _, err := d.eng.AddStandby(engine.StandbySpec{Volume: id, Primary: "node-1", Access: engine.AccessBlock}); err != nil {
 		t.Fatal(err)
 	}
-	d.SetFences(func(context.Context, string) (string, error) { return "", nil })
+	d.eng.SetFences(func(context.Context, string) (string, error) { return "", nil })
 	_, err := d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: filepath.Join(t.TempDir(), "staging"), VolumeCapability: blockCap()})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "node-1") || !strings.Contains(err.Error(), "out-of-service") {
 		t.Fatalf("stage of a standby copy, primary not fenced: %v, want FailedPrecondition naming node-1 and the out-of-service taint", err)

@@ -42,7 +42,7 @@ func TestVolumesMarkerOnlyWhereEvident(t *testing.T) {
 func TestStateFormat(t *testing.T) {
 	cfg := testConfig(t)
 	d := newDriver(t, cfg)
-	if b, err := os.ReadFile(d.Paths.FormatFile()); err != nil || string(b) != "hostpath-csi state format 2\n" {
+	if b, err := os.ReadFile(d.eng.Paths.FormatFile()); err != nil || string(b) != "hostpath-csi state format 2\n" {
 		t.Fatalf("format recorded: %q %v", b, err)
 	}
 	if err := d.Close(); err != nil {

@@ -60,7 +60,7 @@ func (d *Driver) checkIDHere(field, id string) error {
 	if err := checkID(field, id); err != nil {
 		return err
 	}
-	if tag, other := d.OtherNode(id); other {
+	if tag, other := d.eng.OtherNode(id); other {
 		return status.Errorf(codes.ResourceExhausted, "%s %s lives on another node (%s); node-local volumes and snapshots are reachable only there, so the work must run on that node", field, id, tag)
 	}
 	return nil
@@ -128,10 +128,10 @@ func (d *Driver) checkVolumeParameters(params map[string]string) (string, *engin
 	for k, v := range params {
 		switch {
 		case k == engine.ParamKind:
-			if len(d.Config.Capacity) == 0 {
+			if len(d.eng.Config.Capacity) == 0 {
 				return "", nil, invalid("parameter %s=%q: no simulated capacity is configured (--capacity %s=SIZE)", k, v, v)
 			}
-			if _, ok := d.Config.Capacity[v]; !ok {
+			if _, ok := d.eng.Config.Capacity[v]; !ok {
 				return "", nil, invalid("parameter %s=%q names no configured --capacity kind", k, v)
 			}
 			kind = v
@@ -149,25 +149,25 @@ func (d *Driver) checkVolumeParameters(params map[string]string) (string, *engin
 	if _, _, err := engine.CheckStandbyParams(params); err != nil {
 		return "", nil, err
 	}
-	p, err := d.ChoosePool(params)
+	p, err := d.eng.ChoosePool(params)
 	return kind, p, err
 }
 
 // nodeTopology is this node's one segment.
 func (d *Driver) nodeTopology() *csi.Topology {
-	return &csi.Topology{Segments: map[string]string{TopologyKey: d.Config.NodeID}}
+	return &csi.Topology{Segments: map[string]string{TopologyKey: d.eng.Config.NodeID}}
 }
 
 // onThisNode reports whether a topology names this node.
 func (d *Driver) onThisNode(t *csi.Topology) bool {
 	v, ok := t.GetSegments()[TopologyKey]
-	return ok && v == d.Config.NodeID
+	return ok && v == d.eng.Config.NodeID
 }
 
 // checkTopology refuses a requisite topology that excludes this node, with
 // ResourceExhausted so the provisioner tries another node.
 func (d *Driver) checkTopology(req *csi.TopologyRequirement) error {
-	if !d.Config.EnableTopology || len(req.GetRequisite()) == 0 {
+	if !d.eng.Config.EnableTopology || len(req.GetRequisite()) == 0 {
 		return nil
 	}
 	for _, t := range req.GetRequisite() {
@@ -175,7 +175,7 @@ func (d *Driver) checkTopology(req *csi.TopologyRequirement) error {
 			return nil
 		}
 	}
-	return status.Errorf(codes.ResourceExhausted, "the requisite topology does not include this node (%s=%s); volumes are created only on the node that serves the request", TopologyKey, d.Config.NodeID)
+	return status.Errorf(codes.ResourceExhausted, "the requisite topology does not include this node (%s=%s); volumes are created only on the node that serves the request", TopologyKey, d.eng.Config.NodeID)
 }
 
 // checkCOPath validates a path the CO hands over (target or staging path):
@@ -192,11 +192,11 @@ func (d *Driver) checkCOPath(field, p string) (string, error) {
 		return "", invalid("%s %q is not an absolute path", field, p)
 	}
 	clean := filepath.Clean(p)
-	if dir := d.OwnDirHolding(clean); dir != "" {
+	if dir := d.eng.OwnDirHolding(clean); dir != "" {
 		return "", invalid("%s %q is inside the driver's own directory %s", field, p, dir)
 	}
 	if real, err := fsops.ResolveParent(clean); err == nil {
-		if dir := d.OwnDirHolding(real); dir != "" {
+		if dir := d.eng.OwnDirHolding(real); dir != "" {
 			return "", invalid("%s %q leads into the driver's own directory %s through a symlink", field, p, dir)
 		}
 	}
@@ -257,7 +257,7 @@ func (d *Driver) checkHoldsFS(v engine.VolumeRecord, caps ...*csi.VolumeCapabili
 	if err != nil || want == "" {
 		return err
 	}
-	has, err := d.ImageFS(v)
+	has, err := d.eng.ImageFS(v)
 	if err != nil {
 		return err
 	}

@@ -21,7 +21,7 @@ func volumeEvents(d *csi.Driver, o options) {
 	if !ok {
 		return
 	}
-	d.SetNotifier(func(pv, reason, msg string) {
+	d.Engine().SetNotifier(func(pv, reason, msg string) {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()

@@ -182,7 +182,7 @@ func labelImported(ctx context.Context, d *csi.Driver, o options) {
 	if !ok {
 		return
 	}
-	l := &snapimport.Labeler{Client: client, Driver: o.cfg.DriverName, Node: o.cfg.NodeID, Holds: d.HoldsSnapshot, Resync: 10 * time.Minute,
+	l := &snapimport.Labeler{Client: client, Driver: o.cfg.DriverName, Node: o.cfg.NodeID, Holds: d.Engine().HoldsSnapshot, Resync: 10 * time.Minute,
 		Labelled: func(content string, err error) {
 			if err != nil {
 				klog.ErrorS(err, "labelling an imported snapshot for this node", "content", content)

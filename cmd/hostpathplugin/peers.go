@@ -29,6 +29,7 @@ import (
 // Outside a cluster (by hand, csi-sanity) it does nothing, and such a
 // source stays ResourceExhausted.
 func servePeers(ctx context.Context, d *csi.Driver, o options) {
+	eng := d.Engine()
 	restConfig, client, ok := inClusterClient("no node-to-node transfer; sources on other nodes cannot be restored here")
 	if !ok {
 		return
@@ -52,7 +53,7 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 	}
 	go keepFresh(ctx, creds, "node-to-node transfer credentials")
 	res := &kubepeers.Resolver{Client: client, Driver: o.cfg.DriverName, Port: port, KeyOf: engine.NodeTag}
-	d.SetPeers(&transfer.Peers{Client: &transfer.Client{Creds: creds}, Resolve: res.Resolve})
+	eng.SetPeers(&transfer.Peers{Client: &transfer.Client{Creds: creds}, Resolve: res.Resolve})
 	klog.InfoS("serving this node's sources to the other nodes", "endpoint", o.transferEndpoint, "certificateUntil", creds.Expiry())
 	dyn, err := dynamic.NewForConfig(restConfig)
 	if err != nil {
@@ -61,10 +62,10 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 	}
 	// A peer is authorized from this node's own records of its sources.
 	owners := func(kind, id string) (kubepeers.Owner, bool, bool) {
-		o, here, ok := d.SourceOwner(kind, id)
+		o, here, ok := eng.SourceOwner(kind, id)
 		owner := kubepeers.Owner{Namespace: o.Namespace, Name: o.Name, Object: o.Content, Group: o.Group}
 		if kind == engine.SourceSnapshot {
-			owner.Source = d.SnapshotSourceVolume(id)
+			owner.Source = eng.SnapshotSourceVolume(id)
 		}
 		return owner, here, ok
 	}
@@ -76,12 +77,12 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 	// told only that it was refused.
 	authz := transfer.AuthorizerFunc(func(ctx context.Context, peer, kind, id string) error {
 		if kind == engine.SourceEpoch {
-			return d.AuthorizeEpoch(peer, id)
+			return eng.AuthorizeEpoch(peer, id)
 		}
 		if kind == engine.SourceStandby || kind == engine.SourceHandover || kind == engine.SourceHanded {
 			// A standby copy goes only to the node this node's own
 			// record of the volume names.
-			err := d.AuthorizeStandby(peer, id)
+			err := eng.AuthorizeStandby(peer, id)
 			if err != nil {
 				klog.InfoS("changed blocks were refused to another node: this node's record names another standby, or none", "peer", peer, "id", id, "err", err)
 			}
@@ -93,11 +94,11 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 		}
 		return err
 	})
-	keepStandbys(ctx, d, client, res, o)
+	keepStandbys(ctx, eng, client, res, o)
 	if o.controlEndpoint != "" {
 		go serveControl(ctx, d, creds, o.controlEndpoint)
 	}
-	srv := &transfer.Server{Creds: creds, Source: d.TransferSource(), Authorizer: authz}
+	srv := &transfer.Server{Creds: creds, Source: eng.TransferSource(), Authorizer: authz}
 	if err := srv.Serve(ctx, ln); err != nil {
 		klog.ErrorS(err, "node-to-node transfer stopped")
 	}
@@ -107,15 +108,15 @@ func servePeers(ctx context.Context, d *csi.Driver, o options) {
 // nodes running the driver, and keeps the copies this node keeps of
 // theirs: those the PVs name it for (kubestandby), caught up at their
 // intervals (docs/standby.md).
-func keepStandbys(ctx context.Context, d *csi.Driver, client kube.Interface, res *kubepeers.Resolver, o options) {
-	d.SetStandbyNodes(res.Nodes)
-	d.SetFences(kubestandby.Fences(client))
+func keepStandbys(ctx context.Context, eng *engine.Engine, client kube.Interface, res *kubepeers.Resolver, o options) {
+	eng.SetStandbyNodes(res.Nodes)
+	eng.SetFences(kubestandby.Fences(client))
 	w := &kubestandby.Watcher{Client: client, Driver: o.cfg.DriverName, Node: o.cfg.NodeID,
 		Add: func(s engine.StandbySpec) error {
-			if known, ok := d.Records.Standbys.Get(s.Volume); ok && known.Primary == s.Primary {
+			if known, ok := eng.Records.Standbys.Get(s.Volume); ok && known.Primary == s.Primary {
 				return nil // every update of its PV says it again
 			}
-			if _, err := d.AddStandby(s); err != nil {
+			if _, err := eng.AddStandby(s); err != nil {
 				return err
 			}
 			klog.InfoS("keeping a standby copy of another node's volume", "volume", s.Volume, "primary", s.Primary, "pv", s.PV, "interval", s.Interval)
@@ -123,11 +124,11 @@ func keepStandbys(ctx context.Context, d *csi.Driver, client kube.Interface, res
 		},
 		Drop: func(id string) error {
 			klog.InfoS("the PV of a standby copy is gone: the copy is removed", "volume", id)
-			return d.DropStandby(id)
+			return eng.DropStandby(id)
 		},
 		Kept: func() map[string]string {
 			out := map[string]string{}
-			for _, s := range d.Records.Standbys.All() {
+			for _, s := range eng.Records.Standbys.All() {
 				out[s.Volume] = s.PV
 			}
 			return out
@@ -143,7 +144,7 @@ func keepStandbys(ctx context.Context, d *csi.Driver, client kube.Interface, res
 	// a return from a failover or a move it says how much had to travel
 	// (base 0: the whole image); the later ones only at -v=4.
 	var pulled sync.Map
-	go d.RunStandbys(ctx, func(id string, st engine.StandbyState, err error) {
+	go eng.RunStandbys(ctx, func(id string, st engine.StandbyState, err error) {
 		if ctx.Err() != nil {
 			return // stopping: the pull was cut short on purpose
 		}
