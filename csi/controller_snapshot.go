@@ -71,22 +71,7 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 	if err := d.checkIDHere("snapshot_id", id); err != nil {
 		return nil, err
 	}
-	// One answered not ready and still being made is stopped first.
-	if err := d.eng.StopSnapshot(ctx, id); err != nil {
-		return nil, err
-	}
-	s, unlock, err := engine.LockForDelete(d.eng, "snapshot", id, engine.ValidSnapshotID, engine.SnapIDKey, d.eng.Records.Snapshots)
-	if err != nil {
-		return nil, err
-	}
-	if unlock == nil {
-		return &csi.DeleteSnapshotResponse{}, nil // nothing by that id: already deleted
-	}
-	defer unlock()
-	if s.Group != "" {
-		return nil, status.Errorf(codes.FailedPrecondition, "snapshot %s belongs to group snapshot %s; delete the group instead", id, s.Group)
-	}
-	if err := d.eng.RemoveSnapshot(s); err != nil {
+	if err := d.eng.DeleteSnapshot(ctx, id); err != nil {
 		return nil, err
 	}
 	return &csi.DeleteSnapshotResponse{}, nil

@@ -104,15 +104,7 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	if err := d.checkIDHere("volume_id", id); err != nil {
 		return nil, err
 	}
-	v, unlock, err := engine.LockForDelete(d.eng, "volume", id, engine.ValidVolumeID, engine.VolIDKey, d.eng.Records.Volumes)
-	if err != nil {
-		return nil, err
-	}
-	if unlock == nil {
-		return &csi.DeleteVolumeResponse{}, nil // nothing by that id: already deleted
-	}
-	defer unlock()
-	if err := d.eng.RemoveVolume(v); err != nil {
+	if err := d.eng.DeleteVolume(id); err != nil {
 		return nil, err
 	}
 	return &csi.DeleteVolumeResponse{}, nil

@@ -58,7 +58,7 @@ func toStatus(err error, format string, args ...any) error {
 		return status.Error(codes.InvalidArgument, msg)
 	case errors.Is(err, engine.ErrOutOfRange):
 		return status.Error(codes.OutOfRange, msg)
-	case errors.Is(err, engine.ErrNoCapacity):
+	case errors.Is(err, engine.ErrNoCapacity), errors.Is(err, engine.ErrElsewhere):
 		return status.Error(codes.ResourceExhausted, msg)
 	case errors.Is(err, engine.ErrDamaged), errors.Is(err, engine.ErrDataMissing), errors.Is(err, engine.ErrInUse),
 		errors.Is(err, engine.ErrUnsure), errors.Is(err, engine.ErrNotStaged), errors.Is(err, engine.ErrNotFenced):

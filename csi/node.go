@@ -15,75 +15,52 @@ import (
 // block volume needs no staging mount: its loop device already exists.
 func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (_ *csi.NodeStageVolumeResponse, err error) {
 	defer edge(&err)
-	if err := checkID("volume_id", req.GetVolumeId()); err != nil {
-		return nil, err
-	}
-	if _, err := d.checkCOPath("staging_target_path", req.GetStagingTargetPath()); err != nil {
-		return nil, err
-	}
-	if _, err := capabilityAccessType(req.GetVolumeCapability()); err != nil {
-		return nil, err
-	}
-	// A volume this node keeps the standby copy of: promoted first if
-	// its primary is fenced (engine.TakeOver), else refused.
-	if err := d.eng.TakeOver(ctx, req.GetVolumeId()); err != nil {
-		return nil, err
-	}
-	v, staging, unlock, err := d.lockForMount(ctx, req.GetVolumeId(), "staging_target_path", req.GetStagingTargetPath(), req.GetVolumeCapability(), req.GetVolumeContext())
+	// The engine checks that the volume is this node's once a standby
+	// copy kept here has been promoted.
+	r, staging, err := d.mountRequest(false, req.GetVolumeId(), "staging_target_path", req.GetStagingTargetPath(), req.GetVolumeCapability(), req.GetVolumeContext())
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	if err := d.eng.StageVolume(v, staging); err != nil {
+	if err := d.eng.Stage(ctx, req.GetVolumeId(), staging, r); err != nil {
 		return nil, err
 	}
 	return &csi.NodeStageVolumeResponse{}, nil
 }
 
-// lockForMount is what NodeStageVolume and NodePublishVolume do first:
-// check the id, the path and the capability, then lock the volume (made
-// first if the volume context describes an inline or local one) and check
-// that it is of the capability's access type and its data is there.
-func (d *Driver) lockForMount(ctx context.Context, id, pathField, path string, c *csi.VolumeCapability, vctx map[string]string) (engine.VolumeRecord, string, func(), error) {
-	if err := d.checkIDHere("volume_id", id); err != nil {
-		return engine.VolumeRecord{}, "", nil, err
+// mountRequest is what NodeStageVolume and NodePublishVolume check
+// first: the id (of this node if here), the path and the capability,
+// whose access type and file system become the engine's request with the
+// volume context.
+func (d *Driver) mountRequest(here bool, id, pathField, path string, c *csi.VolumeCapability, vctx map[string]string) (engine.MountRequest, string, error) {
+	check := checkID
+	if here {
+		check = d.checkIDHere
+	}
+	if err := check("volume_id", id); err != nil {
+		return engine.MountRequest{}, "", err
 	}
 	path, err := d.checkCOPath(pathField, path)
 	if err != nil {
-		return engine.VolumeRecord{}, "", nil, err
+		return engine.MountRequest{}, "", err
 	}
 	if c == nil {
-		return engine.VolumeRecord{}, "", nil, invalid("volume_capability is required")
+		return engine.MountRequest{}, "", invalid("volume_capability is required")
 	}
 	access, err := capabilityAccessType(c)
 	if err != nil {
-		return engine.VolumeRecord{}, "", nil, err
+		return engine.MountRequest{}, "", err
+	}
+	fsType, err := checkImageFS(c)
+	if err != nil {
+		return engine.MountRequest{}, "", err
 	}
 	if vctx[engine.CtxEphemeral] == "true" || vctx[engine.CtxLocalPath] != "" {
 		// The CO's id of an inline or local volume becomes its name.
 		if err := checkName("volume_id", id); err != nil {
-			return engine.VolumeRecord{}, "", nil, err
+			return engine.MountRequest{}, "", err
 		}
 	}
-	v, unlock, err := d.eng.NodeVolumeOrProvision(ctx, id, vctx, access)
-	if err != nil {
-		return engine.VolumeRecord{}, "", nil, err
-	}
-	if access != v.AccessType {
-		unlock()
-		return engine.VolumeRecord{}, "", nil, invalid("volume %s is a %s volume; the capability asks for %s", v.ID, v.AccessType, access)
-	}
-	if err := d.eng.DataPresent(v); err != nil {
-		unlock()
-		return engine.VolumeRecord{}, "", nil, err
-	}
-	if v.Layout == engine.LayoutImage {
-		if err := d.checkHoldsFS(v, c); err != nil {
-			unlock()
-			return engine.VolumeRecord{}, "", nil, err
-		}
-	}
-	return v, path, unlock, nil
+	return engine.MountRequest{Access: access, FSType: fsType, Context: vctx}, path, nil
 }
 
 // checkUnmount is what NodeUnstageVolume and NodeUnpublishVolume check
@@ -119,11 +96,10 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		}
 	}
 	c := req.GetVolumeCapability()
-	v, target, unlock, err := d.lockForMount(ctx, req.GetVolumeId(), "target_path", req.GetTargetPath(), c, req.GetVolumeContext())
+	r, target, err := d.mountRequest(true, req.GetVolumeId(), "target_path", req.GetTargetPath(), c, req.GetVolumeContext())
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
 	flags, _ := fsops.ParseMountOptions(c.GetMount().GetMountFlags())
 	mode := c.GetAccessMode().GetMode()
 	readOnly := req.GetReadonly() || mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
@@ -131,7 +107,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		flags |= fsops.ReadOnly
 	}
 	single := mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
-	if err := d.eng.PublishVolume(v, target, flags, readOnly, single); err != nil {
+	if err := d.eng.Publish(ctx, req.GetVolumeId(), target, r, flags, readOnly, single); err != nil {
 		return nil, err
 	}
 	return &csi.NodePublishVolumeResponse{}, nil

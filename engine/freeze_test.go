@@ -37,7 +37,7 @@ func stagedImage(t *testing.T, e *Engine) (VolumeRecord, string) {
 		}
 		DetachAll(e.VolumeDataPath(v))
 	})
-	if err := e.StageVolume(v, staging); err != nil {
+	if err := e.stageVolume(v, staging); err != nil {
 		t.Fatal(err)
 	}
 	v, _ = e.Records.Volumes.Get(v.ID)

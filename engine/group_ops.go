@@ -35,7 +35,7 @@ func (d *Engine) CreateGroup(ctx context.Context, name string, srcs []string, pa
 	var made []SnapshotRecord
 	groups := creation[GroupRecord]{table: d.Records.Groups, kind: "group snapshot", undo: func(GroupRecord) error {
 		for _, s := range made {
-			if err := d.RemoveSnapshot(s); err != nil {
+			if err := d.removeSnapshot(s); err != nil {
 				return fmt.Errorf("removing member %s: %w", s.ID, err)
 			}
 		}
@@ -128,7 +128,7 @@ func (d *Engine) DeleteGroup(id string, members []string) error {
 	}
 	for _, sid := range g.Snapshots {
 		if s, ok := d.Records.Snapshots.Get(sid); ok {
-			if err := d.RemoveSnapshot(s); err != nil {
+			if err := d.removeSnapshot(s); err != nil {
 				return err
 			}
 		}

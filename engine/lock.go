@@ -98,12 +98,12 @@ func (k *keyLocks) Pinned(key string) bool {
 	return k.pins[key] > 0
 }
 
-// LockForDelete is what DeleteVolume and DeleteSnapshot do once the id is
+// lockForDelete is what DeleteVolume and DeleteSnapshot do once the id is
 // checked: take its lock (refused while the record is being copied)
 // and find the record. A malformed id or one with no record is already
 // deleted: it returns no unlock function and no error, and the caller
 // answers success.
-func LockForDelete[T store.Record[T]](d *Engine, kind, id string, valid func(string) bool, key func(string) string, t *store.Table[T]) (T, func(), error) {
+func lockForDelete[T store.Record[T]](d *Engine, kind, id string, valid func(string) bool, key func(string) string, t *store.Table[T]) (T, func(), error) {
 	var zero T
 	if !valid(id) {
 		return zero, nil, nil

@@ -16,13 +16,13 @@ import (
 
 // nodeVolume takes the volume's lock and returns its record.
 func (d *Engine) nodeVolume(id string) (VolumeRecord, func(), error) {
-	return d.NodeVolumeOrProvision(context.Background(), id, nil, "")
+	return d.nodeVolumeOrProvision(context.Background(), id, nil, "")
 }
 
-// NodeVolumeOrProvision is nodeVolume, but brings an inline or local
+// nodeVolumeOrProvision is nodeVolume, but brings an inline or local
 // volume the volume context describes into being if it is not there yet
 // (with no context it answers NotFound).
-func (d *Engine) NodeVolumeOrProvision(ctx context.Context, id string, vctx map[string]string, access string) (VolumeRecord, func(), error) {
+func (d *Engine) nodeVolumeOrProvision(ctx context.Context, id string, vctx map[string]string, access string) (VolumeRecord, func(), error) {
 	unlock, err := d.Locks.lock("volume "+id, VolIDKey(id))
 	if err != nil {
 		return VolumeRecord{}, nil, err
@@ -120,10 +120,10 @@ func (d *Engine) unbindVolume(v VolumeRecord, path string, remove bool) error {
 	return nil
 }
 
-// PublishVolume shows volume v, whose lock the caller holds, at target:
+// publishVolume shows volume v, whose lock the caller holds, at target:
 // refused while another target holds it single-writer; the publication
 // recorded before the mount (a crash after it still knows the target).
-func (d *Engine) PublishVolume(v VolumeRecord, target string, flags uintptr, readOnly, single bool) error {
+func (d *Engine) publishVolume(v VolumeRecord, target string, flags uintptr, readOnly, single bool) error {
 	for _, p := range v.Published {
 		if p.Target == target || !(single || p.SingleWriter) {
 			continue

@@ -41,12 +41,12 @@ func makeInPool(t *testing.T, e *Engine, name, pool string) VolumeRecord {
 // deleteVolume is what DeleteVolume does once the id is checked.
 func deleteVolume(t *testing.T, e *Engine, id string) {
 	t.Helper()
-	v, unlock, err := LockForDelete(e, "volume", id, ValidVolumeID, VolIDKey, e.Records.Volumes)
+	v, unlock, err := lockForDelete(e, "volume", id, ValidVolumeID, VolIDKey, e.Records.Volumes)
 	if err != nil || unlock == nil {
 		t.Fatalf("locking volume %s for delete: %v", id, err)
 	}
 	defer unlock()
-	if err := e.RemoveVolume(v); err != nil {
+	if err := e.removeVolume(v); err != nil {
 		t.Fatal(err)
 	}
 }

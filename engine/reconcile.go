@@ -296,7 +296,7 @@ func (d *Engine) volumesDirIsHome() (bool, error) {
 		home = vdev != rdev
 	}
 	for _, v := range d.Records.Volumes.All() {
-		if d.PoolOf(v.Pool).Name == DefaultPool && v.Phase == PhaseReady && !v.Fresh && v.LocalPath == "" && d.DataPresent(v) == nil {
+		if d.PoolOf(v.Pool).Name == DefaultPool && v.Phase == PhaseReady && !v.Fresh && v.LocalPath == "" && d.dataPresent(v) == nil {
 			home = true
 			break
 		}

@@ -394,9 +394,28 @@ func (d *Engine) restoreSnapshot(ctx context.Context, snapID, dir string) error 
 	return nil
 }
 
-// RemoveSnapshot removes a snapshot's data and record; the caller holds
+// DeleteSnapshot removes snapshot id: one answered not ready and still
+// being made is stopped first, then it is removed under its lock. A
+// malformed id or one with no record is already deleted (nil); a member
+// of a group snapshot is refused (the group is deleted whole).
+func (d *Engine) DeleteSnapshot(ctx context.Context, id string) error {
+	if err := d.stopSnapshot(ctx, id); err != nil {
+		return err
+	}
+	s, unlock, err := lockForDelete(d, "snapshot", id, ValidSnapshotID, SnapIDKey, d.Records.Snapshots)
+	if err != nil || unlock == nil {
+		return err
+	}
+	defer unlock()
+	if s.Group != "" {
+		return StorageErr(ErrInUse, "snapshot %s belongs to group snapshot %s; delete the group instead", id, s.Group)
+	}
+	return d.removeSnapshot(s)
+}
+
+// removeSnapshot removes a snapshot's data and record; the caller holds
 // its lock.
-func (d *Engine) RemoveSnapshot(s SnapshotRecord) error {
+func (d *Engine) removeSnapshot(s SnapshotRecord) error {
 	id := s.ID
 	release := d.holdPools(s.Pool)
 	defer release()

@@ -118,10 +118,10 @@ func (d *Engine) snapJobOf(id string) *snapJob {
 	return nil
 }
 
-// StopSnapshot stops the snapshot with this id if it is being made (the
+// stopSnapshot stops the snapshot with this id if it is being made (the
 // CO deletes a snapshot it was answered not ready for) and waits until it
 // has ended: taken back, or made if it was done first.
-func (d *Engine) StopSnapshot(ctx context.Context, id string) error {
+func (d *Engine) stopSnapshot(ctx context.Context, id string) error {
 	job := d.snapJobOf(id)
 	if job == nil {
 		return nil

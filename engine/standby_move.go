@@ -132,7 +132,7 @@ func (d *Engine) demote(v VolumeRecord, g uint64) error {
 	if err := d.Records.Standbys.Put(s); err != nil {
 		return err
 	}
-	return d.RemoveVolume(v)
+	return d.removeVolume(v)
 }
 
 // reclaim is a stage, on the node that handed volume v over, while the

@@ -26,7 +26,7 @@ func TestStandbyMove(t *testing.T) {
 	writeAt(t, a.VolumeDataPath(v), 8<<20, 1<<20, false)
 	want, _ := os.ReadFile(a.VolumeDataPath(v))
 
-	if err := b.TakeOver(bg, v.ID); err != nil {
+	if err := b.takeOver(bg, v.ID); err != nil {
 		t.Fatal(err)
 	}
 	onB, ok := b.Records.Volumes.Get(v.ID)
@@ -59,7 +59,7 @@ func TestStandbyMove(t *testing.T) {
 	if err != nil || st.Bytes != 1<<20 {
 		t.Fatalf("node-1 catching up from node-2: %+v, %v; want the 1 MiB written there", st, err)
 	}
-	if err := a.TakeOver(bg, v.ID); err != nil {
+	if err := a.takeOver(bg, v.ID); err != nil {
 		t.Fatal(err)
 	}
 	back, ok := a.Records.Volumes.Get(v.ID)
@@ -88,11 +88,11 @@ func TestStandbyHanded(t *testing.T) {
 	}
 	fence := ""
 	a.SetFences(func(context.Context, string) (string, error) { return fence, nil })
-	if err := a.TakeOver(bg, v.ID); !errors.Is(err, ErrNotFenced) {
+	if err := a.takeOver(bg, v.ID); !errors.Is(err, ErrNotFenced) {
 		t.Fatalf("a stage of a volume handed over: %v, want ErrNotFenced", err)
 	}
 	fence = "node node-2's Node is deleted"
-	if err := a.TakeOver(bg, v.ID); err != nil {
+	if err := a.takeOver(bg, v.ID); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := a.Records.Volumes.Get(v.ID); got.HandedTo != "" || got.Epoch != 2 {
@@ -116,7 +116,7 @@ func TestStandbyReturn(t *testing.T) {
 	writeAt(t, a.VolumeDataPath(v), 8<<20, 1<<20, false) // past the last pull: lost with the fence
 
 	// node-1 fenced: node-2 promotes; its pod writes there.
-	if err := b.TakeOver(bg, v.ID); err != nil {
+	if err := b.takeOver(bg, v.ID); err != nil {
 		t.Fatal(err)
 	}
 	onB, _ := b.Records.Volumes.Get(v.ID)
@@ -124,7 +124,7 @@ func TestStandbyReturn(t *testing.T) {
 	want, _ := os.ReadFile(b.VolumeDataPath(onB))
 
 	// node-1 back, its pod with it: superseded, it moves the volume back.
-	if err := a.TakeOver(bg, v.ID); err != nil {
+	if err := a.takeOver(bg, v.ID); err != nil {
 		t.Fatal(err)
 	}
 	back, ok := a.Records.Volumes.Get(v.ID)
@@ -159,7 +159,7 @@ func TestStandbyReturnUnstaged(t *testing.T) {
 	a, b := nodes["node-1"], nodes["node-2"]
 	b.SetFences(func(_ context.Context, node string) (string, error) { return node + " is out of service", nil })
 	v := pulledCopy(t, a, b, "pvc-back", 32<<20, 4<<20)
-	if err := b.TakeOver(bg, v.ID); err != nil {
+	if err := b.takeOver(bg, v.ID); err != nil {
 		t.Fatal(err)
 	}
 	onB, _ := b.Records.Volumes.Get(v.ID)

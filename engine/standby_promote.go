@@ -159,7 +159,7 @@ func (d *Engine) finishPromotions() {
 		var err error
 		switch {
 		case v.HandedTo != "" && v.HandedTo == s.Primary:
-			err = d.RemoveVolume(v)
+			err = d.removeVolume(v)
 		case v.Epoch > s.Epoch:
 			err = d.finishPromotion(v)
 		}
@@ -178,7 +178,7 @@ type Fences func(ctx context.Context, node string) (string, error)
 // primary is fenced.
 func (d *Engine) SetFences(f Fences) { d.fences.Store(&f) }
 
-// TakeOver is what a stage of volume id does first on a node that keeps a
+// takeOver is what a stage of volume id does first on a node that keeps a
 // standby copy of it (a pod of the volume is to run here): it promotes the
 // copy if the volume's primary is fenced, and otherwise takes the volume
 // over from the primary (moveHere), which hands it over once its pod has
@@ -187,7 +187,7 @@ func (d *Engine) SetFences(f Fences) { d.fences.Store(&f) }
 // be promoted, since a primary cut off from this node may still be
 // writing. On the node that handed the volume over it is reclaim. It does
 // nothing where this node holds the volume or keeps no copy of it.
-func (d *Engine) TakeOver(ctx context.Context, id string) error {
+func (d *Engine) takeOver(ctx context.Context, id string) error {
 	if v, ok := d.Records.Volumes.Get(id); ok && v.Phase == PhaseReady {
 		if v.HandedTo != "" {
 			return d.reclaim(ctx, v)

@@ -148,7 +148,7 @@ func TestStandbyTakeOver(t *testing.T) {
 	nodes, _ := standbyNodes(t, "node-1", "node-2")
 	a, b := nodes["node-1"], nodes["node-2"]
 	v := withStandby(t, a, "pvc-taken", 16<<20, nil)
-	if err := b.TakeOver(bg, v.ID); err != nil {
+	if err := b.takeOver(bg, v.ID); err != nil {
 		t.Fatalf("no copy here: %v, want nothing done", err)
 	}
 	keepCopy(t, b, v, 0)
@@ -156,7 +156,7 @@ func TestStandbyTakeOver(t *testing.T) {
 	if _, err := b.CatchUp(bg, v.ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.TakeOver(bg, v.ID); !errors.Is(err, ErrNotFenced) {
+	if err := b.takeOver(bg, v.ID); !errors.Is(err, ErrNotFenced) {
 		t.Fatalf("outside a cluster: %v, want ErrNotFenced", err)
 	}
 	fence, fenceErr := "", error(nil)
@@ -169,22 +169,22 @@ func TestStandbyTakeOver(t *testing.T) {
 	// Up, with the volume staged (its pod running): no move, no
 	// promotion.
 	t.Cleanup(func() { DetachAll(a.VolumeDataPath(v)) })
-	if err := a.StageVolume(v, filepath.Join(t.TempDir(), "staging-a")); err != nil {
+	if err := a.stageVolume(v, filepath.Join(t.TempDir(), "staging-a")); err != nil {
 		t.Fatal(err)
 	}
-	err := b.TakeOver(bg, v.ID)
+	err := b.takeOver(bg, v.ID)
 	if !errors.Is(err, ErrNotFenced) || !strings.Contains(err.Error(), "node-1") || !strings.Contains(err.Error(), "out-of-service") {
 		t.Fatalf("the primary up, the volume staged there: %v, want ErrNotFenced naming node-1 and the out-of-service taint", err)
 	}
 	fenceErr = errors.New("the API server is away")
-	if err := b.TakeOver(bg, v.ID); err == nil || errors.Is(err, ErrNotFenced) {
+	if err := b.takeOver(bg, v.ID); err == nil || errors.Is(err, ErrNotFenced) {
 		t.Fatalf("fence unknown: %v, want the lookup's error", err)
 	}
 	if _, ok := b.Records.Volumes.Get(v.ID); ok {
 		t.Fatal("promoted without a fence")
 	}
 	fence, fenceErr = "node node-1 carries the out-of-service taint", nil
-	if err := b.TakeOver(bg, v.ID); err != nil {
+	if err := b.takeOver(bg, v.ID); err != nil {
 		t.Fatal(err)
 	}
 	p, ok := b.Records.Volumes.Get(v.ID)
@@ -192,10 +192,10 @@ func TestStandbyTakeOver(t *testing.T) {
 		t.Fatalf("after the fence: %+v, want the volume promoted", p)
 	}
 	t.Cleanup(func() { DetachAll(b.VolumeDataPath(p)) })
-	if err := b.StageVolume(p, filepath.Join(t.TempDir(), "staging")); err != nil {
+	if err := b.stageVolume(p, filepath.Join(t.TempDir(), "staging")); err != nil {
 		t.Fatalf("staging the promoted volume: %v", err)
 	}
-	if err := b.TakeOver(bg, v.ID); err != nil {
+	if err := b.takeOver(bg, v.ID); err != nil {
 		t.Fatalf("a second stage: %v, want nothing to do", err)
 	}
 }

@@ -51,6 +51,9 @@ var (
 	// copy while the volume's primary node is not fenced; the copy is
 	// promoted only once it is (FailedPrecondition).
 	ErrNotFenced = errors.New("primary not fenced")
+	// ErrElsewhere: the volume or snapshot lives on another node, where
+	// the work must run.
+	ErrElsewhere = errors.New("on another node")
 )
 
 // storageError is a sentence of one kind.

@@ -138,11 +138,11 @@ func (d *Engine) removeSnapshotData(s SnapshotRecord) error {
 	return fsops.RemoveAllDurable(d.SnapshotDataPath(s))
 }
 
-// DataPresent answers FailedPrecondition, naming the path, when a ready
+// dataPresent answers FailedPrecondition, naming the path, when a ready
 // volume's data is missing (a disk not mounted yet, a directory moved
 // away): the record is kept, and the volume serves again once the data is
 // back.
-func (d *Engine) DataPresent(v VolumeRecord) error {
+func (d *Engine) dataPresent(v VolumeRecord) error {
 	if err := d.volumePoolUp(v); err != nil {
 		return err
 	}

@@ -12,11 +12,11 @@ import (
 // its request and locked the volume, makes one of these calls, which
 // answer in storage errors.
 
-// StageVolume shows volume v, whose lock the caller holds, at the staging
+// stageVolume shows volume v, whose lock the caller holds, at the staging
 // path: a directory volume bind-mounted there, a block volume's loop
 // device attached (it needs no staging mount). The staging is recorded
 // before the mount.
-func (d *Engine) StageVolume(v VolumeRecord, staging string) error {
+func (d *Engine) stageVolume(v VolumeRecord, staging string) error {
 	if err := d.settleBlock(&v); err != nil {
 		return fmt.Errorf("making the backing file of volume %s durable: %w", v.ID, err)
 	}

@@ -8,10 +8,22 @@ import (
 // The storage side of deleting, expanding and locking volumes: each
 // answers in storage errors.
 
-// RemoveVolume removes volume v, whose lock the caller holds: refused
+// DeleteVolume removes volume id under its lock (removeVolume). A
+// malformed id or one with no record is already deleted: nil, nothing
+// touched; a damaged record is refused, its data kept.
+func (d *Engine) DeleteVolume(id string) error {
+	v, unlock, err := lockForDelete(d, "volume", id, ValidVolumeID, VolIDKey, d.Records.Volumes)
+	if err != nil || unlock == nil {
+		return err
+	}
+	defer unlock()
+	return d.removeVolume(v)
+}
+
+// removeVolume removes volume v, whose lock the caller holds: refused
 // while it is mounted on this node or its pool is down; recorded
 // deleting, its data removed durably, its record dropped.
-func (d *Engine) RemoveVolume(v VolumeRecord) error {
+func (d *Engine) removeVolume(v VolumeRecord) error {
 	where, err := d.mountedAt(v)
 	if err != nil {
 		return err
@@ -107,7 +119,7 @@ func (d *Engine) pinVolume(id string) (VolumeRecord, func(), error) {
 		return VolumeRecord{}, nil, err
 	}
 	defer unlock()
-	if err := d.DataPresent(v); err != nil {
+	if err := d.dataPresent(v); err != nil {
 		return VolumeRecord{}, nil, err
 	}
 	return v, d.Locks.pin(VolIDKey(id)), nil
