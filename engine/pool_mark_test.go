@@ -38,15 +38,13 @@ func makeInPool(t *testing.T, e *Engine, name, pool string) VolumeRecord {
 	return v
 }
 
-// deleteVolume is what DeleteVolume does once the id is checked.
+// deleteVolume deletes volume id, which must have been there.
 func deleteVolume(t *testing.T, e *Engine, id string) {
 	t.Helper()
-	v, unlock, err := lockForDelete(e, "volume", id, ValidVolumeID, VolIDKey, e.Records.Volumes)
-	if err != nil || unlock == nil {
-		t.Fatalf("locking volume %s for delete: %v", id, err)
+	if _, ok := e.Records.Volumes.Get(id); !ok {
+		t.Fatalf("volume %s has no record to delete", id)
 	}
-	defer unlock()
-	if err := e.removeVolume(v); err != nil {
+	if err := e.DeleteVolume(id); err != nil {
 		t.Fatal(err)
 	}
 }
