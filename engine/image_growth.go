@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
@@ -73,6 +74,14 @@ func (d *Engine) NotGrown(id string) error {
 // file system whole wherever they stop. It returns the file system's
 // blocks before and after.
 func growUnmounted(dev loop.Device) (from, to uint64, err error) {
+	// A child forked while the device is open O_EXCL holds the open file
+	// until its exec closes it, and the mount right after this returns
+	// then finds the device claimed (EBUSY). The driver starts no
+	// programs, but a process that embeds the engine may (its tests start
+	// PostgreSQL beside a stage: TestStageBesideForks): the fork lock,
+	// which every fork takes, keeps them out while the device is open.
+	syscall.ForkLock.RLock()
+	defer syscall.ForkLock.RUnlock()
 	f, err := os.OpenFile(dev.Path(), os.O_RDWR|unix.O_EXCL|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, 0, err
