@@ -254,15 +254,8 @@ func checkImageFS(caps ...*csi.VolumeCapability) (string, error) {
 // one image volume v holds.
 func (d *Driver) checkHoldsFS(v engine.VolumeRecord, caps ...*csi.VolumeCapability) error {
 	want, err := checkImageFS(caps...)
-	if err != nil || want == "" {
-		return err
-	}
-	has, err := d.eng.ImageFS(v)
 	if err != nil {
 		return err
 	}
-	if has != want {
-		return invalid("volume %s holds %s; the capability's fs_type asks for %s", v.ID, has, want)
-	}
-	return nil
+	return d.eng.HoldsFS(v, want)
 }

@@ -65,14 +65,26 @@ func (d *Engine) volumeForMount(ctx context.Context, id string, r MountRequest) 
 	if err := d.dataPresent(v); err != nil {
 		return refuse(err)
 	}
-	if v.Layout == LayoutImage && r.FSType != "" {
-		has, err := d.ImageFS(v)
-		if err != nil {
+	if v.Layout == LayoutImage {
+		if err := d.HoldsFS(v, r.FSType); err != nil {
 			return refuse(err)
-		}
-		if has != r.FSType {
-			return refuse(StorageErr(ErrInvalid, "volume %s holds %s; the capability's fs_type asks for %s", v.ID, has, r.FSType))
 		}
 	}
 	return v, unlock, nil
+}
+
+// HoldsFS refuses (ErrInvalid) an image volume whose file system is not
+// want; "" wants any.
+func (d *Engine) HoldsFS(v VolumeRecord, want string) error {
+	if want == "" {
+		return nil
+	}
+	has, err := d.ImageFS(v)
+	if err != nil {
+		return err
+	}
+	if has != want {
+		return StorageErr(ErrInvalid, "volume %s holds %s; the capability's fs_type asks for %s", v.ID, has, want)
+	}
+	return nil
 }

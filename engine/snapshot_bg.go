@@ -63,15 +63,16 @@ type snapJob struct {
 func (d *Engine) snapshotting(name, srcID string) (rec SnapshotRecord, ok bool, err error) {
 	d.bg.mu.Lock()
 	job, ok := d.bg.snaps[name]
-	failed, hasFailed := d.bg.failed[name]
-	if !ok && hasFailed && failed.src == srcID {
+	failed, heard := d.bg.failed[name]
+	heard = heard && !ok && failed.src == srcID
+	if heard {
 		delete(d.bg.failed, name)
 	}
 	d.bg.mu.Unlock()
+	if heard {
+		return SnapshotRecord{}, true, fmt.Errorf("snapshot %q failed after its request was answered, and a retry starts it again: %w", name, failed.err)
+	}
 	if !ok {
-		if hasFailed && failed.src == srcID {
-			return SnapshotRecord{}, true, fmt.Errorf("snapshot %q failed after its request was answered, and a retry starts it again: %w", name, failed.err)
-		}
 		return SnapshotRecord{}, false, nil
 	}
 	if job.src != srcID {
